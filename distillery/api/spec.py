@@ -1,0 +1,506 @@
+"""The `DistillationJob` spec: what a user declares. The single source of truth for the CRD and the runtime.
+
+Every default lives here, once. Field docstrings become the CRD's descriptions and the README's spec
+reference, so they are written for the user who reads `kubectl explain`.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from distillery.api.base import ApiModel, Rule
+
+QuantityValue = int | str
+"""A Kubernetes quantity ("8Gi", "500m", 2)."""
+
+LABEL_NAME_RE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+# ---------------------------------------------------------------------------------------------- pools
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration, passed through to the pods."""
+
+    key: str | None = None
+    operator: str | None = Field(default=None, pattern="^(Exists|Equal)$")
+    value: str | None = None
+    effect: str | None = Field(default=None, pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")
+    toleration_seconds: int | None = None
+
+
+class Resources(ApiModel):
+    """Extra container resources (CPU, memory, ...); GPUs are set from the pool's GPU count."""
+
+    requests: dict[str, QuantityValue] = Field(default_factory=dict)
+    limits: dict[str, QuantityValue] = Field(default_factory=dict)
+
+
+class StudentPool(ApiModel):
+    """Where the student trains and rolls out: the Ray worker group of the RayJob."""
+
+    workers: int = Field(default=1, ge=1, le=1024)
+    """Ray worker pods; each runs one data-parallel trainer rank per GPU."""
+    gpus_per_worker: int = Field(default=1, ge=0, le=16)
+    """GPUs per worker pod (0 = CPU only, for tests and tiny jobs)."""
+    gpu_resource: str = "nvidia.com/gpu"
+    """The extended resource name that counts GPUs."""
+    resources: Resources = Field(default_factory=Resources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+
+
+class TeacherPool(ApiModel):
+    """Where a standalone teacher's vLLM replicas run."""
+
+    gpus_per_replica: int = Field(default=1, ge=0, le=16)
+    """GPUs per vLLM replica; must be a multiple of tensorParallel."""
+    tensor_parallel: int = Field(default=1, ge=1, le=16)
+    gpu_resource: str = "nvidia.com/gpu"
+    resources: Resources = Field(default_factory=Resources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+
+    rules = (
+        Rule(
+            check=lambda p: p.gpus_per_replica == 0 or p.gpus_per_replica % p.tensor_parallel == 0,
+            cel="self.gpusPerReplica == 0 || self.gpusPerReplica % self.tensorParallel == 0",
+            message="must be a multiple of tensorParallel (one vLLM replica spans gpusPerReplica GPUs)",
+            field="gpusPerReplica",
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- student
+
+
+class RolloutEngine(StrEnum):
+    VLLM = "vllm"
+    TRANSFORMERS = "transformers"
+
+
+class Rollout(ApiModel):
+    """How the student samples its responses."""
+
+    engine: RolloutEngine = RolloutEngine.VLLM
+    """vllm (in-process engine, weights synced after each step) or transformers (generate; slow fallback)."""
+    temperature: float = Field(default=1.0, gt=0.0, le=10.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(default=256, ge=1, le=131072)
+    samples_per_prompt: int = Field(default=1, ge=1, le=256)
+    memory_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Fraction of each GPU's memory the rollout engine may take (vLLM gpu_memory_utilization)."""
+
+
+class Optimizer(ApiModel):
+    """AdamW with linear warmup then cosine decay to minLrRatio x lr."""
+
+    lr: float = Field(default=1e-6, gt=0.0, le=1.0)
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    grad_clip: float = Field(default=1.0, ge=0.0)
+    """Max global gradient norm (0 = no clipping)."""
+    warmup_steps: int = Field(default=0, ge=0)
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+
+
+class Precision(StrEnum):
+    AUTO = "auto"
+    BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
+
+
+class Student(ApiModel):
+    """The model being trained."""
+
+    model: str = Field(min_length=1)
+    """Hugging Face id, local path, or URI (s3://, gs://, pvc://CLAIM/PATH) of the initial weights."""
+    tokenizer: str | None = None
+    """Tokenizer to use instead of the model's own."""
+    precision: Precision = Precision.AUTO
+    """auto = bfloat16 where the device supports it, float32 otherwise."""
+    rollout: Rollout = Field(default_factory=Rollout)
+    optimizer: Optimizer = Field(default_factory=Optimizer)
+    pool: StudentPool = Field(default_factory=StudentPool)
+
+
+# ---------------------------------------------------------------------------------------------- teachers
+
+
+class Placement(StrEnum):
+    STANDALONE = "standalone"
+    COLOCATED = "colocated"
+    EXTERNAL = "external"
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the job's namespace; its value is never copied into any object."""
+
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=253)
+
+
+class Inference(ApiModel):
+    """vLLM settings of a teacher."""
+
+    max_model_len: int | None = Field(default=None, ge=16)
+    """Context length; default: maxPromptTokens + maxNewTokens + 1, the least that scoring needs."""
+    memory_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
+    """vLLM --gpu-memory-utilization (standalone) or the share of the student's GPUs (colocated)."""
+    dtype: str = "auto"
+    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=256)
+    """Extra `vllm serve` arguments, passed as given."""
+    hf_token_secret: SecretKeyRef | None = None
+    """Secret holding a Hugging Face token, exposed to vLLM as HF_TOKEN."""
+
+
+class Teacher(ApiModel):
+    """A model whose log-probs the student learns from."""
+
+    name: Annotated[str, Field(min_length=1, max_length=40, pattern=DNS_LABEL_RE)]
+    """Unique within the job; a DNS label (it names the teacher's Deployment and Service)."""
+    model: str = Field(min_length=1)
+    """Hugging Face id, local path or URI; for external teachers, the served model name."""
+    placement: Placement = Placement.STANDALONE
+    """standalone: own GPU pool run by the operator; colocated: on the student's GPUs; external: a URL."""
+    endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/\S*)?$")
+    """Base URL of an OpenAI-compatible server (external teachers only)."""
+    routes: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default_factory=list, max_length=256
+    )
+    """Values of data.routeField whose samples this teacher scores."""
+    default: bool = False
+    """Scores every sample whose route no teacher lists."""
+    replicas: int = Field(default=1, ge=0, le=256)
+    """vLLM replicas (standalone teachers only)."""
+    pool: TeacherPool = Field(default_factory=TeacherPool)
+    inference: Inference = Field(default_factory=Inference)
+    max_concurrency: int = Field(default=32, ge=1, le=4096)
+    """Scoring requests in flight per replica."""
+
+    rules = (
+        Rule(
+            check=lambda t: (t.endpoint is not None) == (t.placement == Placement.EXTERNAL),
+            cel="has(self.endpoint) == (self.placement == 'external')",
+            message="is required for placement external and not allowed for the other placements",
+            field="endpoint",
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+class DataFormat(StrEnum):
+    AUTO = "auto"
+    JSONL = "jsonl"
+    PARQUET = "parquet"
+
+
+class OverlongPolicy(StrEnum):
+    REJECT = "reject"
+    TRUNCATE = "truncate"
+
+
+class DataSource(ApiModel):
+    """A dataset file: local path (in the runtime image or a mounted volume) or URI."""
+
+    path: str = Field(min_length=1)
+    format: DataFormat = DataFormat.AUTO
+    """auto = from the file extension (.jsonl/.json, .parquet)."""
+
+
+class Data(ApiModel):
+    """Prompts, and how each is routed to its teacher."""
+
+    train: DataSource
+    eval: DataSource | None = None
+    prompt_field: str = "prompt"
+    """Field holding the prompt text (used as is, no chat template)."""
+    messages_field: str | None = None
+    """Field holding chat messages; when set, it is used instead of promptField, with the student's chat template."""
+    response_field: str | None = None
+    """Field holding a reference response, used for the off-policy share when onPolicyFraction < 1."""
+    answer_field: str | None = "answer"
+    """Field holding the reference answer that eval accuracy compares against (exact match)."""
+    route_field: str = "data_source"
+    """Field whose value picks the teacher of a sample."""
+    max_prompt_tokens: int = Field(default=1024, ge=1, le=1048576)
+    overlong_prompts: OverlongPolicy = OverlongPolicy.REJECT
+    """reject: fail the job naming the row; truncate: keep the last maxPromptTokens tokens (counted)."""
+
+
+# ---------------------------------------------------------------------------------------------- loss
+
+
+class LossMode(StrEnum):
+    K1 = "k1"
+    K2 = "k2"
+    K3 = "k3"
+    ABS = "abs"
+    FORWARD_KL_TOPK = "forward_kl_topk"
+    REVERSE_KL_TOPK = "reverse_kl_topk"
+    JSD = "jsd"
+
+
+TOPK_MODES = frozenset({LossMode.FORWARD_KL_TOPK, LossMode.REVERSE_KL_TOPK, LossMode.JSD})
+
+
+class Objective(StrEnum):
+    POLICY_GRADIENT = "policy_gradient"
+    DIRECT = "direct"
+
+
+class Reduction(StrEnum):
+    TOKEN_MEAN = "token_mean"
+    SEQUENCE_MEAN = "sequence_mean"
+    SUM = "sum"
+
+
+class Loss(ApiModel):
+    """What the student minimises. Formulas: docs and ../shared/reference/FIELD.md."""
+
+    mode: LossMode = LossMode.K3
+    """k1, k2, k3, abs: sampled-token estimators; forward_kl_topk, reverse_kl_topk, jsd: over teacher top-k."""
+    top_k: int = Field(default=0, ge=0, le=1024)
+    """Teacher log-probs per position; >= 1 for the top-k modes, 0 = sampled token only."""
+    beta: float = Field(default=0.5, ge=0.0, le=1.0)
+    """JSD interpolation: 0 = forward KL(teacher||student), 1 = reverse KL(student||teacher)."""
+    temperature: float = Field(default=1.0, gt=0.0, le=10.0)
+    """Student logits are divided by it before the loss."""
+    objective: Objective = Objective.DIRECT
+    """direct: back-propagate the loss; policy_gradient: advantage = -loss in a PPO-clipped objective."""
+    renormalize: bool = False
+    """forward_kl_topk: renormalise the student over the teacher's top-k (ms-swift) instead of full softmax."""
+    add_tail: bool = False
+    """Top-k modes: add the bucket log(1 - sum exp(top-k)) for the mass outside the top-k (TRL)."""
+    loss_max_clamp: float = Field(default=10.0, ge=0.0)
+    """Per-token loss clamp (0 = none)."""
+    log_prob_min_clamp: float = Field(default=-10.0, le=0.0)
+    """Floor for log-probs entering a loss (0 = none)."""
+    clip_ratio_low: float = Field(default=0.2, ge=0.0, le=1.0)
+    clip_ratio_high: float = Field(default=0.2, ge=0.0, le=10.0)
+    reduction: Reduction = Reduction.TOKEN_MEAN
+    on_policy_fraction: float = Field(default=1.0, ge=0.0, le=1.0)
+    """lambda: probability that a batch is sampled by the student; else dataset responses are used."""
+    task_reward_coef: float = Field(default=0.0, ge=0.0)
+    """> 0 adds task-reward advantages (exact-match on answerField) to the distillation advantages."""
+
+    rules = (
+        Rule(
+            check=lambda loss: loss.mode not in TOPK_MODES or loss.top_k >= 1,
+            cel="!(self.mode in ['forward_kl_topk', 'reverse_kl_topk', 'jsd']) || self.topK >= 1",
+            message="must be >= 1 for the top-k modes (forward_kl_topk, reverse_kl_topk, jsd)",
+            field="topK",
+        ),
+        Rule(
+            check=lambda loss: not (loss.mode == LossMode.K1 and loss.objective == Objective.DIRECT),
+            cel="!(self.mode == 'k1' && self.objective == 'direct')",
+            message="k1 needs objective policy_gradient (its direct gradient is not a KL gradient)",
+            field="objective",
+        ),
+        Rule(
+            check=lambda loss: loss.objective == Objective.DIRECT or loss.mode not in TOPK_MODES,
+            cel="self.objective == 'direct' || !(self.mode in ['forward_kl_topk', 'reverse_kl_topk', 'jsd'])",
+            message="policy_gradient applies to the sampled-token modes (k1, k2, k3, abs) only",
+            field="objective",
+        ),
+        Rule(
+            check=lambda loss: not loss.add_tail or loss.mode in TOPK_MODES,
+            cel="!self.addTail || self.mode in ['forward_kl_topk', 'reverse_kl_topk', 'jsd']",
+            message="applies to the top-k modes only",
+            field="addTail",
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- schedule
+
+
+class Schedule(ApiModel):
+    """How long and how big each step is."""
+
+    steps: int = Field(default=100, ge=1, le=10_000_000)
+    prompts_per_step: int = Field(default=32, ge=1, le=1_000_000)
+    micro_batch_size: int = Field(default=8, ge=1, le=100_000)
+    """Samples per forward/backward on one rank; gradients accumulate over micro-batches."""
+    checkpoint_every: int = Field(default=50, ge=0)
+    """Steps between checkpoints (0 = only at the end)."""
+    eval_every: int = Field(default=0, ge=0)
+    """Steps between held-out evaluations (0 = never; needs data.eval)."""
+    seed: int = Field(default=0, ge=0)
+    one_step_off: bool = False
+    """Overlap the rollout of step i+1 with training of step i (samples are one policy version stale)."""
+
+
+# ---------------------------------------------------------------------------------------------- checkpoint
+
+
+class ResumePolicy(StrEnum):
+    AUTO = "auto"
+    NEVER = "never"
+    REQUIRED = "required"
+
+
+class Checkpoint(ApiModel):
+    """Where checkpoints go and how a restarted job picks them up."""
+
+    path: str = "/checkpoints"
+    """Directory (or URI) inside the trainer; one sub-directory per step."""
+    pvc: str | None = Field(default=None, pattern=DNS_LABEL_RE)
+    """PersistentVolumeClaim mounted at `path` in the trainer pods."""
+    keep: int = Field(default=3, ge=1, le=1000)
+    """Complete checkpoints kept; older ones are deleted after a new one is written."""
+    resume: ResumePolicy = ResumePolicy.AUTO
+    """auto: continue from the newest complete checkpoint if any; never: start fresh; required: fail if none."""
+
+
+# ---------------------------------------------------------------------------------------------- job
+
+
+class DistillationJobSpec(ApiModel):
+    """A distillation job: a student, its teachers, the data, the loss and the schedule."""
+
+    student: Student
+    teachers: list[Teacher] = Field(min_length=1, max_length=32)
+    data: Data
+    loss: Loss = Field(default_factory=Loss)
+    schedule: Schedule = Field(default_factory=Schedule)
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    image: str = "ghcr.io/distillery-ai/distillery-runtime:0.1.0"
+    """Runtime image of the Ray head and workers (and standalone teachers)."""
+    service_account_name: str | None = None
+    """Service account of the trainer pods; needs the distillery-runtime Role for status updates."""
+    suspend: bool = False
+    """Suspended jobs hold no pods (Kueue sets and clears it)."""
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    backoff_limit: int = Field(default=0, ge=0, le=100)
+    """Retries of the trainer (each resumes from the newest checkpoint)."""
+    teacher_ready_timeout_seconds: int = Field(default=1800, ge=1)
+    """How long the trainer waits for its teachers before it fails."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Labels added to every child object (metadata.labels of the job are passed through as well)."""
+
+    rules = (
+        Rule(
+            check=lambda s: len({t.name for t in s.teachers}) == len(s.teachers),
+            cel="self.teachers.all(t, self.teachers.exists_one(u, u.name == t.name))",
+            message="teacher names must be unique",
+            field="teachers",
+            cel_reason="FieldValueDuplicate",
+        ),
+        Rule(
+            check=lambda s: sum(t.default for t in s.teachers) <= 1,
+            cel="self.teachers.filter(t, has(t.default) && t.default).size() <= 1",
+            message="at most one teacher may be the default",
+            field="teachers",
+        ),
+        Rule(
+            check=lambda s: len(s.teachers) == 1 or all(t.routes or t.default for t in s.teachers),
+            cel="self.teachers.size() == 1 || self.teachers.all(t, (has(t.routes) && t.routes.size() > 0) || (has(t.default) && t.default))",
+            message="with several teachers each needs routes or default: true",
+            field="teachers",
+        ),
+        Rule(
+            check=lambda s: _routes_unique(s.teachers),
+            cel="self.teachers.all(t, !has(t.routes) || t.routes.all(r, self.teachers.filter(u, has(u.routes) && r in u.routes).size() == 1))",
+            message="a route value may be listed by one teacher only",
+            field="teachers",
+            cel_reason="FieldValueDuplicate",
+        ),
+        Rule(
+            check=lambda s: (
+                s.student.pool.gpus_per_worker > 0
+                or all(t.placement != Placement.COLOCATED for t in s.teachers)
+                or s.student.pool.workers == 1
+            ),
+            cel="self.student.pool.gpusPerWorker > 0 || self.student.pool.workers == 1 || self.teachers.all(t, t.placement != 'colocated')",
+            message="a colocated teacher on a multi-worker CPU pool is not supported: give the student GPUs or one worker",
+            field="teachers",
+        ),
+        Rule(
+            check=lambda s: s.schedule.eval_every == 0 or s.data.eval is not None,
+            cel="self.schedule.evalEvery == 0 || has(self.data.eval)",
+            message="evalEvery > 0 needs data.eval",
+            field="schedule.evalEvery",
+        ),
+        Rule(
+            check=lambda s: s.loss.on_policy_fraction == 1.0 or s.data.response_field is not None,
+            cel="self.loss.onPolicyFraction == 1.0 || has(self.data.responseField)",
+            message="onPolicyFraction < 1 needs data.responseField (the off-policy responses)",
+            field="loss.onPolicyFraction",
+        ),
+        Rule(
+            check=lambda s: (
+                s.schedule.micro_batch_size
+                <= s.schedule.prompts_per_step * s.student.rollout.samples_per_prompt
+            ),
+            cel="self.schedule.microBatchSize <= self.schedule.promptsPerStep * self.student.rollout.samplesPerPrompt",
+            message="must not exceed promptsPerStep x samplesPerPrompt (the samples of one step)",
+            field="schedule.microBatchSize",
+        ),
+    )
+
+    def teacher_for_route(self, route: str | None) -> Teacher:
+        """The teacher that scores a sample whose route field has this value; KeyError names the known ones."""
+        if len(self.teachers) == 1:
+            return self.teachers[0]
+        for teacher in self.teachers:
+            if route is not None and route in teacher.routes:
+                return teacher
+        for teacher in self.teachers:
+            if teacher.default:
+                return teacher
+        known = sorted(r for t in self.teachers for r in t.routes)
+        raise KeyError(f"no teacher for route {route!r} and no default teacher; known routes: {known}")
+
+    def max_model_len(self, teacher: Teacher) -> int:
+        """The context a teacher needs: the longest prompt, the longest response and one scoring token."""
+        needed = self.data.max_prompt_tokens + self.student.rollout.max_new_tokens + 1
+        return max(teacher.inference.max_model_len or 0, needed)
+
+
+def _routes_unique(teachers: list[Teacher]) -> bool:
+    seen: set[str] = set()
+    for teacher in teachers:
+        for route in teacher.routes:
+            if route in seen:
+                return False
+            seen.add(route)
+    return True
+
+
+class ObjectMeta(ApiModel):
+    """The parts of Kubernetes metadata that Distillery reads."""
+
+    model_config = ApiModel.model_config | {"extra": "allow"}
+
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    uid: str | None = None
+    generation: int | None = None
+
+
+GROUP = "distillery.io"
+VERSION = "v1alpha1"
+KIND = "DistillationJob"
+PLURAL = "distillationjobs"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+class DistillationJob(ApiModel):
+    """A whole manifest: apiVersion, kind, metadata and spec (status is the operator's)."""
+
+    api_version: str = Field(default=API_VERSION, pattern=re.escape(API_VERSION) + "$")
+    kind: str = Field(default=KIND, pattern=f"^{KIND}$")
+    metadata: ObjectMeta
+    spec: DistillationJobSpec
+    status: dict[str, Any] | None = None
+    """Written by the operator; accepted so that `kubectl get -o yaml` output validates again."""

@@ -1,0 +1,114 @@
+"""The `distillery` command: one entry point, a subcommand per job.
+
+validate and crd need only the API; render and operator load the operator package, run loads the
+runtime (torch, Ray, vLLM), each only when asked for, so that `distillery validate` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from distillery import __version__
+from distillery.validation import InvalidManifest, load_jobs
+
+
+def _validate(args: argparse.Namespace) -> int:
+    failed = False
+    for path in args.files:
+        try:
+            jobs = load_jobs(path)
+        except InvalidManifest as error:
+            failed = True
+            for problem in error.problems:
+                print(problem.format(error.source))
+            continue
+        if not args.quiet:
+            names = ", ".join(job.metadata.name for job in jobs)
+            print(f"{path}: valid ({names})", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _crd(_: argparse.Namespace) -> int:
+    from distillery.crd import render_crd_yaml
+
+    sys.stdout.write(render_crd_yaml())
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    from distillery_operator.render import render_manifest_stream
+
+    try:
+        sys.stdout.write(render_manifest_stream(args.file, namespace=args.namespace))
+    except InvalidManifest as error:
+        print(error, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _operator(args: argparse.Namespace) -> int:
+    from distillery_operator.main import run_operator
+
+    return run_operator(
+        namespaces=args.namespace,
+        all_namespaces=args.all_namespaces,
+        metrics_port=args.metrics_port,
+        health_port=args.health_port,
+        verbose=args.verbose,
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from distillery_runtime.cli import run_command
+
+    return run_command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="distillery", description="On-policy LLM distillation on Kubernetes."
+    )
+    parser.add_argument("--version", action="version", version=f"distillery {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="check DistillationJob manifests; one line per problem")
+    p.add_argument("files", nargs="+")
+    p.add_argument("-q", "--quiet", action="store_true", help="print problems only")
+    p.set_defaults(func=_validate)
+
+    p = sub.add_parser("crd", help="print the DistillationJob CustomResourceDefinition")
+    p.set_defaults(func=_crd)
+
+    p = sub.add_parser("render", help="print the Kubernetes objects the operator creates for a job")
+    p.add_argument("file")
+    p.add_argument("-n", "--namespace", default="default")
+    p.set_defaults(func=_render)
+
+    p = sub.add_parser("operator", help="run the operator (kopf)")
+    p.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="watch the whole cluster")
+    p.add_argument("--metrics-port", type=int, default=8080)
+    p.add_argument("--health-port", type=int, default=8081)
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=_operator)
+
+    p = sub.add_parser("run", help="run a job: locally with an embedded Ray, or as a RayJob entrypoint")
+    p.add_argument("file", help="DistillationJob manifest, or a resolved runtime config (JSON) in a cluster")
+    p.add_argument("-o", "--output", default=None, help="output directory (default runs/<job name>)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--steps", type=int, default=None, help="override schedule.steps")
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    p.set_defaults(func=_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Generates the DistillationJob CustomResourceDefinition from the pydantic models.
+
+Pydantic's JSON schema is turned into a Kubernetes *structural* schema: references inlined, optional
+fields without the `null` branch, `int | str` as `x-kubernetes-int-or-string`, exclusive bounds in the
+OpenAPI v3.0 form, and each model's `Rule`s as CEL `x-kubernetes-validations`. `crds/` holds the output;
+a test fails when the two drift.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from distillery.api import GROUP, KIND, PLURAL, VERSION, ApiModel, DistillationJobSpec, DistillationJobStatus
+
+CRD_FILE = "distillery.io_distillationjobs.yaml"
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+    {"name": "Steps", "type": "integer", "jsonPath": ".spec.schedule.steps"},
+    {"name": "Teachers", "type": "string", "jsonPath": ".status.teachersReady", "description": "ready/total"},
+    {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _models_by_name() -> dict[str, type[ApiModel]]:
+    """Every model reachable from the spec and status, by the name pydantic gives its schema definition."""
+    found: dict[str, type[ApiModel]] = {}
+
+    def walk(model: type[ApiModel]) -> None:
+        if model.__name__ in found:
+            return
+        found[model.__name__] = model
+        for field in model.model_fields.values():
+            for arg in _type_args(field.annotation):
+                if isinstance(arg, type) and issubclass(arg, ApiModel):
+                    walk(arg)
+
+    walk(DistillationJobSpec)
+    walk(DistillationJobStatus)
+    return found
+
+
+def _type_args(annotation: Any) -> list[Any]:
+    args = getattr(annotation, "__args__", None)
+    if not args:
+        return [annotation]
+    out: list[Any] = []
+    for arg in args:
+        out.extend(_type_args(arg))
+    return out
+
+
+def _structural(node: Any, defs: dict[str, Any], models: dict[str, Any]) -> Any:
+    """Rewrites one pydantic JSON-schema node into a structural OpenAPI v3.0 node."""
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        name = node["$ref"].rsplit("/", 1)[-1]
+        merged = {**defs[name], **{k: v for k, v in node.items() if k != "$ref"}}
+        return _with_rules(_structural(merged, defs, models), models.get(name))
+    branches = node.get("anyOf")
+    if branches is not None:
+        non_null = [b for b in branches if b.get("type") != "null"]
+        rest = {k: v for k, v in node.items() if k not in ("anyOf", "title")}
+        types = {b.get("type") for b in non_null}
+        if types == {"integer", "string"}:
+            return _finish({**rest, "x-kubernetes-int-or-string": True})
+        if len(non_null) != 1:
+            raise ValueError(f"cannot express union {branches} structurally")
+        merged = {**_structural(non_null[0], defs, models), **rest}
+        if merged.get("default", "absent") is None:
+            merged.pop("default")
+        return _finish(merged)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("title", "$defs"):
+            continue
+        if key == "properties":
+            out[key] = {name: _structural(prop, defs, models) for name, prop in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _structural(value, defs, models)
+        elif key == "prefixItems":
+            # Fixed-length tuples: an array of the (single) item type with exact bounds.
+            out["items"] = _structural(value[0], defs, models)
+            out["minItems"] = out["maxItems"] = len(value)
+        else:
+            out[key] = value
+    return _finish(out)
+
+
+def _finish(out: dict[str, Any]) -> dict[str, Any]:
+    if out.get("additionalProperties") is False:
+        # Structural schemas may not combine properties with additionalProperties: false; the API
+        # server's strict field validation (kubectl's default) reports unknown fields instead.
+        out.pop("additionalProperties")
+    for bound, flag in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(bound), int | float) and not isinstance(out.get(bound), bool):
+            out[flag] = out.pop(bound)
+            out[bound] = True
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    return out
+
+
+def _with_rules(out: dict[str, Any], model: type[ApiModel] | None) -> dict[str, Any]:
+    if model is not None and model.rules:
+        out["x-kubernetes-validations"] = [_cel(rule) for rule in model.rules]
+    return out
+
+
+def _cel(rule: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"rule": rule.cel, "message": rule.message}
+    if rule.field:
+        entry["fieldPath"] = "." + rule.field
+    entry["reason"] = rule.cel_reason
+    return entry
+
+
+def object_schema(model: type[ApiModel]) -> dict[str, Any]:
+    """The structural schema of one model."""
+    schema = model.model_json_schema(by_alias=True, mode="validation")
+    return _with_rules(_structural(schema, schema.get("$defs", {}), _models_by_name()), model)
+
+
+def build_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition object."""
+    spec_schema = object_schema(DistillationJobSpec)
+    status_schema = object_schema(DistillationJobStatus)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{PLURAL}.{GROUP}",
+            "labels": {"app.kubernetes.io/name": "distillery", "app.kubernetes.io/part-of": "distillery"},
+        },
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": ["dj"],
+                "categories": ["all", "distillery", "ml"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "DistillationJob distills one or more teacher LLMs into a student "
+                            "with on-policy distillation.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render_crd_yaml() -> str:
+    """The CRD as the YAML file checked into crds/."""
+    header = "# Generated by `distillery crd` from distillery/api. Do not edit by hand.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=120)

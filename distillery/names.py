@@ -1,0 +1,29 @@
+"""Deterministic Kubernetes names for a job's children: DNS-1123 labels of at most 63 characters."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+MAX_NAME = 63
+
+
+def child_name(job_name: str, *parts: str) -> str:
+    """`<job>-<part>-...`; when too long, the job name is cut and a stable hash of the full name appended.
+
+    The same inputs always give the same name, and two different long names never collide on the cut
+    prefix alone, so an operator restarted at any point finds the children it created before.
+    """
+    full = "-".join((job_name, *parts))
+    if len(full) <= MAX_NAME and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", full):
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    suffix = _clean("-".join(parts))
+    head_budget = MAX_NAME - len(digest) - len(suffix) - 2
+    head = _clean(job_name)[: max(head_budget, 0)].strip("-")
+    name = "-".join(p for p in (head, suffix, digest) if p)
+    return name if len(name) <= MAX_NAME else f"{_clean(full)[: MAX_NAME - 9].strip('-')}-{digest}"
+
+
+def _clean(text: str) -> str:
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text.lower())).strip("-")

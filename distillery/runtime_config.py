@@ -1,0 +1,107 @@
+"""The resolved runtime config: the spec plus everything the operator decided (teacher endpoints, names).
+
+The operator writes it into the job's ConfigMap; the runtime reads it (`distillery run CONFIG.json` in the
+RayJob entrypoint). Locally, `distillery run job.yaml` resolves it itself. One pure function builds it, so
+the cluster and the laptop agree on what a spec means.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from distillery.api import ApiModel, DistillationJob, DistillationJobSpec, Placement
+
+CONFIG_KEY = "runtime-config.json"
+"""The ConfigMap key (and file name in the trainer pods) of the resolved config."""
+CONFIG_MOUNT_DIR = "/etc/distillery"
+TEACHER_PORT = 8000
+"""The port of a standalone teacher's server (OpenAI API and the compact scoring endpoint)."""
+
+
+class TeacherProtocol(StrEnum):
+    COMPACT = "compact"
+    """Distillery's packed-binary scoring endpoint (standalone teachers run our server)."""
+    OPENAI = "openai"
+    """The OpenAI-compatible /v1/completions path with prompt_logprobs (external teachers)."""
+    IN_PROCESS = "in_process"
+    """A vLLM engine in the trainer's process (colocated teachers)."""
+
+
+class ResolvedTeacher(ApiModel):
+    """How the runtime reaches one teacher."""
+
+    name: str
+    placement: Placement
+    protocol: TeacherProtocol
+    endpoints: list[str] = Field(default_factory=list)
+    """Base URLs; a Service's DNS name resolves to all its ready replicas."""
+    served_model_name: str
+    max_logprobs: int
+    max_model_len: int
+
+
+class StatusTarget(ApiModel):
+    """The DistillationJob whose status the runtime patches with its progress (none when local)."""
+
+    namespace: str
+    name: str
+
+
+class RuntimeConfig(ApiModel):
+    """Everything the runtime needs, in one JSON document."""
+
+    job_name: str
+    namespace: str | None = None
+    spec: DistillationJobSpec
+    teachers: list[ResolvedTeacher]
+    status_target: StatusTarget | None = None
+    metrics_port: int = 9100
+
+
+def teacher_service_name(job_name: str, teacher_name: str) -> str:
+    """Deterministic DNS-1123 name (<= 63 chars) of a standalone teacher's Deployment and Service."""
+    from distillery.names import child_name
+
+    return child_name(job_name, "teacher", teacher_name)
+
+
+def resolve_runtime_config(job: DistillationJob, namespace: str | None, *, in_cluster: bool) -> RuntimeConfig:
+    """The runtime config of a job: standalone teachers at their Service, external at their URL."""
+    spec = job.spec
+    teachers: list[ResolvedTeacher] = []
+    for teacher in spec.teachers:
+        if teacher.placement == Placement.STANDALONE:
+            host = teacher_service_name(job.metadata.name, teacher.name)
+            if namespace:
+                host = f"{host}.{namespace}.svc"
+            endpoints = [f"http://{host}:{TEACHER_PORT}"]
+            protocol = TeacherProtocol.COMPACT
+        elif teacher.placement == Placement.EXTERNAL:
+            endpoints = [teacher.endpoint or ""]
+            protocol = TeacherProtocol.OPENAI
+        else:
+            endpoints = []
+            protocol = TeacherProtocol.IN_PROCESS
+        teachers.append(
+            ResolvedTeacher(
+                name=teacher.name,
+                placement=teacher.placement,
+                protocol=protocol,
+                endpoints=endpoints,
+                served_model_name=teacher.model if teacher.placement == Placement.EXTERNAL else teacher.name,
+                max_logprobs=max(spec.loss.top_k, 1),
+                max_model_len=spec.max_model_len(teacher),
+            )
+        )
+    status_target = (
+        StatusTarget(namespace=namespace, name=job.metadata.name) if in_cluster and namespace else None
+    )
+    return RuntimeConfig(
+        job_name=job.metadata.name,
+        namespace=namespace,
+        spec=spec,
+        teachers=teachers,
+        status_target=status_target,
+    )

@@ -1,0 +1,1 @@
+"""Distillery operator: reconciles DistillationJobs into KubeRay RayJobs, vLLM teachers and a truthful status."""
