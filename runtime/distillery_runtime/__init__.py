@@ -1,0 +1,1 @@
+"""In-cluster runtime: the trainer, teacher clients and losses (torch, vLLM, Ray)."""

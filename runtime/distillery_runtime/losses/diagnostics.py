@@ -1,0 +1,56 @@
+"""Training metrics that come with each loss: top-k masses, top-k overlap, KL estimates."""
+
+from __future__ import annotations
+
+import torch
+
+from .estimators import k3
+from .reduction import masked_mean
+
+
+def topk_metrics(
+    student_topk: torch.Tensor,
+    teacher_topk: torch.Tensor,
+    valid: torch.Tensor,
+    teacher_ids: torch.Tensor,
+    student_top_ids: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, float]:
+    """Means over masked tokens of: teacher and student probability mass on the teacher's top-k,
+    and overlap = |teacher top-k ∩ student top-k| / (valid teacher entries)."""
+    zero = torch.zeros((), dtype=student_topk.dtype, device=student_topk.device)
+    s_mass = torch.where(valid, student_topk.detach().exp(), zero).sum(-1)
+    t_mass = torch.where(valid, teacher_topk.to(student_topk.dtype).exp(), zero).sum(-1)
+    hits = (teacher_ids.unsqueeze(-1) == student_top_ids.unsqueeze(-2)).any(-1) & valid
+    overlap = hits.sum(-1).to(s_mass.dtype) / valid.sum(-1).clamp_min(1).to(s_mass.dtype)
+    return {
+        "distill/student_topk_mass": masked_mean(s_mass, mask),
+        "distill/teacher_topk_mass": masked_mean(t_mass, mask),
+        "distill/topk_overlap": masked_mean(overlap, mask),
+    }
+
+
+def sampled_kl_metrics(
+    student_token: torch.Tensor, teacher_token: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """k1 (unbiased) and k3 (low-variance) estimates of KL(student || teacher) on the sampled tokens."""
+    ok = mask & torch.isfinite(teacher_token)
+    s = student_token.detach()
+    t = torch.where(ok, teacher_token.to(s.dtype), s)
+    return {"distill/kl_k1": masked_mean(s - t, ok), "distill/kl_k3": masked_mean(k3(s, t), ok)}
+
+
+def token_loss_metrics(
+    token_loss: torch.Tensor, mask: torch.Tensor, dropped: torch.Tensor
+) -> dict[str, float]:
+    """Mean/min/max per-token loss over counted tokens, their number, and response tokens dropped
+    because the teacher had nothing for them (pad rows)."""
+    n = int(mask.sum())
+    values = token_loss.detach()[mask]
+    return {
+        "distill/token_loss_mean": masked_mean(token_loss, mask),
+        "distill/token_loss_min": float(values.min()) if n else 0.0,
+        "distill/token_loss_max": float(values.max()) if n else 0.0,
+        "distill/tokens": float(n),
+        "distill/teacher_pad_tokens": float(dropped.sum()),
+    }

@@ -1,0 +1,128 @@
+"""distillation_loss: the one entry point the trainer calls.
+
+Reads top to bottom: one chunked pass over the vocabulary for the student log-probs that
+the loss needs (sampled token + teacher top-k ids), per-token loss from the registry, the
+per-token clamp, the mask, then either the direct reduction or the PPO-clipped objective
+with advantage = -loss, and the diagnostics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .chunked import gather_log_softmax
+from .config import LossConfig, LossOutput, TeacherTargets
+from .diagnostics import sampled_kl_metrics, token_loss_metrics, topk_metrics
+from .estimators import clamp_token_loss
+from .policy_gradient import ppo_clipped_token_loss
+from .reduction import masked, masked_mean, reduce_tokens
+from .registry import TokenInputs, get_token_loss_fn
+
+
+def distillation_loss(
+    student_logits: torch.Tensor,
+    response_ids: torch.Tensor,
+    mask: torch.Tensor,
+    teacher: TeacherTargets,
+    config: LossConfig,
+    old_logprobs: torch.Tensor | None = None,
+    task_advantages: torch.Tensor | None = None,
+) -> LossOutput:
+    """Distillation loss for one micro-batch.
+
+    student_logits [B, T, V]: raw logits at the positions predicting response token t (shifted);
+    response_ids [B, T]: the sampled tokens; mask [B, T]: True for response tokens (prompt and
+    padding False); teacher: the teacher's targets; old_logprobs [B, T]: the rollout policy's
+    log-probs (policy_gradient; None = on-policy); task_advantages [B, T]: task-reward advantages,
+    weighted by config.task_reward_coef (> 0 to use them).
+
+    Tokens where the teacher has nothing (token log-prob not finite for the sampled-token modes,
+    all top-k entries -inf for the top-k modes) are dropped from the mask: they add nothing.
+    """
+    b, t, v = student_logits.shape
+    mask = mask.bool()
+    use_task = config.task_reward_coef > 0.0
+    if use_task and task_advantages is None:
+        raise ValueError("task_reward_coef > 0 needs task_advantages")
+
+    # One pass over the vocabulary: column 0 is the sampled token, then the teacher's top-k.
+    ids = response_ids.reshape(b * t, 1)
+    k = 0
+    if config.uses_topk:
+        if teacher.topk_ids is None or teacher.topk_logprobs is None:
+            raise ValueError(f"loss mode {config.mode!r} needs teacher topk_ids and topk_logprobs")
+        k = teacher.topk_ids.shape[-1]
+        ids = torch.cat([ids, teacher.topk_ids.reshape(b * t, k)], dim=-1)
+    logp, student_top_ids = gather_log_softmax(
+        student_logits.reshape(b * t, v), ids, config.temperature, config.chunk_tokens, student_topk=k
+    )
+    logp = logp.reshape(b, t, 1 + k)
+    student_token = logp[..., 0]
+
+    if config.uses_topk:
+        assert teacher.topk_logprobs is not None and teacher.topk_ids is not None
+        valid = torch.isfinite(teacher.topk_logprobs)
+        row_ok = valid.any(dim=-1)
+        inputs = TokenInputs(
+            student_token, teacher.token_logprobs, logp[..., 1:], teacher.topk_logprobs, valid
+        )
+    else:
+        if teacher.token_logprobs is None:
+            raise ValueError(f"loss mode {config.mode!r} needs the teacher's token_logprobs")
+        row_ok = torch.isfinite(teacher.token_logprobs)
+        inputs = TokenInputs(student_token, teacher.token_logprobs)
+    counted = mask & row_ok
+
+    token_loss = clamp_token_loss(get_token_loss_fn(config.mode)(inputs, config), config.loss_max_clamp)
+    token_loss = masked(token_loss, counted)
+
+    metrics: dict[str, float] = {}
+    if config.objective == "direct":
+        loss = reduce_tokens(token_loss, counted, config.reduction)
+        if use_task:
+            assert task_advantages is not None
+            task_loss, clipped, log_ratio = ppo_clipped_token_loss(
+                student_token, old_logprobs, task_advantages, config.clip_ratio_low, config.clip_ratio_high
+            )
+            task = reduce_tokens(task_loss, mask, config.reduction)
+            loss = loss + config.task_reward_coef * task
+            metrics["distill/task_loss"] = float(task.detach())
+            metrics["distill/pg_clipfrac"] = masked_mean(clipped.to(token_loss.dtype), mask)
+    else:
+        # verl use_policy_gradient: the loss is a per-token reward; task advantages (if any) add to it.
+        advantages = -token_loss.detach()
+        pg_mask = counted
+        if use_task:
+            assert task_advantages is not None
+            advantages = advantages + config.task_reward_coef * task_advantages.to(advantages.dtype)
+            pg_mask = mask
+        pg_loss, clipped, log_ratio = ppo_clipped_token_loss(
+            student_token, old_logprobs, advantages, config.clip_ratio_low, config.clip_ratio_high
+        )
+        loss = reduce_tokens(pg_loss, pg_mask, config.reduction)
+        metrics["distill/pg_clipfrac"] = masked_mean(clipped.to(token_loss.dtype), pg_mask)
+        metrics["distill/ppo_kl"] = masked_mean(-log_ratio, pg_mask)
+        metrics["distill/advantage_mean"] = masked_mean(advantages, pg_mask)
+
+    metrics["distill/loss"] = float(loss.detach())
+    metrics.update(token_loss_metrics(token_loss, counted, mask & ~row_ok))
+    if config.uses_topk:
+        assert (
+            inputs.student_topk is not None
+            and inputs.teacher_topk is not None
+            and inputs.topk_valid is not None
+        )
+        assert teacher.topk_ids is not None
+        metrics.update(
+            topk_metrics(
+                inputs.student_topk,
+                inputs.teacher_topk,
+                inputs.topk_valid,
+                teacher.topk_ids,
+                student_top_ids.reshape(b, t, k),
+                counted,
+            )
+        )
+    if teacher.token_logprobs is not None:
+        metrics.update(sampled_kl_metrics(student_token, teacher.token_logprobs, counted))
+    return LossOutput(loss=loss, metrics=metrics, token_loss=token_loss.detach(), mask=counted)
