@@ -80,7 +80,10 @@ def _structural(node: Any, defs: dict[str, Any], models: dict[str, Any]) -> Any:
         if key in ("title", "$defs"):
             continue
         if key == "properties":
-            out[key] = {name: _structural(prop, defs, models) for name, prop in value.items()}
+            out[key] = {
+                name: _with_object_default(prop, _structural(prop, defs, models))
+                for name, prop in value.items()
+            }
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
             out[key] = _structural(value, defs, models)
         elif key == "prefixItems":
@@ -90,6 +93,22 @@ def _structural(node: Any, defs: dict[str, Any], models: dict[str, Any]) -> Any:
         else:
             out[key] = value
     return _finish(out)
+
+
+def _with_object_default(original: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """A nested object that is not optional defaults to {} so that the API server fills its own defaults.
+
+    Without it an omitted `schedule:` stays absent and a CEL rule reading `self.schedule.evalEvery` fails
+    with "no such key" instead of seeing the default.
+    """
+    if (
+        "anyOf" not in original
+        and out.get("type") == "object"
+        and "properties" in out
+        and not out.get("required")
+    ):
+        out.setdefault("default", {})
+    return out
 
 
 def _finish(out: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 from pydantic import BaseModel, ValidationError
 
@@ -122,7 +123,7 @@ def parse_job(document: Any, source: str = "<manifest>") -> DistillationJob:
     if problems:
         raise InvalidManifest(source, problems)
     try:
-        return DistillationJob.model_validate(document)
+        return DistillationJob.model_validate_json(_as_json(document), strict=True)
     except ValidationError as error:
         raise InvalidManifest(source, problems_from_error(error, DistillationJob)) from None
 
@@ -130,9 +131,15 @@ def parse_job(document: Any, source: str = "<manifest>") -> DistillationJob:
 def parse_spec(spec: Any, source: str = "<spec>") -> DistillationJobSpec:
     """Validates a bare spec (as the operator receives it); problem paths start with `spec.`."""
     try:
-        return DistillationJobSpec.model_validate(spec)
+        return DistillationJobSpec.model_validate_json(_as_json(spec), strict=True)
     except ValidationError as error:
         raise InvalidManifest(source, problems_from_error(error, DistillationJobSpec, ("spec",))) from None
+
+
+def _as_json(document: Any) -> bytes:
+    # Strict JSON-mode validation types values as the API server does: "yes" is not a boolean, "5" is not
+    # an integer, while enums still come as strings.
+    return orjson.dumps(document, option=orjson.OPT_NON_STR_KEYS)
 
 
 def iter_documents(text: str, source: str) -> Iterator[Any]:

@@ -1,0 +1,1 @@
+"""Test support code shared by the test areas (importable as `support`)."""

@@ -1,0 +1,135 @@
+"""Checks an object against a CRD's `openAPIV3Schema` the way the API server would, offline.
+
+No API server runs on these machines, so this does in order what kube-apiserver does for a custom
+resource: apply schema defaults, reject unknown fields (kubectl's default strict field validation),
+validate types/enums/bounds/patterns (jsonschema, OpenAPI v3.0 = draft 4 bounds), then evaluate every
+`x-kubernetes-validations` CEL rule with cel-python, with numbers typed by the schema as CEL does.
+Known differences from a real server: no CEL cost budget, and cel-python's CEL dialect lacks some
+Kubernetes extension libraries (none of our rules use them).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import celpy
+import jsonschema
+
+
+@dataclass(frozen=True)
+class SchemaError:
+    path: str
+    reason: str
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def apply_defaults(obj: Any, schema: dict[str, Any]) -> Any:
+    """Fills defaults top-down, as the API server does before validation."""
+    if isinstance(obj, dict) and "properties" in schema:
+        for name, sub in schema["properties"].items():
+            if name not in obj and "default" in sub:
+                obj[name] = copy.deepcopy(sub["default"])
+            if name in obj:
+                obj[name] = apply_defaults(obj[name], sub)
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [apply_defaults(item, schema["items"]) for item in obj]
+    elif isinstance(obj, dict) and isinstance(schema.get("additionalProperties"), dict):
+        return {k: apply_defaults(v, schema["additionalProperties"]) for k, v in obj.items()}
+    return obj
+
+
+def unknown_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[SchemaError]:
+    errors: list[SchemaError] = []
+    if (
+        isinstance(obj, dict)
+        and "properties" in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        for key, value in obj.items():
+            sub = schema["properties"].get(key)
+            if sub is None:
+                errors.append(SchemaError(_join(path, key), "unknown field"))
+            else:
+                errors.extend(unknown_fields(value, sub, _join(path, key)))
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(obj):
+            errors.extend(unknown_fields(item, schema["items"], _join(path, i)))
+    elif isinstance(obj, dict) and isinstance(schema.get("additionalProperties"), dict):
+        for key, value in obj.items():
+            errors.extend(unknown_fields(value, schema["additionalProperties"], _join(path, key)))
+    return errors
+
+
+def _to_cel(obj: Any, schema: dict[str, Any]) -> Any:
+    """JSON -> CEL values, numbers typed by the schema (a `number` field is a CEL double even when 1)."""
+    if isinstance(obj, dict):
+        props = schema.get("properties", {})
+        extra = (
+            schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else {}
+        )
+        return celpy.celtypes.MapType(
+            {celpy.celtypes.StringType(k): _to_cel(v, props.get(k, extra or {})) for k, v in obj.items()}
+        )
+    if isinstance(obj, list):
+        return celpy.celtypes.ListType([_to_cel(v, schema.get("items", {})) for v in obj])
+    if isinstance(obj, bool):
+        return celpy.celtypes.BoolType(obj)
+    if isinstance(obj, int | float):
+        if schema.get("type") == "number":
+            return celpy.celtypes.DoubleType(float(obj))
+        if isinstance(obj, int):
+            return celpy.celtypes.IntType(obj)
+        return celpy.celtypes.DoubleType(obj)
+    if isinstance(obj, str):
+        return celpy.celtypes.StringType(obj)
+    return obj
+
+
+_ENV = celpy.Environment()
+_PROGRAMS: dict[str, Any] = {}
+
+
+def _program(rule: str) -> Any:
+    if rule not in _PROGRAMS:
+        _PROGRAMS[rule] = _ENV.program(_ENV.compile(rule))
+    return _PROGRAMS[rule]
+
+
+def cel_errors(obj: Any, schema: dict[str, Any], path: str = "") -> list[SchemaError]:
+    """Every failing x-kubernetes-validations rule, reported at its fieldPath."""
+    errors: list[SchemaError] = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        result = _program(rule["rule"]).evaluate({"self": _to_cel(obj, schema)})
+        if isinstance(result, Exception) or not bool(result):
+            where = path + rule.get("fieldPath", "") if path else rule.get("fieldPath", "").lstrip(".")
+            errors.append(SchemaError(where, rule["message"]))
+    if isinstance(obj, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in obj:
+                errors.extend(cel_errors(obj[name], sub, _join(path, name)))
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(obj):
+            errors.extend(cel_errors(item, schema["items"], _join(path, i)))
+    return errors
+
+
+def validate(obj: Any, schema: dict[str, Any]) -> list[SchemaError]:
+    """All errors the API server would report for `obj` (schema checks first; CEL only on a well-typed object)."""
+    obj = apply_defaults(copy.deepcopy(obj), schema)
+    errors = unknown_fields(obj, schema)
+    validator = jsonschema.Draft4Validator(schema)
+    for error in validator.iter_errors(obj):
+        path = ""
+        for part in error.absolute_path:
+            path = _join(path, part)
+        errors.append(SchemaError(path, error.message))
+    if not errors:
+        errors.extend(cel_errors(obj, schema))
+    return errors
