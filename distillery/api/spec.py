@@ -52,7 +52,9 @@ class StudentPool(ApiModel):
     """The extended resource name that counts GPUs."""
     resources: Resources = Field(default_factory=Resources)
     node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the worker pods must match."""
     tolerations: list[Toleration] = Field(default_factory=list)
+    """Tolerations of the worker pods."""
 
 
 class TeacherPool(ApiModel):
@@ -61,10 +63,14 @@ class TeacherPool(ApiModel):
     gpus_per_replica: int = Field(default=1, ge=0, le=16)
     """GPUs per vLLM replica; must be a multiple of tensorParallel."""
     tensor_parallel: int = Field(default=1, ge=1, le=16)
+    """vLLM --tensor-parallel-size."""
     gpu_resource: str = "nvidia.com/gpu"
+    """The extended resource name that counts GPUs."""
     resources: Resources = Field(default_factory=Resources)
     node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the teacher pods must match."""
     tolerations: list[Toleration] = Field(default_factory=list)
+    """Tolerations of the teacher pods."""
 
     rules = (
         Rule(
@@ -90,9 +96,13 @@ class Rollout(ApiModel):
     engine: RolloutEngine = RolloutEngine.VLLM
     """vllm (in-process engine, weights synced after each step) or transformers (generate; slow fallback)."""
     temperature: float = Field(default=1.0, gt=0.0, le=10.0)
+    """Sampling temperature of the rollout."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling threshold (1 = off)."""
     max_new_tokens: int = Field(default=256, ge=1, le=131072)
+    """Longest response the student samples."""
     samples_per_prompt: int = Field(default=1, ge=1, le=256)
+    """Responses sampled per prompt."""
     memory_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     """Fraction of each GPU's memory the rollout engine may take (vLLM gpu_memory_utilization)."""
 
@@ -101,12 +111,17 @@ class Optimizer(ApiModel):
     """AdamW with linear warmup then cosine decay to minLrRatio x lr."""
 
     lr: float = Field(default=1e-6, gt=0.0, le=1.0)
+    """Peak learning rate."""
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Decoupled weight decay (AdamW)."""
     grad_clip: float = Field(default=1.0, ge=0.0)
     """Max global gradient norm (0 = no clipping)."""
     warmup_steps: int = Field(default=0, ge=0)
+    """Steps of linear warmup from 0 to lr."""
     min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    """The cosine decay ends at minLrRatio x lr on the last step."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
 
 
 class Precision(StrEnum):
@@ -142,7 +157,9 @@ class SecretKeyRef(ApiModel):
     """A key of a Secret in the job's namespace; its value is never copied into any object."""
 
     name: str = Field(min_length=1, max_length=253)
+    """Secret name."""
     key: str = Field(min_length=1, max_length=253)
+    """Key inside the Secret."""
 
 
 class Inference(ApiModel):
@@ -153,6 +170,7 @@ class Inference(ApiModel):
     memory_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
     """vLLM --gpu-memory-utilization (standalone) or the share of the student's GPUs (colocated)."""
     dtype: str = "auto"
+    """vLLM --dtype."""
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=256)
     """Extra `vllm serve` arguments, passed as given."""
     hf_token_secret: SecretKeyRef | None = None
@@ -211,6 +229,7 @@ class DataSource(ApiModel):
     """A dataset file: local path (in the runtime image or a mounted volume) or URI."""
 
     path: str = Field(min_length=1)
+    """Local path (in the image or a mounted volume) or URI (s3://, gs://, synthetic://TASK/SPLIT)."""
     format: DataFormat = DataFormat.AUTO
     """auto = from the file extension (.jsonl/.json, .parquet)."""
 
@@ -219,7 +238,9 @@ class Data(ApiModel):
     """Prompts, and how each is routed to its teacher."""
 
     train: DataSource
+    """The prompts the student trains on."""
     eval: DataSource | None = None
+    """Held-out prompts for evaluation (accuracy by exact match on answerField)."""
     prompt_field: str = "prompt"
     """Field holding the prompt text (used as is, no chat template)."""
     messages_field: str | None = None
@@ -231,6 +252,7 @@ class Data(ApiModel):
     route_field: str = "data_source"
     """Field whose value picks the teacher of a sample."""
     max_prompt_tokens: int = Field(default=1024, ge=1, le=1048576)
+    """Longest prompt, in student tokens."""
     overlong_prompts: OverlongPolicy = OverlongPolicy.REJECT
     """reject: fail the job naming the row; truncate: keep the last maxPromptTokens tokens (counted)."""
 
@@ -284,8 +306,11 @@ class Loss(ApiModel):
     log_prob_min_clamp: float = Field(default=-10.0, le=0.0)
     """Floor for log-probs entering a loss (0 = none)."""
     clip_ratio_low: float = Field(default=0.2, ge=0.0, le=1.0)
+    """PPO clip: the ratio is kept above 1 - clipRatioLow (policy_gradient)."""
     clip_ratio_high: float = Field(default=0.2, ge=0.0, le=10.0)
+    """PPO clip: the ratio is kept below 1 + clipRatioHigh (policy_gradient)."""
     reduction: Reduction = Reduction.TOKEN_MEAN
+    """token_mean: mean over all response tokens of the batch; sequence_mean: mean of per-sequence means; sum."""
     on_policy_fraction: float = Field(default=1.0, ge=0.0, le=1.0)
     """lambda: probability that a batch is sampled by the student; else dataset responses are used."""
     task_reward_coef: float = Field(default=0.0, ge=0.0)
@@ -326,7 +351,9 @@ class Schedule(ApiModel):
     """How long and how big each step is."""
 
     steps: int = Field(default=100, ge=1, le=10_000_000)
+    """Optimizer steps of the whole job."""
     prompts_per_step: int = Field(default=32, ge=1, le=1_000_000)
+    """Prompts rolled out per step (each gives samplesPerPrompt samples)."""
     micro_batch_size: int = Field(default=8, ge=1, le=100_000)
     """Samples per forward/backward on one rank; gradients accumulate over micro-batches."""
     checkpoint_every: int = Field(default=50, ge=0)
@@ -334,6 +361,7 @@ class Schedule(ApiModel):
     eval_every: int = Field(default=0, ge=0)
     """Steps between held-out evaluations (0 = never; needs data.eval)."""
     seed: int = Field(default=0, ge=0)
+    """Seed of data order, sampling and initialisation (CPU runs are deterministic)."""
     one_step_off: bool = False
     """Overlap the rollout of step i+1 with training of step i (samples are one policy version stale)."""
 
@@ -368,6 +396,7 @@ class DistillationJobSpec(ApiModel):
 
     student: Student
     teachers: list[Teacher] = Field(min_length=1, max_length=32)
+    """One or more teachers; with several, each sample goes to the teacher of its route."""
     data: Data
     loss: Loss = Field(default_factory=Loss)
     schedule: Schedule = Field(default_factory=Schedule)
@@ -379,6 +408,7 @@ class DistillationJobSpec(ApiModel):
     suspend: bool = False
     """Suspended jobs hold no pods (Kueue sets and clears it)."""
     active_deadline_seconds: int | None = Field(default=None, ge=1)
+    """Wall-clock limit of the trainer (RayJob activeDeadlineSeconds)."""
     backoff_limit: int = Field(default=0, ge=0, le=100)
     """Retries of the trainer (each resumes from the newest checkpoint)."""
     teacher_ready_timeout_seconds: int = Field(default=1800, ge=1)

@@ -33,7 +33,11 @@ def test_schema_is_structural() -> None:
     schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _walk(schema):
         # Structural: every node typed (or int-or-string / preserve-unknown), no refs or unions.
-        assert "type" in node or node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields"), path
+        assert (
+            "type" in node
+            or node.get("x-kubernetes-int-or-string")
+            or node.get("x-kubernetes-preserve-unknown-fields")
+        ), path
         for banned in ("$ref", "anyOf", "oneOf", "allOf", "prefixItems", "title", "const"):
             assert banned not in node, f"{path}: {banned}"
         assert not ("properties" in node and "additionalProperties" in node), path
@@ -47,7 +51,13 @@ def test_crd_carries_the_contract() -> None:
     assert crd["metadata"]["name"] == "distillationjobs.distillery.io"
     assert crd["spec"]["names"]["shortNames"] == ["dj"]
     assert version["subresources"] == {"status": {}}
-    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {"Phase", "Step", "Steps", "Teachers", "Age"}
+    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {
+        "Phase",
+        "Step",
+        "Steps",
+        "Teachers",
+        "Age",
+    }
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     loss = spec["properties"]["loss"]["properties"]
     assert loss["mode"]["enum"] == [m.value for m in Loss.model_fields["mode"].annotation]  # type: ignore[union-attr]
@@ -59,7 +69,10 @@ def test_crd_carries_the_contract() -> None:
     rules = [r["message"] for _, node in _walk(spec) for r in node.get("x-kubernetes-validations", [])]
     assert set(rules) >= {r.message for r in DistillationJobSpec.rules} | {r.message for r in Loss.rules}
     # Descriptions come from the field docstrings.
-    assert "Unique within the job" in spec["properties"]["teachers"]["items"]["properties"]["name"]["description"]
+    assert (
+        "Unique within the job"
+        in spec["properties"]["teachers"]["items"]["properties"]["name"]["description"]
+    )
 
 
 def test_crd_yaml_round_trips() -> None:

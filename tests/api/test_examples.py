@@ -31,4 +31,6 @@ def test_example_is_valid(path: Path, crd_schema: dict[str, Any]) -> None:
 
 def test_examples_are_commented() -> None:
     for path in EXAMPLES:
-        assert path.read_text().lstrip().startswith("#"), f"{path.name} should open with a comment for new users"
+        assert path.read_text().lstrip().startswith("#"), (
+            f"{path.name} should open with a comment for new users"
+        )

