@@ -53,9 +53,18 @@ def distillation_loss(
             raise ValueError(f"loss mode {config.mode!r} needs teacher topk_ids and topk_logprobs")
         k = teacher.topk_ids.shape[-1]
         ids = torch.cat([ids, teacher.topk_ids.reshape(b * t, k)], dim=-1)
-    logp, student_top_ids = gather_log_softmax(
-        student_logits.reshape(b * t, v), ids, config.temperature, config.chunk_tokens, student_topk=k
-    )
+    flat = student_logits.reshape(b * t, v)
+    if _shift_invariant(config, use_task):
+        # The loss renormalises over the top-k, so it does not depend on the log-normaliser and
+        # neither does its gradient: take the exact log-probs without autograd (for the values and
+        # the metrics) and route the gradient through a plain gather of the logits, whose backward
+        # is the gradient tensor itself - no softmax over V in backward.
+        with torch.no_grad():
+            logp, student_top_ids = gather_log_softmax(flat, ids, config.temperature, config.chunk_tokens, k)
+        raw = flat.gather(-1, ids).to(logp.dtype) / config.temperature
+        logp = logp + (raw - raw.detach())
+    else:
+        logp, student_top_ids = gather_log_softmax(flat, ids, config.temperature, config.chunk_tokens, k)
     logp = logp.reshape(b, t, 1 + k)
     student_token = logp[..., 0]
 
@@ -126,3 +135,13 @@ def distillation_loss(
     if teacher.token_logprobs is not None:
         metrics.update(sampled_kl_metrics(student_token, teacher.token_logprobs, counted))
     return LossOutput(loss=loss, metrics=metrics, token_loss=token_loss.detach(), mask=counted)
+
+
+def _shift_invariant(config: LossConfig, use_task: bool) -> bool:
+    """True when the back-propagated loss is unchanged by adding a constant to every student
+    log-prob of a token: renormalised top-k losses in direct mode (the sampled token's log-prob,
+    needed with a full-softmax gradient by the policy-gradient objectives, is then only a metric)."""
+    renormalised = (config.mode in {"reverse_kl_topk", "jsd"} and not config.add_tail) or (
+        config.mode == "forward_kl_topk" and config.renormalize
+    )
+    return renormalised and config.objective == "direct" and not use_task
