@@ -447,10 +447,12 @@ class DistillationJobSpec(ApiModel):
             check=lambda s: (
                 s.student.pool.gpus_per_worker > 0
                 or all(t.placement != Placement.COLOCATED for t in s.teachers)
-                or s.student.pool.workers == 1
+                or all(
+                    t.pool.gpus_per_replica == 0 for t in s.teachers if t.placement == Placement.STANDALONE
+                )
             ),
-            cel="self.student.pool.gpusPerWorker > 0 || self.student.pool.workers == 1 || self.teachers.all(t, t.placement != 'colocated')",
-            message="a colocated teacher on a multi-worker CPU pool is not supported: give the student GPUs or one worker",
+            cel="self.student.pool.gpusPerWorker > 0 || self.teachers.all(t, t.placement != 'colocated') || self.teachers.all(t, t.placement != 'standalone' || t.pool.gpusPerReplica == 0)",
+            message="a colocated teacher runs on the student's GPUs: student.pool.gpusPerWorker must be >= 1 when the job uses GPUs",
             field="teachers",
         ),
         Rule(
