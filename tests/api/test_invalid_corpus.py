@@ -86,8 +86,11 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         AGREE,
     ),
     (
-        "colocated-on-multi-worker-cpu",
-        {"spec.teachers[0].placement": "colocated", "spec.student.pool": {"workers": 2, "gpusPerWorker": 0}},
+        "colocated-without-student-gpus",
+        {
+            "spec.teachers[1]": {"name": "co", "model": "m", "placement": "colocated", "default": True},
+            "spec.student.pool": {"gpusPerWorker": 0},
+        },
         "spec.teachers",
         AGREE,
     ),
