@@ -1,0 +1,120 @@
+"""Colocated teacher: an in-process vLLM engine (`AsyncLLM`) on the student's devices.
+
+It scores through the same tensor path as the teacher server's compact endpoint
+(`engine_scoring`), on the caller's event loop: no second loop, no `asyncio.run` inside.
+
+Sleep/wake: around training the trainer calls `sleep()` (weights offloaded, KV cache freed)
+and `wake_up()` before scoring. vLLM supports sleep mode on CUDA/ROCm/XPU only; on CPU
+both calls are no-ops (`sleeps` is False) and the engine keeps its memory. After a real
+wake-up the teacher re-scores a fixed probe and compares it with the probe taken at start,
+because a known failure mode is a woken teacher returning -ln(V) everywhere (weights not
+restored); a mismatch raises instead of silently training on garbage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from distillery_runtime.teachers.base import BatchTeacher, Rows
+from distillery_runtime.teachers.types import ScoreRequest, TeacherError
+from distillery_runtime.teachers.wire import WireSequence
+
+_PROBE = WireSequence(list(range(1, 17)), 1, "probe")
+
+
+class ColocatedTeacher(BatchTeacher):
+    """`vllm.AsyncLLM` in this process; `await start()` before use, `await close()` after."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        name: str | None = None,
+        max_logprobs: int = 64,
+        max_model_len: int = 2048,
+        dtype: str = "bfloat16",
+        sleep_level: int = 1,
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.name = name or model
+        self.model = model
+        self.max_logprobs = max_logprobs
+        self.max_model_len = max_model_len
+        self.dtype = dtype
+        self.sleep_level = sleep_level
+        self.engine_kwargs = dict(engine_kwargs or {})
+        self.engine: Any = None
+        self.sleeps = False
+        self.asleep = False
+        self._probe: np.ndarray | None = None
+
+    async def start(self) -> ColocatedTeacher:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from distillery_runtime.teachers.engine_scoring import install_tensor_logprobs
+
+        install_tensor_logprobs()
+        self.sleeps = bool(current_platform.is_sleep_mode_available())
+        kwargs: dict[str, Any] = {"enforce_eager": True, **self.engine_kwargs}
+        args = AsyncEngineArgs(
+            model=self.model,
+            max_logprobs=self.max_logprobs,
+            max_model_len=self.max_model_len,
+            dtype=self.dtype,
+            enable_sleep_mode=self.sleeps,
+            **kwargs,
+        )
+        self.engine = AsyncLLM.from_engine_args(args)
+        self._probe = (await self._rows([_PROBE], 1))[0][2]
+        return self
+
+    async def _limits(self) -> tuple[int | None, int | None]:
+        return self.max_model_len, self.max_logprobs
+
+    async def _rows(self, seqs: Sequence[WireSequence], top_k: int) -> list[Rows]:
+        from distillery_runtime.teachers.engine_scoring import score_one_sequence, scoring_params
+
+        if self.engine is None:
+            raise TeacherError(f"teacher {self.name}: call `await start()` first")
+        if self.asleep:
+            raise TeacherError(f"teacher {self.name} is asleep: call `await wake_up()` before scoring")
+        params = scoring_params(top_k)
+        return list(await asyncio.gather(*(score_one_sequence(self.engine, s, top_k, params) for s in seqs)))
+
+    async def _score_rows(self, samples: Sequence[ScoreRequest], top_k: int) -> list[Rows]:
+        seqs = [
+            WireSequence([*s.prompt_ids, *s.response_ids], len(s.prompt_ids), s.sample_id) for s in samples
+        ]
+        return await self._rows(seqs, top_k)
+
+    async def sleep(self) -> None:
+        """Free the device for training (no-op where vLLM has no sleep mode, e.g. CPU)."""
+        if self.sleeps and not self.asleep:
+            await self.engine.sleep(self.sleep_level)
+            self.asleep = True
+
+    async def wake_up(self) -> None:
+        """Restore the engine before scoring, and check that the weights came back."""
+        if not self.asleep:
+            return
+        await self.engine.wake_up()
+        self.asleep = False
+        if self.sleep_level >= 2:
+            return  # level 2 discards weights: the caller reloads them before scoring
+        probe = (await self._rows([_PROBE], 1))[0][2]
+        if self._probe is not None and not np.allclose(probe, self._probe, atol=0.05):
+            raise TeacherError(
+                f"teacher {self.name}: after wake-up the probe log-probs changed (max diff "
+                f"{float(np.abs(probe - self._probe).max()):.3f}); the weights were not restored"
+            )
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

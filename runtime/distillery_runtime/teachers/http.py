@@ -1,0 +1,208 @@
+"""Pooled async HTTP to the replicas of one teacher: least-outstanding-requests endpoint
+choice, a per-endpoint concurrency limit, and retries with backoff inside a bounded time.
+
+Replicas are a list of base URLs, or (with `resolve_dns=True`) every address behind each
+host name, which is how a Kubernetes headless Service exposes its pods; the addresses are
+re-resolved every `dns_ttl` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import random
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+
+from distillery_runtime.teachers.retry import RetryPolicy, backoff_delay, is_retryable_status
+from distillery_runtime.teachers.types import TeacherUnavailableError
+
+
+class HttpStatusError(Exception):
+    """A non-retryable HTTP answer (4xx other than 408/429); the caller turns it into a clear error."""
+
+    def __init__(self, status: int, body: bytes, url: str) -> None:
+        super().__init__(f"HTTP {status} from {url}: {body[:500].decode('utf-8', 'replace')}")
+        self.status, self.body, self.url = status, body, url
+
+
+@dataclass(slots=True)
+class Endpoint:
+    """One replica: its base URL, a concurrency gate and load/health bookkeeping."""
+
+    url: str
+    host_header: str | None
+    gate: asyncio.Semaphore
+    outstanding: int = 0
+    down_until: float = 0.0
+    served: int = 0
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def choose_endpoint(endpoints: Sequence[Endpoint], now: float, tiebreak: int) -> Endpoint:
+    """Least outstanding requests first, among endpoints not cooling down after a failure
+    (all of them if every one is cooling down); `tiebreak` rotates among equals."""
+    healthy = [e for e in endpoints if e.down_until <= now] or list(endpoints)
+    least = min(e.outstanding for e in healthy)
+    tied = [e for e in healthy if e.outstanding == least]
+    return tied[tiebreak % len(tied)]
+
+
+@dataclass
+class EndpointPool:
+    """The replicas of one teacher."""
+
+    urls: Sequence[str]
+    concurrency: int = 8
+    resolve_dns: bool = False
+    dns_ttl: float = 10.0
+    endpoints: list[Endpoint] = field(default_factory=list)
+    _resolved_at: float = -1e18
+    _turn: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            raise ValueError("a teacher needs at least one endpoint URL")
+        self.urls = [u.rstrip("/") for u in self.urls]
+
+    async def refresh(self) -> None:
+        """(Re)build the endpoint list, keeping the state of endpoints that stay."""
+        if self.endpoints and (not self.resolve_dns or time.monotonic() - self._resolved_at < self.dns_ttl):
+            return
+        wanted: list[tuple[str, str | None]] = []
+        for url in self.urls:
+            wanted.extend(await self._expand(url) if self.resolve_dns else [(url, None)])
+        old = {e.url: e for e in self.endpoints}
+        self.endpoints = [
+            old.get(u) or Endpoint(u, host, asyncio.Semaphore(self.concurrency))
+            for u, host in dict.fromkeys(wanted)
+        ]
+        self._resolved_at = time.monotonic()
+
+    @staticmethod
+    async def _expand(url: str) -> list[tuple[str, str | None]]:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if _is_ip(host):
+            return [(url, None)]
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        out = []
+        for info in infos:
+            addr = info[4][0]
+            netloc = f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+            out.append((urlunsplit((parts.scheme, netloc, parts.path, "", "")), parts.netloc))
+        return out or [(url, None)]
+
+    def pick(self) -> Endpoint:
+        self._turn += 1
+        return choose_endpoint(self.endpoints, time.monotonic(), self._turn)
+
+
+class HttpTransport:
+    """POST/GET with retries to the least loaded replica; one aiohttp session per event loop."""
+
+    def __init__(
+        self, pool: EndpointPool, policy: RetryPolicy | None = None, *, name: str = "teacher"
+    ) -> None:
+        self.pool = pool
+        self.policy = policy or RetryPolicy()
+        self.name = name
+        self._session: aiohttp.ClientSession | None = None
+        self._rng = random.Random()
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            total = max(1, self.pool.concurrency * max(1, len(self.pool.urls)) * 4)
+            connector = aiohttp.TCPConnector(limit=total, limit_per_host=0, keepalive_timeout=30)
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> bytes:
+        """Send until a 2xx answer (returned), a non-retryable answer (HttpStatusError), or the
+        policy's total time runs out (TeacherUnavailableError naming the last failure)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.policy.total_timeout
+        session = self._get_session()
+        attempt, last = 0, "no attempt made"
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                await self.pool.refresh()
+            except OSError as exc:  # DNS failure: retry like a connection error
+                last = f"resolving {self.pool.urls}: {exc!r}"
+            else:
+                ep = self.pool.pick()
+                try:
+                    return await self._attempt(session, ep, method, path, body, headers, remaining)
+                except HttpStatusError:
+                    raise
+                except _Retryable as exc:
+                    last = str(exc)
+                except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                    ep.down_until = time.monotonic() + self.policy.endpoint_cooldown
+                    last = f"{ep.url}: {type(exc).__name__}: {exc}"
+            delay = backoff_delay(attempt, self.policy, self._rng)
+            attempt += 1
+            if loop.time() + delay >= deadline:
+                raise TeacherUnavailableError(
+                    f"teacher {self.name}: no answer from {list(self.pool.urls)} within "
+                    f"{self.policy.total_timeout:.1f} s ({attempt} attempts); last error: {last}"
+                )
+            await asyncio.sleep(delay)
+
+    async def _attempt(
+        self,
+        session: aiohttp.ClientSession,
+        ep: Endpoint,
+        method: str,
+        path: str,
+        body: bytes | None,
+        headers: dict[str, str] | None,
+        remaining: float,
+    ) -> bytes:
+        timeout = aiohttp.ClientTimeout(
+            total=max(0.01, min(self.policy.request_timeout, remaining)), connect=self.policy.connect_timeout
+        )
+        hdrs = dict(headers or {})
+        if ep.host_header:
+            hdrs["Host"] = ep.host_header
+        ep.outstanding += 1
+        try:
+            async with (
+                ep.gate,
+                session.request(method, ep.url + path, data=body, headers=hdrs, timeout=timeout) as resp,
+            ):
+                data = await resp.read()
+                status = resp.status
+        finally:
+            ep.outstanding -= 1
+        if 200 <= status < 300:
+            ep.served += 1
+            return data
+        if is_retryable_status(status):
+            raise _Retryable(f"{ep.url}{path}: HTTP {status}: {data[:200].decode('utf-8', 'replace')}")
+        raise HttpStatusError(status, data, ep.url + path)
+
+
+class _Retryable(Exception):
+    """An answer worth retrying (429, 408, 5xx)."""

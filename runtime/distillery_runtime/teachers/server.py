@@ -1,0 +1,124 @@
+"""The teacher server: vLLM's OpenAI API plus Distillery's compact scoring endpoint, one process.
+
+Usage (this is the command the operator's teacher Deployment runs; keep it stable):
+
+    python -m distillery_runtime.teachers.server --model DIR_OR_NAME [any `vllm serve` flag ...]
+
+for example `--host 0.0.0.0 --port 8000 --served-model-name teacher --max-model-len 4096
+--max-logprobs 128 --dtype bfloat16`. Every flag is vLLM's own (same parser as `vllm
+serve`); the model may also be given positionally. Routes:
+
+- everything vLLM serves: `/v1/completions`, `/v1/models`, `/health`, `/metrics`, ...
+- `POST /distillery/v1/score`: compact scoring (request and binary response format in
+  `distillery_runtime.teachers.wire`), top K at most `--max-logprobs`, sequences at most
+  `--max-model-len` - 1 tokens.
+- `GET /distillery/v1/info`: `{"model", "max_model_len", "max_logprobs", "format"}`.
+
+Both APIs share the one `AsyncLLM` engine of the process: the compact endpoint submits its
+requests with `detokenize=False` and receives the engine core's top-k tensors as arrays
+(`engine_scoring`), so at large K it skips the per-entry Python objects and text decoding that
+limit the OpenAI endpoint. The route is added by wrapping vLLM's `build_app` before calling
+vLLM's own `run_server`, so start-up, flags, shutdown and signals behave exactly like `vllm
+serve`. The `__main__` guard matters: vLLM starts its engine process with spawn.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import ORJSONResponse, Response
+
+from distillery_runtime.teachers.dense import check_sample, check_top_k
+from distillery_runtime.teachers.engine_scoring import install_tensor_logprobs, score_sequences
+from distillery_runtime.teachers.types import ScoreRequest, TeacherError
+from distillery_runtime.teachers.wire import (
+    INFO_PATH,
+    MEDIA_TYPE,
+    SCORE_PATH,
+    decode_request,
+    encode_response,
+    error_body,
+)
+
+router = APIRouter()
+
+
+def _limits(engine) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    cfg = engine.model_config
+    return int(cfg.max_model_len), int(cfg.max_logprobs)
+
+
+@router.get(INFO_PATH)
+async def info(request: Request) -> ORJSONResponse:
+    engine = request.app.state.engine_client
+    max_model_len, max_logprobs = _limits(engine)
+    return ORJSONResponse(
+        {
+            "model": request.app.state.args.served_model_name or [request.app.state.args.model],
+            "max_model_len": max_model_len,
+            "max_logprobs": max_logprobs,
+            "format": "DSC1",
+        }
+    )
+
+
+@router.post(SCORE_PATH)
+async def score(request: Request) -> Response:
+    engine = request.app.state.engine_client
+    try:
+        seqs, top_k = decode_request(await request.body())
+        max_model_len, max_logprobs = _limits(engine)
+        check_top_k(top_k, max_logprobs, "server")
+        for i, s in enumerate(seqs):
+            check_sample(
+                ScoreRequest(s.token_ids[: s.prompt_len], s.token_ids[s.prompt_len :], s.seq_id),
+                i,
+                max_model_len,
+                "server",
+            )
+    except (ValueError, TeacherError) as exc:
+        return Response(
+            error_body(str(exc), type(exc).__name__), status_code=400, media_type="application/json"
+        )
+    lengths, ids, lps, tok = await score_sequences(engine, seqs, top_k)
+    return Response(encode_response(lengths, ids, lps, tok, top_k), media_type=MEDIA_TYPE)
+
+
+def _with_scoring_routes(build_app):  # type: ignore[no-untyped-def]
+    def build(*args, **kwargs) -> FastAPI:  # type: ignore[no-untyped-def]
+        app = build_app(*args, **kwargs)
+        app.include_router(router)
+        return app
+
+    return build
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse `vllm serve` flags and serve the OpenAI API plus the compact scoring endpoint."""
+    import uvloop
+    from vllm.entrypoints.launchers.api_server import entry
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_env_setup()
+    parser = make_arg_parser(
+        FlexibleArgumentParser(description="Distillery teacher server (vLLM + compact scoring)")
+    )
+    parser.add_argument("model_tag", nargs="?", default=None, help="model (alternative to --model)")
+    args = parser.parse_args(list(argv) if argv is not None else sys.argv[1:])
+    if args.model_tag:
+        args.model = args.model_tag
+    configure_logging_from_args(args)
+    validate_parsed_serve_args(args)
+
+    install_tensor_logprobs()
+    entry.build_app = _with_scoring_routes(entry.build_app)
+    uvloop.run(entry.run_server(args))
+
+
+if __name__ == "__main__":
+    main()
