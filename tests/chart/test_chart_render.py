@@ -1,0 +1,237 @@
+"""The chart lints and renders for its defaults and every documented switch; every object it renders is
+valid Kubernetes (kubernetes-validate strict for built-in kinds, the prometheus-operator models for
+ServiceMonitor/PodMonitor/PrometheusRule); its CRDs are the generated ones; the operator pod meets the
+restricted Pod Security Standard; the watch switch gives cluster-wide or per-namespace RBAC.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+from chart.helm_chart import CHART, NAMESPACE, ROOT, SCENARIOS, by_kind, render, render_objects
+from cloudcoil.models.prometheus_operator import v1 as monitoring
+
+# The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
+KUBE_VERSIONS = ("1.25", "1.37")
+MONITORING_MODELS = {
+    "ServiceMonitor": monitoring.ServiceMonitor,
+    "PodMonitor": monitoring.PodMonitor,
+    "PrometheusRule": monitoring.PrometheusRule,
+}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_lint_strict(scenario: str) -> None:
+    result = helm_python.lint(str(CHART), SCENARIOS[scenario], strict=True, namespace=NAMESPACE)
+    assert result["errors"] == []
+    assert [m for m in result["messages"] if m["severity"] > 1] == []  # 1 = INFO (e.g. "icon is recommended")
+
+
+def _validate_monitoring(obj: dict[str, Any]) -> None:
+    # The models ignore unknown keys, so strictness is a round trip: whatever they drop was unknown.
+    model = MONITORING_MODELS[obj["kind"]].model_validate(obj)
+    assert model.model_dump(by_alias=True, exclude_unset=True, mode="json") == obj
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_rendered_object_validates(scenario: str) -> None:
+    objects = render_objects(SCENARIOS[scenario])
+    assert objects
+    for obj in objects:
+        if obj["kind"] in MONITORING_MODELS:
+            _validate_monitoring(obj)
+            continue
+        for version in KUBE_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_strict_validation_catches_mistakes() -> None:
+    # The validators the test above relies on reject a misspelt field, for both kinds of object.
+    deployment = by_kind(render_objects(), "Deployment")[0]
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContex"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBE_VERSIONS[-1], strict=True)
+    monitor = by_kind(render_objects(SCENARIOS["monitoring"]), "ServiceMonitor")[0]
+    monitor["spec"]["endpoints"][0]["intervall"] = "1m"
+    with pytest.raises(AssertionError):
+        _validate_monitoring(monitor)
+
+
+def test_values_schema_rejects_unknown_keys() -> None:
+    with pytest.raises(helm_python.HelmValuesError, match="clusterwide"):
+        render({"watch": {"clusterwide": False}})
+    with pytest.raises(helm_python.HelmValuesError):
+        render({"watch": {"namespaces": ["Not_A_Namespace"]}})
+
+
+def test_chart_crds_equal_generated_crds() -> None:
+    chart_crds = {p.name: p.read_bytes() for p in (CHART / "crds").iterdir()}
+    repo_crds = {p.name: p.read_bytes() for p in (ROOT / "crds").iterdir() if p.suffix == ".yaml"}
+    assert chart_crds == repo_crds, "run: cp crds/*.yaml charts/distillery/crds/"
+    # And Helm sees them as the chart's CRDs (installed before the templates).
+    loaded = {c["name"] for c in helm_python.Chart.load(str(CHART)).crds}
+    assert loaded == {f"crds/{name}" for name in repo_crds}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_operator_pod_is_restricted(scenario: str) -> None:
+    (deployment,) = by_kind(render_objects(SCENARIOS[scenario]), "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert not any(key in spec for key in ("hostNetwork", "hostPID", "hostIPC"))
+    assert all("hostPath" not in v for v in spec.get("volumes", []))
+    for container in spec["containers"]:
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["readOnlyRootFilesystem"] is True
+        assert context["capabilities"]["drop"] == ["ALL"]
+        assert "add" not in context["capabilities"]
+        assert context.get("privileged", False) is False
+        assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+        assert container["livenessProbe"]["httpGet"]["port"] == "health"
+        assert container["readinessProbe"]["httpGet"]["port"] == "health"
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        operator_values = SCENARIOS[scenario].get("operator", {})
+        assert ports == {
+            "metrics": operator_values.get("metricsPort", 8080),
+            "health": operator_values.get("healthPort", 8081),
+        }
+        assert f"--metrics-port={ports['metrics']}" in container["args"]
+        assert f"--health-port={ports['health']}" in container["args"]
+
+
+def _args(objects: list[dict[str, Any]]) -> list[str]:
+    return by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_cluster_wide_watch() -> None:
+    objects = render_objects()
+    assert "--all-namespaces" in _args(objects)
+    assert not any(a.startswith("--namespace") for a in _args(objects))
+    (binding,) = by_kind(objects, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == by_kind(objects, "ClusterRole")[0]["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "distillery-operator", "namespace": NAMESPACE}
+    ]
+    assert by_kind(objects, "RoleBinding") == [
+        rb for rb in by_kind(objects, "RoleBinding") if rb["metadata"]["name"] == "distillery-runtime"
+    ]
+
+
+def test_namespaced_watch_has_nothing_cluster_wide() -> None:
+    objects = render_objects(SCENARIOS["namespaced"])
+    args = _args(objects)
+    assert "--all-namespaces" not in args
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
+    assert by_kind(objects, "ClusterRoleBinding") == []
+    operator_bindings = [
+        rb for rb in by_kind(objects, "RoleBinding") if rb["metadata"]["name"] == "distillery-operator"
+    ]
+    assert sorted(rb["metadata"]["namespace"] for rb in operator_bindings) == ["team-a", "team-b"]
+    # The runtime's Role follows the watched namespaces unless runtime.namespaces says otherwise.
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(objects, "Role")) == ["team-a", "team-b"]
+
+    objects = render_objects(SCENARIOS["namespaced-release-ns"])
+    assert [a for a in _args(objects) if a.startswith("--namespace")] == [f"--namespace={NAMESPACE}"]
+
+
+def test_runtime_role_and_service_account() -> None:
+    objects = render_objects(SCENARIOS["runtime-namespaces"])
+    roles = by_kind(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-1", "ml-2"]
+    for role in roles:
+        assert role["metadata"]["name"] == "distillery-runtime"
+        grants = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
+        assert grants == {
+            ("distillationjobs", "get"),
+            ("distillationjobs/status", "get"),
+            ("distillationjobs/status", "patch"),
+        }
+    accounts = {(sa["metadata"]["namespace"], sa["metadata"]["name"]) for sa in by_kind(objects, "ServiceAccount")}
+    assert {("ml-1", "distillery-runtime"), ("ml-2", "distillery-runtime")} <= accounts
+    for binding in by_kind(objects, "RoleBinding"):
+        namespace = binding["metadata"]["namespace"]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "distillery-runtime", "namespace": namespace}]
+
+
+def test_no_rbac_switch_renders_no_rbac() -> None:
+    objects = render_objects(SCENARIOS["no-rbac"])
+    kinds = {o["kind"] for o in objects}
+    assert kinds.isdisjoint({"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"})
+    deployment = by_kind(objects, "Deployment")[0]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
+
+
+def test_no_wildcards_and_no_secrets() -> None:
+    for scenario in ("defaults", "namespaced"):
+        for obj in render_objects(SCENARIOS[scenario]):
+            for rule in obj.get("rules", []):
+                assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+                assert "secrets" not in rule["resources"]
+
+
+def test_monitoring_objects_select_what_exists() -> None:
+    objects = render_objects(SCENARIOS["monitoring"])
+    (service,) = by_kind(objects, "Service")
+    (monitor,) = by_kind(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    (deployment,) = by_kind(objects, "Deployment")
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    (rule,) = by_kind(objects, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    dashboards = by_kind(objects, "ConfigMap")
+    assert dashboards and all(d["metadata"]["namespace"] == "monitoring" for d in dashboards)
+
+
+def test_dashboards_are_sidecar_configmaps() -> None:
+    dashboards = by_kind(render_objects(), "ConfigMap")
+    assert len(dashboards) == len(list((CHART / "dashboards").glob("*.json"))) >= 2
+    uids = set()
+    for config_map in dashboards:
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert config_map["metadata"]["annotations"]["grafana_folder"] == "Distillery"
+        ((key, text),) = config_map["data"].items()
+        assert key.endswith(".json")
+        dashboard = json.loads(text)
+        uids.add(dashboard["uid"])
+        assert dashboard["panels"]
+    assert len(uids) == len(dashboards)
+    assert by_kind(render_objects(SCENARIOS["no-extras"]), "ConfigMap") == []
+
+
+def test_notes_tell_what_to_do_next() -> None:
+    notes = render(SCENARIOS["namespaced"])["distillery/templates/NOTES.txt"]
+    assert "rollout status deployment/distillery-operator" in notes
+    assert "in: team-a, team-b" in notes
+    assert "kubectl apply" in notes and "serviceAccountName: distillery-runtime" in notes
+
+
+def _leaf_keys(values: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key not in {"resources", "requests", "limits"}:
+            keys.extend(_leaf_keys(value, f"{path}."))
+        else:
+            keys.append(path)
+    return keys
+
+
+def test_every_value_is_documented_and_exercised() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    keys = _leaf_keys(values)
+    assert [k for k in keys if f"`{k}`" not in readme] == []
+    # Every top-level section is changed by at least one scenario, so every switch is rendered.
+    changed = {key for scenario in SCENARIOS.values() for key in scenario}
+    assert set(values) - changed <= {"fullnameOverride"}

