@@ -1,0 +1,253 @@
+"""The reconcile loop: keys from watch events in, `decide` on the latest state, writes out, retries on errors.
+
+This is the only module that acts. Reads come from memory (the job bodies kopf delivers, the kopf indexes
+of children, the teacher probes); `decide` says what to write; the writes go through `Kube`. An error
+requeues the job with exponential backoff and is shown in `status.message`, never crashes the operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from distillery.api import Phase
+from distillery_operator import metrics
+from distillery_operator.decide import Decision, decide
+from distillery_operator.kube import ApiError, Kube
+from distillery_operator.observe import Child, JobKey, assemble
+from distillery_operator.probes import TeacherProber
+from distillery_operator.status import OPERATOR_STATUS_FIELDS
+from distillery_operator.workqueue import Backoff, WorkQueue
+
+log = logging.getLogger("distillery.operator")
+
+
+@dataclass
+class ControllerSettings:
+    workers: int = 4
+    """Jobs reconciled concurrently."""
+    resync_seconds: float = 600.0
+    """Safety-net reconcile of every job; it reads memory only and writes nothing when nothing drifted."""
+    probe_interval: float = 30.0
+    probe_timeout: float = 5.0
+    backoff_base: float = 0.5
+    backoff_cap: float = 60.0
+    create_grace_seconds: float = 30.0
+    """A child created this recently and not yet seen by the watch is not created again."""
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def owned_status(status: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The operator's fields of a status, without empty ones."""
+    status = status or {}
+    return {k: status[k] for k in OPERATOR_STATUS_FIELDS if status.get(k) is not None}
+
+
+@dataclass
+class _Written:
+    """The status we last wrote and the job's resourceVersion we wrote it over."""
+
+    status: dict[str, Any]
+    over_version: str | None
+
+
+@dataclass
+class Controller:
+    kube: Kube
+    settings: ControllerSettings = field(default_factory=ControllerSettings)
+    children_of: Callable[[JobKey], Iterable[Child]] = lambda key: ()
+    """Set at startup to read the kopf indexes of children."""
+
+    def __post_init__(self) -> None:
+        self.jobs: dict[JobKey, dict[str, Any]] = {}
+        self.queue = WorkQueue(Backoff(self.settings.backoff_base, self.settings.backoff_cap))
+        self.prober = TeacherProber(
+            lambda key: self.enqueue(key, "ExternalTeacher"),
+            interval=self.settings.probe_interval,
+            timeout=self.settings.probe_timeout,
+        )
+        self.phases: dict[JobKey, str] = {}
+        self._triggers: dict[JobKey, str] = {}
+        self._written: dict[JobKey, _Written] = {}
+        self._created: dict[tuple[JobKey, str, str], float] = {}
+        self._workers: list[asyncio.Task[None]] = []
+        self.ready = asyncio.Event()
+
+    # ------------------------------------------------------------------------------------------ inputs
+
+    def enqueue(self, key: JobKey, trigger: str) -> None:
+        self._triggers.setdefault(key, trigger)
+        self.queue.add(key)
+        metrics.QUEUE_DEPTH.set(len(self.queue))
+
+    def job_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self.jobs.pop(key, None)
+        else:
+            self.jobs[key] = dict(body)
+        self.enqueue(key, "DistillationJob")
+
+    # ------------------------------------------------------------------------------------------ workers
+
+    def start(self) -> None:
+        for index in range(self.settings.workers):
+            self._workers.append(asyncio.create_task(self._work(), name=f"reconcile worker {index}"))
+        self.ready.set()
+
+    async def stop(self) -> None:
+        for task in self._workers:
+            task.cancel()
+        for task in self._workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._workers.clear()
+        self.queue.close()
+        await self.prober.close()
+
+    async def _work(self) -> None:
+        while True:
+            key = await self.queue.get()
+            metrics.QUEUE_DEPTH.set(len(self.queue))
+            trigger = self._triggers.pop(key, "Resync")
+            started = time.perf_counter()
+            try:
+                result = await self.reconcile(key)
+            except ApiError as error:
+                delay = self.queue.add_rate_limited(key)
+                metrics.RETRIES.inc()
+                log.warning("reconcile of %s/%s failed (%s); retrying in %.1fs", *key, error, delay)
+                result = "error"
+            except Exception:
+                # A bug must not stop the other jobs: log it, back off, try again.
+                delay = self.queue.add_rate_limited(key)
+                log.exception("reconcile of %s/%s crashed; retrying in %.1fs", *key, delay)
+                result = "error"
+            else:
+                self.queue.forget(key)
+                if key in self.jobs:
+                    self.queue.add_after(key, self.settings.resync_seconds)
+            finally:
+                self.queue.done(key)
+            metrics.RECONCILES.labels(kind=trigger, result=result).inc()
+            metrics.RECONCILE_DURATION.observe(time.perf_counter() - started)
+
+    # ------------------------------------------------------------------------------------------ reconcile
+
+    def _forget(self, key: JobKey) -> None:
+        self.prober.forget(key)
+        self.queue.drop(key)
+        self.phases.pop(key, None)
+        self._written.pop(key, None)
+        for created in [c for c in self._created if c[0] == key]:
+            del self._created[created]
+        self._update_phase_gauge()
+
+    def _update_phase_gauge(self) -> None:
+        counts = dict.fromkeys((p.value for p in Phase), 0)
+        for phase in self.phases.values():
+            counts[phase] = counts.get(phase, 0) + 1
+        for phase, count in counts.items():
+            metrics.JOBS.labels(phase=phase).set(count)
+
+    def _as_seen(self, key: JobKey, body: dict[str, Any]) -> dict[str, Any]:
+        """The job with the status we wrote, while the watch has not delivered our write yet."""
+        written = self._written.get(key)
+        version = body.get("metadata", {}).get("resourceVersion")
+        if written is None or written.over_version != version:
+            return body
+        status = {k: v for k, v in (body.get("status") or {}).items() if k not in OPERATOR_STATUS_FIELDS}
+        return {**body, "status": {**status, **written.status}}
+
+    async def reconcile(self, key: JobKey) -> str:
+        body = self.jobs.get(key)
+        if body is None:
+            self._forget(key)
+            return "deleted"
+        if body.get("metadata", {}).get("deletionTimestamp"):
+            return "unchanged"
+        body = self._as_seen(key, body)
+        observed = assemble(self.children_of(key), self.prober.health(key))
+        decision = decide(body, observed, now_iso())
+        self.prober.sync(key, decision.external)
+        error = await self._act(key, decision)
+        wrote_status = await self._write_status(key, body, decision, error)
+        self.phases[key] = decision.phase.value
+        self._update_phase_gauge()
+        if error is not None:
+            raise error[1]
+        if decision.phase == Phase.INVALID:
+            return "invalid"
+        return "changed" if decision.actions or wrote_status else "unchanged"
+
+    async def _act(self, key: JobKey, decision: Decision) -> tuple[str, ApiError] | None:
+        namespace = key[0]
+        first_error: tuple[str, ApiError] | None = None
+        now = time.monotonic()
+        for action in decision.actions:
+            what = f"{action.verb} {action.kind}/{action.name}"
+            try:
+                if action.verb == "create":
+                    created = self._created.get((key, action.kind, action.name))
+                    if created is not None and now - created < self.settings.create_grace_seconds:
+                        continue
+                    await self.kube.create(namespace, action.body)
+                    self._created[(key, action.kind, action.name)] = now
+                    log.info("%s/%s: created %s/%s", *key, action.kind, action.name)
+                else:
+                    await self.kube.patch(namespace, action.kind, action.name, action.body)
+                    log.info("%s/%s: patched %s/%s (%s)", *key, action.kind, action.name, action.why)
+            except ApiError as error:
+                if action.verb == "create" and error.code == 409:
+                    # It exists already (we created it before a restart): the watch will show it.
+                    self._created[(key, action.kind, action.name)] = now
+                    continue
+                if action.verb == "patch" and error.code == 404:
+                    continue  # deleted meanwhile: the watch will tell, and the next reconcile recreates it
+                log.warning("%s/%s: %s failed: %s", *key, what, error)
+                first_error = first_error or (what, error)
+        return first_error
+
+    async def _write_status(
+        self, key: JobKey, body: Mapping[str, Any], decision: Decision, error: tuple[str, ApiError] | None
+    ) -> bool:
+        status = dict(decision.status)
+        events = list(decision.events)
+        if error is not None:
+            what, exc = error
+            status["message"] = f"API error on {what}: {exc} (retrying with backoff)"
+        desired = {k: v for k, v in status.items() if v is not None}
+        current = owned_status(body.get("status"))
+        if desired == current:
+            return False
+        patch: dict[str, Any] = {
+            k: status.get(k) for k in OPERATOR_STATUS_FIELDS if k in current or k in desired
+        }
+        await self.kube.patch_job_status(key[0], key[1], patch)
+        version = body.get("metadata", {}).get("resourceVersion")
+        self._written[key] = _Written(desired, version)
+        for event in events:
+            self._post_event(body, event.type, event.reason, event.message)
+        if error is not None and error[0] not in (current.get("message") or ""):
+            self._post_event(body, "Warning", "ApiError", status["message"])
+        return True
+
+    @staticmethod
+    def _post_event(body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        try:
+            kopf.event(dict(body), type=kind, reason=reason, message=message[:1024])
+        except LookupError:
+            # Outside kopf's context (unit tests of the controller): there is no event poster.
+            log.info("event %s %s: %s", kind, reason, message)

@@ -1,0 +1,283 @@
+"""The reconcile decision: a job and its observed children in, the writes to make and the new status out.
+
+Pure: no API calls, no clock (the time is an argument). The controller executes the actions, writes the
+status when it differs, and posts the events. Running it twice on the same input gives the same output,
+and on its own output (children created, status written) it asks for nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from distillery.api import TERMINAL_PHASES, DistillationJob, DistillationJobSpec, ObjectMeta, Phase, Placement
+from distillery.validation import InvalidManifest, parse_spec
+from distillery_operator import naming
+from distillery_operator.observe import Child, Observed
+from distillery_operator.render import RenderContext, queued_by_kueue, render_job
+from distillery_operator.spec_changes import effective_spec, refused_changes
+from distillery_operator.status import (
+    bad_condition,
+    derive_conditions,
+    derive_phase,
+    merge_conditions,
+    teacher_statuses,
+    trainer_state,
+)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One write: `create` sends a whole object, `patch` a JSON merge patch."""
+
+    verb: Literal["create", "patch"]
+    kind: str
+    name: str
+    body: dict[str, Any]
+    why: str
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass
+class Decision:
+    actions: list[Action] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[EventSpec] = field(default_factory=list)
+    external: dict[str, str] = field(default_factory=dict)
+    """External teachers to health-check: name -> endpoint."""
+    phase: Phase = Phase.PENDING
+
+
+def job_metadata(body: Mapping[str, Any]) -> ObjectMeta:
+    meta = body.get("metadata", {})
+    return ObjectMeta(
+        name=meta.get("name", ""),
+        namespace=meta.get("namespace"),
+        labels=dict(meta.get("labels") or {}),
+        uid=meta.get("uid"),
+        generation=meta.get("generation"),
+    )
+
+
+def parse_current(body: Mapping[str, Any]) -> tuple[DistillationJobSpec | None, list[str]]:
+    """The job's current spec, or the problems (`path: reason`) that make it invalid."""
+    try:
+        return parse_spec(body.get("spec") or {}), []
+    except InvalidManifest as error:
+        return None, [f"{p.path}: {p.reason}" if p.path else p.reason for p in error.problems]
+
+
+def parse_applied(config: Child | None) -> DistillationJobSpec | None:
+    if config is None or not config.state.get("spec"):
+        return None
+    try:
+        return parse_spec(config.state["spec"])
+    except InvalidManifest:
+        # Written by another operator version that this one cannot read: treat the current spec as new.
+        return None
+
+
+def own_children(observed: Observed, uid: str | None) -> tuple[Observed, list[str]]:
+    """Splits off children with our names that belong to another job (e.g. a deleted one with the same name)."""
+    foreign: list[str] = []
+
+    def mine(child: Child | None) -> Child | None:
+        if child is None or child.owner_uid == uid:
+            return child
+        foreign.append(f"{child.kind}/{child.name}")
+        return None
+
+    own = Observed(
+        config=mine(observed.config),
+        rayjob=mine(observed.rayjob),
+        services={n: c for n, c in observed.services.items() if mine(c)},
+        deployments={n: c for n, c in observed.deployments.items() if mine(c)},
+        external=observed.external,
+    )
+    return own, foreign
+
+
+def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
+    meta = job_metadata(body)
+    previous: Mapping[str, Any] = body.get("status") or {}
+    current, problems = parse_current(body)
+    observed, foreign = own_children(observed, meta.uid)
+    applied = parse_applied(observed.config)
+
+    spec: DistillationJobSpec | None
+    refused: list[str] = []
+    if current is not None and applied is not None:
+        refused = refused_changes(applied, current)
+        spec = effective_spec(applied, current)
+    else:
+        spec = current if current is not None else applied
+    job = DistillationJob(metadata=meta, spec=spec) if spec is not None else None
+
+    decision = Decision()
+    suspend = bool(spec and spec.suspend)
+    trainer = trainer_state(observed.rayjob, suspend=suspend)
+    previous_phase = previous.get("phase")
+    terminal: Phase | None = None
+    if previous_phase in TERMINAL_PHASES:
+        terminal = Phase(previous_phase)
+    elif trainer.state == "succeeded":
+        terminal = Phase.SUCCEEDED
+    elif trainer.state == "failed":
+        terminal = Phase.FAILED
+    scaled_to_zero = suspend or terminal is not None
+
+    teachers: list[dict[str, Any]] = []
+    if job is not None:
+        teachers = teacher_statuses(job, observed, trainer, scaled_to_zero=scaled_to_zero)
+        ctx = RenderContext(
+            namespace=meta.namespace or "", owner_uid=meta.uid, teachers_scaled_to_zero=scaled_to_zero
+        )
+        blocked = set(foreign)
+        decision.actions = plan_actions(job, render_job(job, ctx), observed, blocked, terminal is not None)
+        decision.external = {
+            t.name: t.endpoint or ""
+            for t in job.spec.teachers
+            if t.placement == Placement.EXTERNAL and terminal is None and not suspend
+        }
+
+    phase, message = derive_phase(
+        valid_ever=job is not None,
+        suspend=suspend,
+        trainer=trainer,
+        teachers=teachers,
+        previous_phase=previous_phase,
+    )
+    if problems and job is None:
+        message = "the spec is invalid: " + "; ".join(problems)
+    if foreign:
+        message = f"waiting for {', '.join(foreign)} of another job with this name to be deleted"
+    conds = derive_conditions(
+        problems=problems,
+        refused=refused,
+        valid_ever=job is not None,
+        suspend=suspend,
+        trainer=trainer,
+        teachers=teachers,
+        terminal=terminal,
+    )
+    generation = meta.generation
+    status: dict[str, Any] = {
+        "phase": phase.value,
+        "message": message or previous.get("message"),
+        "observedGeneration": generation,
+        "conditions": merge_conditions(
+            conds, previous.get("conditions") or [], generation=generation, now=now
+        ),
+        "teachers": teachers,
+        "teachersReady": f"{sum(t['ready'] for t in teachers)}/{len(teachers)}" if teachers else None,
+        "children": _children(job) if job is not None else None,
+        "startTime": previous.get("startTime") or (now if phase == Phase.RUNNING else None),
+        "completionTime": previous.get("completionTime") or (now if phase in TERMINAL_PHASES else None),
+    }
+    decision.status = status
+    decision.phase = phase
+    decision.events = transition_events(previous, status)
+    return decision
+
+
+def _children(job: DistillationJob) -> dict[str, Any]:
+    name = job.metadata.name
+    standalone = [t for t in job.spec.teachers if t.placement == Placement.STANDALONE]
+    teacher_names = [naming.teacher_name(name, t.name) for t in standalone]
+    return {
+        "rayJob": naming.rayjob_name(name),
+        "configMap": naming.config_map_name(name),
+        "teacherDeployments": teacher_names,
+        "teacherServices": teacher_names,
+    }
+
+
+def plan_actions(
+    job: DistillationJob,
+    desired: list[dict[str, Any]],
+    observed: Observed,
+    blocked: set[str],
+    terminal: bool,
+) -> list[Action]:
+    """The writes that bring the children to the desired objects (each child at most one write)."""
+    actions: list[Action] = []
+    for obj in desired:
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        if f"{kind}/{name}" in blocked:
+            continue
+        seen = _observed_child(observed, kind, name)
+        want_hash = obj["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION]
+        if seen is None:
+            # A finished job gets no new objects: a deleted RayJob must not run again.
+            if not terminal:
+                actions.append(Action("create", kind, name, obj, "missing"))
+            continue
+        if kind == "RayJob":
+            patch = _rayjob_patch(job, seen)
+            if patch is not None and not terminal:
+                actions.append(Action("patch", kind, name, patch, "suspend"))
+            continue
+        if seen.spec_hash != want_hash:
+            # Drift (someone edited the object) or a live change of the config: make it ours again.
+            body = {k: v for k, v in obj.items() if k in ("spec", "data")}
+            body["metadata"] = {k: obj["metadata"][k] for k in ("labels", "annotations")}
+            actions.append(Action("patch", kind, name, body, "drift"))
+        elif kind == "Deployment" and seen.state.get("replicas") != obj["spec"]["replicas"]:
+            actions.append(
+                Action("patch", kind, name, {"spec": {"replicas": obj["spec"]["replicas"]}}, "scale")
+            )
+    return actions
+
+
+def _rayjob_patch(job: DistillationJob, seen: Child) -> dict[str, Any] | None:
+    """Suspend follows the job; resuming a Kueue-queued RayJob is Kueue's decision, not ours."""
+    suspended = bool(seen.state.get("suspend"))
+    if job.spec.suspend and not suspended:
+        return {"spec": {"suspend": True}}
+    if not job.spec.suspend and suspended and not queued_by_kueue(job):
+        return {"spec": {"suspend": False}}
+    return None
+
+
+def _observed_child(observed: Observed, kind: str, name: str) -> Child | None:
+    if kind == "ConfigMap":
+        return observed.config if observed.config and observed.config.name == name else None
+    if kind == "RayJob":
+        return observed.rayjob if observed.rayjob and observed.rayjob.name == name else None
+    if kind == "Deployment":
+        return observed.deployments.get(name)
+    return observed.services.get(name)
+
+
+def transition_events(previous: Mapping[str, Any], status: Mapping[str, Any]) -> list[EventSpec]:
+    """An Event per phase change and per condition transition (and for bad conditions when they appear)."""
+    events: list[EventSpec] = []
+    old_phase, new_phase = previous.get("phase"), status["phase"]
+    if old_phase != new_phase:
+        kind: Literal["Normal", "Warning"] = (
+            "Warning" if new_phase in (Phase.FAILED, Phase.INVALID) else "Normal"
+        )
+        text = f"phase {old_phase or '(none)'} -> {new_phase}"
+        if status.get("message"):
+            text += f": {status['message']}"
+        events.append(EventSpec(kind, new_phase, text))
+    before = {c.get("type"): c for c in previous.get("conditions") or []}
+    for cond in status["conditions"]:
+        old = before.get(cond["type"])
+        changed = (
+            old is None
+            or old.get("status") != cond["status"]
+            or (bad_condition(cond) and old.get("message") != cond["message"])
+        )
+        if not changed or (old is None and not bad_condition(cond)):
+            continue
+        kind = "Warning" if bad_condition(cond) else "Normal"
+        events.append(EventSpec(kind, cond["reason"], f"{cond['type']}={cond['status']}: {cond['message']}"))
+    return events

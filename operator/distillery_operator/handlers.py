@@ -1,0 +1,88 @@
+"""kopf registrations: when X changes, tell the controller. No decisions here.
+
+DistillationJob events update the controller's copy of the job and queue it. Children (Deployments,
+Services, ConfigMaps, RayJobs labelled as ours) are kept in kopf indexes as small summaries, keyed by the
+owning job, and each of their events queues that job. kopf runs no other handler until every index has
+seen its initial list, so after a restart the first reconcile already knows every child it made before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from distillery.api import GROUP, PLURAL, VERSION
+from distillery_operator import naming, observe
+from distillery_operator.controller import Controller
+
+OURS = {naming.MANAGED_BY_LABEL: naming.MANAGED_BY}
+CHILD_RESOURCES: dict[str, tuple[str, ...]] = {
+    # kopf's resource spec: (group, version, plural), or (version, plural) for the core group.
+    "Deployment": ("apps", "v1", "deployments"),
+    "Service": ("v1", "services"),
+    "ConfigMap": ("v1", "configmaps"),
+    "RayJob": ("ray.io", "v1", "rayjobs"),
+}
+INDEX_NAMES = {kind: f"{kind.lower()}_index" for kind in CHILD_RESOURCES}
+
+
+def _controller(memo: Any) -> Controller:
+    return memo.controller
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    # kopf's own readers, not the kubernetes client's: they read $KUBECONFIG when called, not at import.
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.startup()
+async def start(memo: Any, **kwargs: Any) -> None:
+    controller = _controller(memo)
+    indexes = {kind: kwargs[name] for kind, name in INDEX_NAMES.items()}
+
+    def children_of(key: observe.JobKey) -> list[observe.Child]:
+        found: list[observe.Child] = []
+        for index in indexes.values():
+            found.extend(index.get(key, ()))
+        return found
+
+    controller.children_of = children_of
+    controller.start()
+
+
+@kopf.on.cleanup()
+async def stop(memo: Any, **_: Any) -> None:
+    await _controller(memo).stop()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def job_event(event: Any, body: Any, memo: Any, **_: Any) -> None:
+    _controller(memo).job_event(event.get("type"), body)
+
+
+def _index(kind: str):  # type: ignore[no-untyped-def]
+    summarize = observe.SUMMARIZERS[kind]
+
+    def index(body: Any, **_: Any) -> dict[observe.JobKey, observe.Child] | None:
+        owner = observe.owner_key(body)
+        return None if owner is None else {owner[0]: summarize(body)}
+
+    index.__name__ = INDEX_NAMES[kind]
+    return index
+
+
+def _event(kind: str):  # type: ignore[no-untyped-def]
+    def child_event(body: Any, memo: Any, **_: Any) -> None:
+        owner = observe.owner_key(body)
+        if owner is not None:
+            _controller(memo).enqueue(owner[0], kind)
+
+    child_event.__name__ = f"{kind.lower()}_event"
+    return child_event
+
+
+for _kind, _resource in CHILD_RESOURCES.items():
+    kopf.index(*_resource, labels=OURS, id=INDEX_NAMES[_kind])(_index(_kind))
+    kopf.on.event(*_resource, labels=OURS, id=f"{_kind.lower()}_event")(_event(_kind))

@@ -1,0 +1,156 @@
+"""Writes to the Kubernetes API through the official `kubernetes` client, off the event loop.
+
+Only writes go through here (reads come from kopf's watches). Every call runs in a small thread pool,
+skips response deserialisation (the watch delivers the result), and turns `ApiException` into `ApiError`
+with the HTTP code, which the metrics count and the status shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import kubernetes
+import orjson
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from distillery.api import GROUP, PLURAL, VERSION
+from distillery_operator import metrics
+
+MERGE_PATCH = "application/merge-patch+json"
+REQUEST_TIMEOUT = (5.0, 30.0)
+
+
+class ApiError(Exception):
+    """A failed API call: `code` is the HTTP status (0 when the server could not be reached)."""
+
+    def __init__(self, code: int, reason: str, message: str):
+        self.code = code
+        self.reason = reason
+        self.message = message
+        super().__init__(f"{code} {reason}: {message}" if code else f"{reason}: {message}")
+
+
+def load_configuration(kubeconfig: str | None = None) -> kubernetes.client.Configuration:
+    """In-cluster service account if there is one, else the kubeconfig ($KUBECONFIG read now, not at import)."""
+    config = kubernetes.client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and kubeconfig is None:
+        kubernetes.config.load_incluster_config(client_configuration=config)
+    else:
+        path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
+        kubernetes.config.load_kube_config(config_file=path, client_configuration=config)
+    return config
+
+
+def _error(exc: ApiException) -> ApiError:
+    message = exc.reason or ""
+    if exc.body:
+        try:
+            body = orjson.loads(exc.body)
+            message = body.get("message") or message
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            message = str(exc.body)[:300]
+    return ApiError(int(exc.status or 0), str(exc.reason or "Error"), message)
+
+
+class Kube:
+    """The operator's writes: create and merge-patch children, patch the job's status."""
+
+    def __init__(self, configuration: kubernetes.client.Configuration, threads: int = 8):
+        configuration.connection_pool_maxsize = max(threads, configuration.connection_pool_maxsize or 1)
+        self._client = kubernetes.client.ApiClient(configuration)
+        self._core = kubernetes.client.CoreV1Api(self._client)
+        self._apps = kubernetes.client.AppsV1Api(self._client)
+        self._custom = kubernetes.client.CustomObjectsApi(self._client)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+
+    async def _call(self, verb: str, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        def run() -> None:
+            response = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+            response.release_conn()
+
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._pool, run)
+        except ApiException as exc:
+            error = _error(exc)
+            metrics.API_ERRORS.labels(code=str(error.code)).inc()
+            metrics.API_REQUESTS.labels(verb=verb, kind=kind, code=str(error.code)).inc()
+            raise error from None
+        except HTTPError as exc:
+            metrics.API_ERRORS.labels(code="0").inc()
+            metrics.API_REQUESTS.labels(verb=verb, kind=kind, code="0").inc()
+            raise ApiError(0, "Unreachable", str(exc)) from None
+        metrics.API_REQUESTS.labels(verb=verb, kind=kind, code="2xx").inc()
+
+    async def create(self, namespace: str, obj: dict[str, Any]) -> None:
+        kind = obj["kind"]
+        if kind == "ConfigMap":
+            await self._call("create", kind, self._core.create_namespaced_config_map, namespace, obj)
+        elif kind == "Service":
+            await self._call("create", kind, self._core.create_namespaced_service, namespace, obj)
+        elif kind == "Deployment":
+            await self._call("create", kind, self._apps.create_namespaced_deployment, namespace, obj)
+        elif kind == "RayJob":
+            await self._call(
+                "create",
+                kind,
+                self._custom.create_namespaced_custom_object,
+                "ray.io",
+                "v1",
+                namespace,
+                "rayjobs",
+                obj,
+            )
+        else:
+            raise ValueError(f"the operator does not create {kind}")
+
+    async def patch(self, namespace: str, kind: str, name: str, body: dict[str, Any]) -> None:
+        ct = {"_content_type": MERGE_PATCH}
+        if kind == "ConfigMap":
+            await self._call(
+                "patch", kind, self._core.patch_namespaced_config_map, name, namespace, body, **ct
+            )
+        elif kind == "Service":
+            await self._call("patch", kind, self._core.patch_namespaced_service, name, namespace, body, **ct)
+        elif kind == "Deployment":
+            await self._call(
+                "patch", kind, self._apps.patch_namespaced_deployment, name, namespace, body, **ct
+            )
+        elif kind == "RayJob":
+            await self._call(
+                "patch",
+                kind,
+                self._custom.patch_namespaced_custom_object,
+                "ray.io",
+                "v1",
+                namespace,
+                "rayjobs",
+                name,
+                body,
+                **ct,
+            )
+        else:
+            raise ValueError(f"the operator does not patch {kind}")
+
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await self._call(
+            "patch",
+            "DistillationJob/status",
+            self._custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"status": status},
+            _content_type=MERGE_PATCH,
+        )

@@ -1,0 +1,142 @@
+"""What the operator sees of a job's children: small immutable summaries built from watched objects.
+
+The kopf indexes keep one summary per child (not the whole object), keyed by the owning job, so that a
+reconcile reads the world from memory and the API server is only asked to change things.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from distillery.api import API_VERSION, KIND
+from distillery.runtime_config import CONFIG_KEY
+from distillery_operator import naming
+
+JobKey = tuple[str, str]
+"""(namespace, name) of a DistillationJob."""
+
+
+@dataclass(frozen=True)
+class Child:
+    """One object the operator owns, as last seen by a watch."""
+
+    kind: str
+    name: str
+    owner_uid: str | None
+    spec_hash: str | None
+    state: Mapping[str, Any] = field(default_factory=dict)
+    """Kind-specific facts: replicas and readiness of a Deployment, status of a RayJob, spec of a config."""
+
+
+@dataclass(frozen=True)
+class Health:
+    """The last health check of an external teacher."""
+
+    ok: bool
+    message: str
+
+
+@dataclass
+class Observed:
+    """Everything the operator knows about one job's children."""
+
+    config: Child | None = None
+    services: dict[str, Child] = field(default_factory=dict)
+    deployments: dict[str, Child] = field(default_factory=dict)
+    rayjob: Child | None = None
+    external: dict[str, Health] = field(default_factory=dict)
+    """Health of each external teacher, by teacher name (absent: not checked yet)."""
+
+
+def owner_key(body: Mapping[str, Any]) -> tuple[JobKey, str] | None:
+    """The (job key, job uid) a child belongs to, from its controller owner reference."""
+    meta = body.get("metadata", {})
+    for ref in meta.get("ownerReferences", []) or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION and ref.get("controller"):
+            return (meta.get("namespace", ""), ref.get("name", "")), ref.get("uid", "")
+    return None
+
+
+def _base(body: Mapping[str, Any]) -> tuple[str, str | None, str | None]:
+    meta = body.get("metadata", {})
+    owner = owner_key(body)
+    annotations = meta.get("annotations") or {}
+    return meta.get("name", ""), owner[1] if owner else None, annotations.get(naming.SPEC_HASH_ANNOTATION)
+
+
+def summarize_deployment(body: Mapping[str, Any]) -> Child:
+    name, uid, spec_hash = _base(body)
+    status = body.get("status") or {}
+    failure = None
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
+            failure = cond.get("message") or "progress deadline exceeded"
+        elif cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+            failure = cond.get("message") or cond.get("reason") or "replica failure"
+    return Child(
+        kind="Deployment",
+        name=name,
+        owner_uid=uid,
+        spec_hash=spec_hash,
+        state={
+            "replicas": (body.get("spec") or {}).get("replicas", 1),
+            "readyReplicas": status.get("readyReplicas", 0) or 0,
+            "failure": failure,
+        },
+    )
+
+
+def summarize_service(body: Mapping[str, Any]) -> Child:
+    name, uid, spec_hash = _base(body)
+    return Child(kind="Service", name=name, owner_uid=uid, spec_hash=spec_hash)
+
+
+def summarize_config_map(body: Mapping[str, Any]) -> Child:
+    """The config map carries the applied spec: the record of what the children were made from."""
+    name, uid, spec_hash = _base(body)
+    spec: Any = None
+    raw = (body.get("data") or {}).get(CONFIG_KEY)
+    if raw:
+        try:
+            spec = orjson.loads(raw).get("spec")
+        except (orjson.JSONDecodeError, AttributeError):
+            spec = None
+    return Child(kind="ConfigMap", name=name, owner_uid=uid, spec_hash=spec_hash, state={"spec": spec})
+
+
+RAYJOB_STATUS_FIELDS = ("jobStatus", "jobDeploymentStatus", "reason", "message", "startTime", "endTime")
+
+
+def summarize_rayjob(body: Mapping[str, Any]) -> Child:
+    name, uid, spec_hash = _base(body)
+    status = body.get("status") or {}
+    state = {k: status.get(k) for k in RAYJOB_STATUS_FIELDS}
+    state["suspend"] = bool((body.get("spec") or {}).get("suspend", False))
+    return Child(kind="RayJob", name=name, owner_uid=uid, spec_hash=spec_hash, state=state)
+
+
+SUMMARIZERS = {
+    "Deployment": summarize_deployment,
+    "Service": summarize_service,
+    "ConfigMap": summarize_config_map,
+    "RayJob": summarize_rayjob,
+}
+
+
+def assemble(children: Iterable[Child], external: Mapping[str, Health] | None = None) -> Observed:
+    """Groups a job's children by kind."""
+    observed = Observed(external=dict(external or {}))
+    for child in children:
+        if child.kind == "ConfigMap":
+            observed.config = child
+        elif child.kind == "RayJob":
+            observed.rayjob = child
+        elif child.kind == "Deployment":
+            observed.deployments[child.name] = child
+        elif child.kind == "Service":
+            observed.services[child.name] = child
+    return observed

@@ -1,0 +1,287 @@
+"""The status of a job, derived by pure functions from what the operator observed of its children.
+
+Inputs: the effective spec (None when no valid spec was ever applied), the observed children, the
+previous status (for transition times and sticky terminal phases) and the time. Output: the fields of
+`status` the operator owns; `progress` and `lastCheckpoint` belong to the runtime and are never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from distillery.api import (
+    TERMINAL_PHASES,
+    ConditionType,
+    DistillationJob,
+    Phase,
+    Placement,
+    Teacher,
+)
+from distillery.runtime_config import TEACHER_PORT
+from distillery_operator import naming
+from distillery_operator.observe import Child, Observed
+from distillery_operator.spec_changes import LIVE_FIELDS_DOC
+
+OPERATOR_STATUS_FIELDS = (
+    "phase",
+    "message",
+    "observedGeneration",
+    "conditions",
+    "teachers",
+    "teachersReady",
+    "children",
+    "startTime",
+    "completionTime",
+)
+"""The status fields the operator writes; everything else in status (progress, lastCheckpoint) is the runtime's."""
+
+FAILED_DEPLOYMENT_STATES = {"Failed", "ValidationFailed"}
+SUSPENDED_DEPLOYMENT_STATES = {"Suspended", "Suspending"}
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """The RayJob, interpreted."""
+
+    state: str
+    """missing, queued, suspended, starting, running, succeeded, failed."""
+    reason: str
+    message: str
+
+
+def trainer_state(rayjob: Child | None, *, suspend: bool) -> Trainer:
+    if rayjob is None:
+        return Trainer("missing", "TrainerNotCreated", "the RayJob does not exist yet")
+    s = rayjob.state
+    job_status = s.get("jobStatus") or ""
+    deployment = s.get("jobDeploymentStatus") or ""
+    detail = ", ".join(f"{k}={s[k]}" for k in ("jobStatus", "jobDeploymentStatus") if s.get(k))
+    if job_status == "SUCCEEDED":
+        return Trainer("succeeded", "RayJobSucceeded", f"RayJob {rayjob.name} succeeded")
+    if deployment in FAILED_DEPLOYMENT_STATES or (
+        job_status in ("FAILED", "STOPPED") and deployment == "Complete"
+    ):
+        reason = s.get("reason") or "RayJobFailed"
+        message = s.get("message") or f"RayJob {rayjob.name} failed ({detail})"
+        return Trainer("failed", _reason(reason, "RayJobFailed"), message)
+    if s.get("suspend") or deployment in SUSPENDED_DEPLOYMENT_STATES:
+        if suspend:
+            return Trainer("suspended", "Suspended", f"RayJob {rayjob.name} is suspended")
+        return Trainer(
+            "queued", "Queued", f"RayJob {rayjob.name} is suspended, waiting for admission (Kueue)"
+        )
+    if job_status == "RUNNING":
+        return Trainer("running", "RayJobRunning", f"RayJob {rayjob.name} is running")
+    return Trainer(
+        "starting", "TrainerStarting", f"RayJob {rayjob.name} is starting ({detail or 'no status yet'})"
+    )
+
+
+def _reason(text: str, fallback: str) -> str:
+    """A condition reason must be CamelCase-ish: KubeRay reasons are, anything else falls back."""
+    cleaned = "".join(ch for ch in text if ch.isalnum())
+    return cleaned if cleaned[:1].isalpha() else fallback
+
+
+def teacher_statuses(
+    job: DistillationJob, observed: Observed, trainer: Trainer, *, scaled_to_zero: bool
+) -> list[dict[str, Any]]:
+    out = []
+    for teacher in job.spec.teachers:
+        out.append(_teacher_status(job, teacher, observed, trainer, scaled_to_zero))
+    return out
+
+
+def _teacher_status(
+    job: DistillationJob, teacher: Teacher, observed: Observed, trainer: Trainer, scaled_to_zero: bool
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"name": teacher.name, "placement": teacher.placement.value}
+    if teacher.placement == Placement.STANDALONE:
+        name = naming.teacher_name(job.metadata.name, teacher.name)
+        desired = 0 if scaled_to_zero else teacher.replicas
+        deployment = observed.deployments.get(name)
+        ready_replicas = int(deployment.state.get("readyReplicas", 0)) if deployment else 0
+        status.update(
+            replicas=desired,
+            readyReplicas=ready_replicas,
+            endpoint=f"http://{name}.{job.metadata.namespace}.svc:{TEACHER_PORT}",
+            ready=desired > 0 and ready_replicas >= desired,
+        )
+        if deployment is None:
+            status["message"] = "Deployment not created yet"
+        elif deployment.state.get("failure"):
+            status["message"] = str(deployment.state["failure"])
+        elif desired == 0:
+            status["message"] = "scaled to zero"
+        else:
+            status["message"] = f"{ready_replicas}/{desired} replicas ready"
+    elif teacher.placement == Placement.EXTERNAL:
+        health = observed.external.get(teacher.name)
+        status.update(endpoint=teacher.endpoint, ready=bool(health and health.ok))
+        status["message"] = health.message if health else "not checked yet"
+    else:
+        running = trainer.state == "running"
+        status.update(ready=running, message="runs inside the trainer on the student's GPUs")
+    return status
+
+
+def _failing(teacher: Mapping[str, Any]) -> bool:
+    """A teacher that is not merely starting: unreachable or its Deployment reports a failure."""
+    if teacher["placement"] == Placement.EXTERNAL.value:
+        return not teacher["ready"] and teacher.get("message") != "not checked yet"
+    msg = teacher.get("message") or ""
+    return (
+        teacher["placement"] == Placement.STANDALONE.value
+        and not teacher["ready"]
+        and ("deadline" in msg or "failure" in msg.lower())
+    )
+
+
+@dataclass(frozen=True)
+class Cond:
+    type: ConditionType
+    status: bool
+    reason: str
+    message: str
+
+
+def derive_conditions(
+    *,
+    problems: Sequence[str],
+    refused: Sequence[str],
+    valid_ever: bool,
+    suspend: bool,
+    trainer: Trainer,
+    teachers: Sequence[Mapping[str, Any]],
+    terminal: Phase | None,
+) -> list[Cond]:
+    conds: list[Cond] = []
+    if problems:
+        conds.append(Cond(ConditionType.VALID, False, "InvalidSpec", "; ".join(problems)))
+    else:
+        conds.append(Cond(ConditionType.VALID, True, "SpecValid", "the spec is valid"))
+    if problems and valid_ever:
+        conds.append(
+            Cond(ConditionType.SPEC_APPLIED, False, "InvalidSpec", "the children keep the last valid spec")
+        )
+    elif refused:
+        conds.append(
+            Cond(
+                ConditionType.SPEC_APPLIED,
+                False,
+                "SpecChangeRefused",
+                f"cannot change {', '.join(refused)} of an existing job (only {LIVE_FIELDS_DOC} can change); "
+                "revert the change, or delete and recreate the job",
+            )
+        )
+    elif valid_ever:
+        conds.append(Cond(ConditionType.SPEC_APPLIED, True, "SpecApplied", "the children match the spec"))
+    if not valid_ever:
+        return conds
+
+    ready = [t for t in teachers if t["ready"]]
+    failing = [t for t in teachers if _failing(t)]
+    summary = f"{len(ready)}/{len(teachers)} teachers ready"
+    if terminal is not None:
+        conds.append(Cond(ConditionType.TEACHERS_READY, False, "JobFinished", "teachers scaled to zero"))
+    elif suspend:
+        conds.append(Cond(ConditionType.TEACHERS_READY, False, "Suspended", "teachers scaled to zero"))
+    elif len(ready) == len(teachers):
+        conds.append(Cond(ConditionType.TEACHERS_READY, True, "AllTeachersReady", summary))
+    elif failing:
+        detail = "; ".join(f"{t['name']}: {t.get('message')}" for t in failing)
+        conds.append(Cond(ConditionType.TEACHERS_READY, False, "TeacherUnavailable", f"{summary}; {detail}"))
+    else:
+        waiting = "; ".join(f"{t['name']}: {t.get('message')}" for t in teachers if not t["ready"])
+        conds.append(Cond(ConditionType.TEACHERS_READY, False, "TeachersStarting", f"{summary}; {waiting}"))
+
+    conds.append(
+        Cond(ConditionType.TRAINER_READY, trainer.state == "running", trainer.reason, trainer.message)
+    )
+    conds.append(
+        Cond(
+            ConditionType.SUSPENDED,
+            suspend and terminal is None,
+            "Suspended" if suspend else "NotSuspended",
+            "the job is suspended: RayJob suspended, teachers at zero replicas"
+            if suspend
+            else "not suspended",
+        )
+    )
+    if terminal == Phase.SUCCEEDED:
+        conds.append(Cond(ConditionType.COMPLETE, True, trainer.reason, trainer.message))
+    if terminal == Phase.FAILED:
+        conds.append(Cond(ConditionType.FAILED, True, trainer.reason, trainer.message))
+    return conds
+
+
+def derive_phase(
+    *,
+    valid_ever: bool,
+    suspend: bool,
+    trainer: Trainer,
+    teachers: Sequence[Mapping[str, Any]],
+    previous_phase: str | None,
+) -> tuple[Phase, str]:
+    """The phase and its one-line message. Terminal phases are sticky: a finished job stays finished."""
+    if previous_phase in TERMINAL_PHASES:
+        return Phase(previous_phase), ""
+    if not valid_ever:
+        return Phase.INVALID, "the spec is invalid; no children were created"
+    if trainer.state == "succeeded":
+        return Phase.SUCCEEDED, trainer.message
+    if trainer.state == "failed":
+        return Phase.FAILED, trainer.message
+    if suspend:
+        return Phase.SUSPENDED, "suspended"
+    if trainer.state == "queued":
+        return Phase.PENDING, trainer.message
+    # Colocated teachers live in the trainer: only the others gate the start.
+    outside = [t for t in teachers if t["placement"] != Placement.COLOCATED.value]
+    waiting = [t for t in outside if not t["ready"]]
+    if trainer.state == "running":
+        if not waiting or previous_phase == Phase.RUNNING:
+            return Phase.RUNNING, "training"
+        return Phase.STARTING_TEACHERS, _waiting_message(waiting)
+    if waiting:
+        return Phase.STARTING_TEACHERS, _waiting_message(waiting)
+    return Phase.PENDING, trainer.message
+
+
+def _waiting_message(waiting: Sequence[Mapping[str, Any]]) -> str:
+    return "waiting for teachers: " + "; ".join(f"{t['name']} ({t.get('message')})" for t in waiting)
+
+
+def merge_conditions(
+    new: Sequence[Cond], previous: Sequence[Mapping[str, Any]], *, generation: int | None, now: str
+) -> list[dict[str, Any]]:
+    """metav1.Condition dicts; lastTransitionTime moves only when a condition's status changes."""
+    before = {c.get("type"): c for c in previous or []}
+    out = []
+    for cond in new:
+        status = "True" if cond.status else "False"
+        old = before.get(cond.type.value)
+        changed = old is None or old.get("status") != status
+        item: dict[str, Any] = {
+            "type": cond.type.value,
+            "status": status,
+            "reason": cond.reason,
+            "message": cond.message,
+            "lastTransitionTime": now if changed or not old else old.get("lastTransitionTime", now),
+        }
+        if generation is not None:
+            item["observedGeneration"] = generation
+        out.append(item)
+    return out
+
+
+def bad_condition(cond: Mapping[str, Any]) -> bool:
+    """Conditions worth a Warning event."""
+    kind, status = cond.get("type"), cond.get("status")
+    if kind in (ConditionType.VALID, ConditionType.SPEC_APPLIED):
+        return status == "False"
+    if kind == ConditionType.FAILED:
+        return status == "True"
+    return kind == ConditionType.TEACHERS_READY and cond.get("reason") == "TeacherUnavailable"
