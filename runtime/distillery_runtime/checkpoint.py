@@ -1,0 +1,153 @@
+"""Checkpoints: written atomically, found reliably, pruned to the last N.
+
+Layout of one checkpoint, `<root>/step-00000012/`:
+  model/            the student in Hugging Face format (safetensors + config + tokenizer), loadable by
+                    transformers and vLLM as is
+  trainer.pt        optimizer, LR scheduler and RNG states (torch, numpy, python)
+  state.json        step, data position, policy version, the run's identity
+  COMPLETE          written last; a directory without it is never loaded
+
+A checkpoint is assembled in `<root>/.tmp-step-00000012-<pid>/`, every file fsync'ed, then renamed into
+place (rename is atomic on one filesystem) and the parent directory fsync'ed. A crash at any moment leaves
+either no checkpoint for that step or a complete one; temporary directories are swept on the next start.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import torch
+
+STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
+MARKER = "COMPLETE"
+MODEL_DIR = "model"
+TRAINER_FILE = "trainer.pt"
+STATE_FILE = "state.json"
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    step: int
+    path: Path
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def list_complete(root: str | Path) -> list[CheckpointRef]:
+    """Complete checkpoints under root, oldest first (torn and temporary ones are skipped)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = STEP_DIR_RE.match(child.name)
+        if match and (child / MARKER).is_file() and (child / STATE_FILE).is_file():
+            found.append(CheckpointRef(int(match.group(1)), child))
+    return sorted(found, key=lambda ref: ref.step)
+
+
+def latest(root: str | Path) -> CheckpointRef | None:
+    complete = list_complete(root)
+    return complete[-1] if complete else None
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    for path in [*sorted(p for p in directory.rglob("*") if p.is_dir()), directory]:
+        _fsync_dir(path)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(
+    root: str | Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    trainer_state: dict[str, Any],
+    state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write checkpoint `step` atomically, then delete all but the newest `keep` complete ones."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp-{step_dir_name(step)}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model.save_pretrained(tmp / MODEL_DIR, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp / MODEL_DIR)
+    torch.save(trainer_state, tmp / TRAINER_FILE)
+    (tmp / STATE_FILE).write_bytes(orjson.dumps({**state, "step": step, "saved_at": time.time()}))
+    (tmp / MARKER).write_text(str(step))
+    _fsync_tree(tmp)
+    if final.exists():  # a checkpoint of this step from a run that died after it; ours replaces it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    prune(root, keep)
+    return final
+
+
+def prune(root: str | Path, keep: int) -> None:
+    """Delete complete checkpoints beyond the newest `keep`, oldest first."""
+    for ref in list_complete(root)[:-keep]:
+        # Un-mark first: if deletion is interrupted the remains are no longer "complete".
+        (ref.path / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(ref.path, ignore_errors=True)
+
+
+def sweep_temporary(root: str | Path) -> int:
+    """Remove leftovers of interrupted saves (and un-marked step directories); returns how many."""
+    root = Path(root)
+    if not root.is_dir():
+        return 0
+    removed = 0
+    for child in root.iterdir():
+        torn = STEP_DIR_RE.match(child.name) and not (child / MARKER).is_file()
+        if child.name.startswith(".tmp-step-") or torn:
+            shutil.rmtree(child, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def read_state(ref: CheckpointRef) -> dict[str, Any]:
+    return orjson.loads((ref.path / STATE_FILE).read_bytes())
+
+
+def load_trainer_state(ref: CheckpointRef) -> dict[str, Any]:
+    # weights_only=False: the file holds numpy/python RNG states; it is our own output, not user input.
+    return torch.load(ref.path / TRAINER_FILE, weights_only=False)

@@ -1,0 +1,228 @@
+"""`distillery run FILE [--output DIR] [--resume]`: one entry point for a laptop and a cluster.
+
+FILE is a DistillationJob manifest (local run: the runtime starts an embedded Ray and the job's teachers
+on loopback) or the resolved runtime config JSON the operator mounts at /etc/distillery (cluster run:
+joins the Ray cluster, waits for the teachers with a bounded timeout, serves Prometheus metrics, patches
+the job's status). Validation comes first: every problem is printed before any work starts. Ctrl-C stops
+after the current step, saves a checkpoint and writes the report; a second Ctrl-C aborts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from distillery.runtime_config import RuntimeConfig, resolve_runtime_config
+from distillery.validation import InvalidManifest, load_job
+
+log = logging.getLogger("distillery.runtime")
+
+EXIT_OK, EXIT_INVALID, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def load_config(path: str) -> tuple[RuntimeConfig, bool]:
+    """(config, in_cluster): a resolved runtime config JSON, or a manifest resolved for a local run."""
+    raw = Path(path).read_bytes()
+    if path.endswith(".json"):
+        try:
+            document = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            document = None
+        if isinstance(document, dict) and "jobName" in document:
+            return RuntimeConfig.model_validate(document), True
+    job = load_job(path)
+    return resolve_runtime_config(job, None, in_cluster=False), False
+
+
+class Progress:
+    """A live progress bar (rich) or plain log lines: step, loss, KL, tokens/s, ETA."""
+
+    def __init__(self, total: int, start: int, plain: bool) -> None:
+        self.total, self.plain = total, plain
+        self.bar: Any = None
+        self.started = time.monotonic()
+        self.first = start
+        if not plain:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+
+            self.bar = RichProgress(
+                TextColumn("[bold]distill"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
+            self.task = self.bar.add_task("steps", total=total, completed=start, info="starting")
+            self.bar.start()
+
+    def step(self, record: dict[str, Any]) -> None:
+        loss, kl = record.get("loss"), record.get("kl")
+        info = (
+            f"loss {loss:.4f}  KL {kl if kl is None else f'{kl:.4f}'}  "
+            f"{record['tokens_per_s']:.0f} tok/s  {record['time/step_s']:.2f} s/step"
+            if loss is not None
+            else ""
+        )
+        if self.bar is not None:
+            self.bar.update(self.task, completed=record["step"], info=info)
+        else:
+            done = record["step"] - self.first
+            eta = (time.monotonic() - self.started) / max(done, 1) * (self.total - record["step"])
+            print(f"step {record['step']}/{self.total}  {info}  ETA {eta:.0f} s", flush=True)
+
+    def event(self, message: str) -> None:
+        if self.bar is not None:
+            self.bar.console.print(message)
+        else:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _install_interrupt(stop: threading.Event, say: Any) -> None:
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        say(
+            "interrupt: finishing this step, saving a checkpoint and writing the report (Ctrl-C again to abort)"
+        )
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def check_teacher_tokenizers(config: RuntimeConfig, student_tokenizer: Any) -> None:
+    """Refuse teachers whose tokenizer maps tokens differently (only those whose files are at hand)."""
+    from transformers import AutoTokenizer
+
+    from distillery.api.spec import Placement
+    from distillery_runtime.teachers.tokenizer_compat import check_tokenizer_compat
+    from distillery_runtime.uris import resolve_location
+
+    for teacher in config.spec.teachers:
+        if teacher.placement == Placement.EXTERNAL:
+            continue
+        location = resolve_location(teacher.model)
+        if not Path(location).is_dir():
+            continue  # a hub id inside a cluster: the teacher server checks its own files
+        check_tokenizer_compat(
+            student_tokenizer, AutoTokenizer.from_pretrained(location), teacher_name=teacher.name
+        )
+
+
+async def _run(config: RuntimeConfig, in_cluster: bool, args: argparse.Namespace, out_dir: Path) -> int:
+    from distillery_runtime import local
+    from distillery_runtime.loop import Loop, RunOptions, start_components, stop_components
+    from distillery_runtime.metrics import RuntimeMetrics
+    from distillery_runtime.report import write_report
+
+    stop = threading.Event()
+    metrics = RuntimeMetrics()
+    status = None
+    if in_cluster:
+        metrics.serve(config.metrics_port)
+        if config.status_target is not None:
+            from distillery_runtime.status import StatusReporter
+
+            status = StatusReporter(config.status_target.namespace, config.status_target.name)
+    options = RunOptions(
+        output_dir=out_dir,
+        resume=args.resume,
+        steps=args.steps,
+        local=not in_cluster,
+        stop=stop,
+        metrics=metrics,
+        status=status,
+    )
+    loop = Loop(config, options)  # data and tokenizer problems surface here, before any process starts
+    check_teacher_tokenizers(config, loop.tokenizer)
+    loop.restore()
+    progress = Progress(loop.total, loop.step_done, plain=args.no_progress or not sys.stdout.isatty())
+    options.on_step, options.on_event = progress.step, progress.event
+    _install_interrupt(stop, progress.event)
+    teachers = None
+    components = None
+    started = time.monotonic()
+    try:
+        if not in_cluster:
+            config, teachers = local.start_local_teachers(config, out_dir / "logs")
+            loop.config = config
+        local.init_ray(args.ray_address or ("auto" if in_cluster else None))
+        components_task = asyncio.create_task(start_components(loop, config))
+        waited = await local.wait_for_teachers(config, config.spec.teacher_ready_timeout_seconds, teachers)
+        progress.event(f"teachers ready after {waited:.1f} s")
+        components = await components_task
+        result = await loop.run(components)
+    finally:
+        progress.close()
+        if components is not None:
+            await stop_components(components)
+        if teachers is not None:
+            teachers.stop()
+    summary = {
+        "job": config.job_name,
+        "steps": f"{result.steps_done}/{result.total_steps}" + (" (stopped)" if result.stopped else ""),
+        "wall time": f"{time.monotonic() - started:.1f} s",
+        "loss mode": config.spec.loss.mode.value,
+        "teachers": ", ".join(f"{t.name} ({t.placement.value})" for t in config.spec.teachers),
+        "rollout engine": config.spec.student.rollout.engine.value,
+        "last checkpoint": result.last_checkpoint,
+    }
+    report = write_report(
+        out_dir, job_name=config.job_name, records=result.records, evals=result.evals, summary=summary
+    )
+    print(f"report: {report}", flush=True)
+    return EXIT_INTERRUPTED if result.stopped else EXIT_OK
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """`distillery run`: validate, then run locally or in the cluster; returns the exit code."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        config, in_cluster = load_config(args.file)
+    except InvalidManifest as error:
+        for problem in error.problems:
+            print(problem.format(error.source), file=sys.stderr)
+        return EXIT_INVALID
+    except (OSError, ValueError) as error:
+        print(f"{args.file}: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    out_dir = Path(args.output or (Path("runs") / config.job_name))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from distillery_runtime.data import DataError
+    from distillery_runtime.local import TeachersNotReady
+    from distillery_runtime.teachers.types import TeacherError
+
+    try:
+        return asyncio.run(_run(config, in_cluster, args, out_dir))
+    except DataError as error:
+        print(f"data: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    except (TeachersNotReady, TeacherError) as error:
+        print(f"teachers: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("aborted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        try:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+        except ImportError:  # pragma: no cover
+            pass

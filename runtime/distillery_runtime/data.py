@@ -1,0 +1,171 @@
+"""Prompts for the loop: read rows (jsonl/parquet, local or URI), render and tokenize them, and hand them
+out in a deterministic, resumable order.
+
+Each row becomes a `PromptRecord` that carries its route value (which teacher scores it), its reference
+answer (eval accuracy) and its reference response (the off-policy share). Prompts longer than
+`data.maxPromptTokens` are rejected (the job fails naming the rows) or truncated to their last tokens as
+the spec says; either way they are counted, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from distillery.api.spec import Data, DataFormat, DataSource, OverlongPolicy
+from distillery_runtime.uris import resolve_location
+
+
+class DataError(ValueError):
+    """A dataset the runtime cannot use; the message names the file and the rows."""
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One prompt, tokenized, with what the loop needs to route, score and evaluate it."""
+
+    index: int
+    """Row number in the source file (0-based), for messages that name the row."""
+    prompt_ids: tuple[int, ...]
+    route: str | None = None
+    answer: str | None = None
+    response_ids: tuple[int, ...] | None = None
+    """Reference response (data.responseField) plus EOS, for the off-policy share."""
+
+
+@dataclass
+class PreparedData:
+    """The records of one source and what preparing them did."""
+
+    records: list[PromptRecord]
+    truncated: int = 0
+    """Prompts cut to their last maxPromptTokens tokens (overlongPrompts: truncate)."""
+    source: str = ""
+    rows: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def detect_format(path: str, declared: DataFormat) -> DataFormat:
+    if declared != DataFormat.AUTO:
+        return declared
+    suffix = Path(path).suffix.lower()
+    if suffix in {".jsonl", ".json", ".ndjson"}:
+        return DataFormat.JSONL
+    if suffix in {".parquet", ".pq"}:
+        return DataFormat.PARQUET
+    raise DataError(
+        f"{path}: cannot tell the format from the extension {suffix!r}; set format: jsonl|parquet"
+    )
+
+
+def load_rows(source: DataSource) -> tuple[str, list[dict[str, Any]]]:
+    """The rows of a data source as dicts, and the local path they were read from."""
+    path = resolve_location(source.path)
+    if Path(path).is_dir():
+        raise DataError(f"{source.path}: is a directory; point data paths at a .jsonl or .parquet file")
+    fmt = detect_format(path, source.format)
+    if not Path(path).exists():
+        raise DataError(f"{source.path}: no such file")
+    if fmt == DataFormat.PARQUET:
+        import pyarrow.parquet as pq
+
+        return path, pq.read_table(path).to_pylist()
+    rows: list[dict[str, Any]] = []
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(orjson.loads(line))
+            except orjson.JSONDecodeError as error:
+                raise DataError(f"{source.path}:{number}: not valid JSON ({error})") from error
+    return path, rows
+
+
+def render_prompt(row: dict[str, Any], data: Data, tokenizer: Any, where: str) -> list[int]:
+    """Token ids of a row's prompt: messages through the chat template, or the prompt text as is."""
+    if data.messages_field:
+        messages = row.get(data.messages_field)
+        if not isinstance(messages, list) or not messages:
+            raise DataError(f"{where}: field {data.messages_field!r} must be a non-empty list of messages")
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+    text = row.get(data.prompt_field)
+    if not isinstance(text, str) or not text:
+        raise DataError(f"{where}: field {data.prompt_field!r} is missing or not a non-empty string")
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def prepare(source: DataSource, data: Data, tokenizer: Any) -> PreparedData:
+    """Tokenize every row of a source; overlong prompts are rejected (all named) or truncated (counted)."""
+    path, rows = load_rows(source)
+    records: list[PromptRecord] = []
+    overlong: list[tuple[int, int]] = []
+    truncated = 0
+    limit = data.max_prompt_tokens
+    for index, row in enumerate(rows):
+        where = f"{source.path} row {index}"
+        ids = render_prompt(row, data, tokenizer, where)
+        if len(ids) > limit:
+            if data.overlong_prompts == OverlongPolicy.REJECT:
+                overlong.append((index, len(ids)))
+                continue
+            ids = ids[-limit:]
+            truncated += 1
+        response_ids = None
+        if data.response_field and isinstance(row.get(data.response_field), str):
+            response = tokenizer(row[data.response_field], add_special_tokens=False)["input_ids"]
+            response_ids = (*response, tokenizer.eos_token_id)
+        route = row.get(data.route_field)
+        answer = row.get(data.answer_field) if data.answer_field else None
+        records.append(
+            PromptRecord(
+                index=index,
+                prompt_ids=tuple(ids),
+                route=None if route is None else str(route),
+                answer=None if answer is None else str(answer),
+                response_ids=response_ids,
+            )
+        )
+    if overlong:
+        shown = ", ".join(f"row {i} ({n} tokens)" for i, n in overlong[:10])
+        more = f" and {len(overlong) - 10} more" if len(overlong) > 10 else ""
+        raise DataError(
+            f"{source.path}: {len(overlong)} prompt(s) longer than data.maxPromptTokens={limit}: {shown}{more}; "
+            "raise maxPromptTokens or set data.overlongPrompts: truncate"
+        )
+    if not records:
+        raise DataError(f"{source.path}: no rows")
+    prepared = PreparedData(records=records, truncated=truncated, source=path, rows=len(rows))
+    if truncated:
+        prepared.notes.append(f"{truncated} prompt(s) truncated to their last {limit} tokens")
+    return prepared
+
+
+@functools.lru_cache(maxsize=4)
+def epoch_order(n: int, epoch: int, seed: int) -> tuple[int, ...]:
+    """The visiting order of n records in one epoch: a permutation fixed by (seed, epoch)."""
+    order = list(range(n))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return tuple(order)
+
+
+def take(records: Sequence[PromptRecord], position: int, count: int, seed: int) -> list[PromptRecord]:
+    """`count` records starting at global `position` (prompts consumed so far), crossing epochs.
+
+    Pure in (position, count, seed): a resumed run that restores `position` gets the same prompts.
+    """
+    n = len(records)
+    out: list[PromptRecord] = []
+    for p in range(position, position + count):
+        epoch, offset = divmod(p, n)
+        out.append(records[epoch_order(n, epoch, seed)[offset]])
+    return out

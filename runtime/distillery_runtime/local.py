@@ -1,0 +1,168 @@
+"""What a cluster provides, made locally: an embedded Ray, and standalone teachers as teacher-server
+subprocesses on loopback (reached through the compact protocol, exactly as in a cluster). Also the
+bounded wait for teachers that both the local and the cluster run use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from distillery.api.spec import Placement
+from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
+from distillery_runtime.uris import resolve_location
+from distillery_runtime.workers import free_port
+
+
+class TeachersNotReady(RuntimeError):
+    """Some teacher did not answer its health check within the bounded time."""
+
+
+@dataclass
+class LocalTeachers:
+    """Teacher-server subprocesses started for a local run; `stop()` ends exactly these."""
+
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def teacher_server_command(teacher: Any, resolved: ResolvedTeacher, model_dir: str, port: int) -> list[str]:
+    """The command of one local teacher server (the operator's Deployment runs the same module)."""
+    command = [
+        sys.executable, "-m", "distillery_runtime.teachers.server",
+        "--model", model_dir,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--served-model-name", resolved.served_model_name,
+        "--max-logprobs", str(max(resolved.max_logprobs, 1)),
+        "--max-model-len", str(resolved.max_model_len),
+        "--dtype", teacher.inference.dtype,
+        "--enforce-eager",
+    ]  # fmt: skip
+    return command + list(teacher.inference.extra_args)
+
+
+def start_local_teachers(config: RuntimeConfig, log_dir: Path) -> tuple[RuntimeConfig, LocalTeachers]:
+    """Start every standalone teacher on loopback; returns the config pointing at them."""
+    started = LocalTeachers()
+    teachers = []
+    specs = {t.name: t for t in config.spec.teachers}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+    }
+    for resolved in config.teachers:
+        if resolved.placement != Placement.STANDALONE:
+            teachers.append(resolved)
+            continue
+        port = free_port()
+        command = teacher_server_command(
+            specs[resolved.name], resolved, resolve_location(specs[resolved.name].model), port
+        )
+        log_path = log_dir / f"teacher-{resolved.name}.log"
+        with open(log_path, "wb") as log:
+            started.processes.append(
+                subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
+            )
+        started.logs.append(log_path)
+        teachers.append(resolved.model_copy(update={"endpoints": [f"http://127.0.0.1:{port}"]}))
+    return config.model_copy(update={"teachers": teachers}), started
+
+
+def health_path(teacher: ResolvedTeacher) -> str:
+    # Our teacher server and vLLM serve /health; an arbitrary OpenAI-compatible server may only
+    # serve the models list.
+    return "/v1/models" if teacher.protocol == TeacherProtocol.OPENAI else "/health"
+
+
+async def wait_for_teachers(
+    config: RuntimeConfig, timeout: float, processes: LocalTeachers | None = None, interval: float = 1.0
+) -> float:
+    """Poll every HTTP teacher until it answers, at most `timeout` seconds; returns the time waited."""
+    import aiohttp
+
+    started = time.monotonic()
+    pending = {
+        (t.name, url): url.rstrip("/") + health_path(t)
+        for t in config.teachers
+        if t.protocol != TeacherProtocol.IN_PROCESS
+        for url in t.endpoints
+    }
+    last: dict[tuple[str, str], str] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        while pending:
+            for key, url in list(pending.items()):
+                try:
+                    async with session.get(url) as response:
+                        if response.status == 200:
+                            del pending[key]
+                            continue
+                        last[key] = f"HTTP {response.status}"
+                except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                    last[key] = f"{type(error).__name__}: {error}"
+            if processes is not None:
+                for process, log in zip(processes.processes, processes.logs, strict=True):
+                    if process.poll() is not None:
+                        tail = log.read_text(errors="replace")[-2000:]
+                        raise TeachersNotReady(
+                            f"teacher server exited with code {process.returncode}; log {log}:\n{tail}"
+                        )
+            if not pending:
+                break
+            if time.monotonic() - started > timeout:
+                waiting = ", ".join(
+                    f"{name} at {url} ({last.get((name, url), 'no answer')})" for name, url in pending
+                )
+                raise TeachersNotReady(f"teachers not ready after {timeout:.0f} s: {waiting}")
+            await asyncio.sleep(interval)
+    return time.monotonic() - started
+
+
+def init_ray(address: str | None) -> None:
+    """Join a Ray cluster (address) or start an embedded one for this process."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    here = str(Path(__file__).resolve().parents[1])
+    paths = [p for p in [here, str(Path(here).parent), os.environ.get("PYTHONPATH", "")] if p]
+    env = {
+        "PYTHONPATH": os.pathsep.join(paths),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+        return
+    ray.init(
+        num_cpus=max(os.cpu_count() or 1, 4),
+        include_dashboard=False,
+        runtime_env={"env_vars": env},
+        log_to_driver=os.environ.get("DISTILLERY_RAY_LOGS", "0") == "1",
+        configure_logging=False,
+    )

@@ -1,0 +1,516 @@
+"""The on-policy distillation loop, on Ray actors.
+
+One step, top to bottom (`Loop.step`):
+  rollout   the rollout actor samples the step's responses and streams each one out as it finishes
+  teacher   each sample goes to its routed teacher the moment it arrives (scoring overlaps rollout)
+  train     the trainer ranks take one optimizer step on their shards (gradients all-reduced)
+  sync      rank 0's new weights go to the rollout engine (an ObjectRef, not through the driver)
+then metrics, status, checkpoint and evaluation when due. With `schedule.oneStepOff` the rollout of step
+i+1 is started before step i trains, so sampling overlaps training and each sample is one policy version
+stale (recorded as `staleness`). Everything stateful (engines, models, files) lives in the leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from distillery.api.spec import Placement, ResumePolicy
+from distillery.runtime_config import RuntimeConfig
+from distillery_runtime import checkpoint, plan
+from distillery_runtime.data import PreparedData, PromptRecord, prepare, take
+from distillery_runtime.losses import LossConfig
+from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
+from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
+from distillery_runtime.samples import RolloutSample, TrainSample
+from distillery_runtime.teachers.types import ScoreRequest
+from distillery_runtime.trainer import COUNT_METRICS, TrainerSettings, resolve_precision, step_normalizer
+from distillery_runtime.uris import resolve_location
+
+log = logging.getLogger("distillery.runtime")
+
+
+class ResumeError(RuntimeError):
+    """resume: required and no complete checkpoint exists."""
+
+
+@dataclass
+class RunOptions:
+    output_dir: Path
+    resume: bool = False
+    steps: int | None = None
+    local: bool = True
+    """Local run: checkpoints under the output directory; in a cluster: spec.checkpoint.path."""
+    on_step: Callable[[dict[str, Any]], None] | None = None
+    on_event: Callable[[str], None] | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    metrics: RuntimeMetrics | None = None
+    status: Any | None = None
+    """A StatusReporter (cluster) or None."""
+
+
+@dataclass
+class RunResult:
+    steps_done: int
+    total_steps: int
+    stopped: bool
+    records: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    last_checkpoint: str | None
+
+
+@dataclass
+class Components:
+    """The actors and clients of a run (started by `start_components`)."""
+
+    trainers: list[Any]
+    rollout: Any
+    scoring: Any
+    colocated: list[Any]
+    rollout_dtype: str
+
+
+def exact_match(response_text: str, answer: str) -> bool:
+    from distillery_runtime.tasks.addition import score_answer
+
+    return bool(score_answer(response_text, answer))
+
+
+class Loop:
+    """A run of one DistillationJob: owns the step counter, data position and output files."""
+
+    def __init__(self, config: RuntimeConfig, options: RunOptions) -> None:
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.spec = spec = config.spec
+        self.options = options
+        self.total = options.steps or spec.schedule.steps
+        self.student_dir = resolve_location(spec.student.model)
+        tok_dir = resolve_location(spec.student.tokenizer) if spec.student.tokenizer else self.student_dir
+        self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+        self.train_data: PreparedData = prepare(spec.data.train, spec.data, self.tokenizer)
+        self.eval_data: PreparedData | None = (
+            prepare(spec.data.eval, spec.data, self.tokenizer) if spec.data.eval else None
+        )
+        self.loss = LossConfig.from_api(spec.loss)
+        self.sampling = SamplingSettings(
+            temperature=spec.student.rollout.temperature,
+            top_p=spec.student.rollout.top_p,
+            max_new_tokens=spec.student.rollout.max_new_tokens,
+        )
+        out = options.output_dir
+        self.ckpt_root = out / "checkpoints" if options.local else Path(spec.checkpoint.path)
+        self.metrics_file = JsonlWriter(out / "metrics.jsonl")
+        self.eval_file = JsonlWriter(out / "eval.jsonl")
+        self.metrics = options.metrics or RuntimeMetrics()
+        self.metrics.total_steps.set(self.total)
+        self.records: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
+        self.step_done = 0
+        self.position = 0
+        self.version = 0
+        self.last_checkpoint: str | None = None
+        self.model_dir = self.student_dir
+
+    # ---------------------------------------------------------------------------------------- setup
+
+    def _event(self, message: str) -> None:
+        log.info(message)
+        if self.options.on_event:
+            self.options.on_event(message)
+
+    def restore(self) -> None:
+        """Pick the starting point: the newest complete checkpoint (per the resume policy) or step 0."""
+        swept = checkpoint.sweep_temporary(self.ckpt_root)
+        if swept:
+            self._event(f"removed {swept} incomplete checkpoint(s) from {self.ckpt_root}")
+        policy = self.spec.checkpoint.resume
+        wanted = self.options.resume or (not self.options.local and policy != ResumePolicy.NEVER)
+        ref = checkpoint.latest(self.ckpt_root) if wanted else None
+        if ref is None:
+            if not self.options.local and policy == ResumePolicy.REQUIRED:
+                raise ResumeError(
+                    f"checkpoint.resume is required and {self.ckpt_root} holds no complete checkpoint"
+                )
+            if self.options.local and not self.options.resume:
+                self._start_fresh()
+            return
+        state = checkpoint.read_state(ref)
+        self.step_done = int(state["step"])
+        self.position = int(state["position"])
+        self.version = int(state["version"])
+        self.model_dir = str(ref.path / checkpoint.MODEL_DIR)
+        self.last_checkpoint = str(ref.path)
+        self.metrics_file.truncate_after(self.step_done)
+        self.eval_file.truncate_after(self.step_done)
+        from distillery_runtime.metrics import read_jsonl
+
+        self.records = read_jsonl(self.metrics_file.path)
+        self.evals = read_jsonl(self.eval_file.path)
+        self._event(f"resuming from {ref.path} (step {self.step_done})")
+
+    def _start_fresh(self) -> None:
+        import shutil
+
+        if self.ckpt_root.exists() and checkpoint.list_complete(self.ckpt_root):
+            self._event(
+                f"starting fresh: removing earlier checkpoints in {self.ckpt_root} (use --resume to continue)"
+            )
+            shutil.rmtree(self.ckpt_root)
+        for path in (self.metrics_file.path, self.eval_file.path):
+            path.unlink(missing_ok=True)
+
+    def trainer_settings(self) -> TrainerSettings:
+        opt = self.spec.student.optimizer
+        return TrainerSettings(
+            lr=opt.lr,
+            weight_decay=opt.weight_decay,
+            betas=tuple(opt.betas),
+            grad_clip=opt.grad_clip,
+            warmup_steps=opt.warmup_steps,
+            total_steps=self.total,
+            min_lr_ratio=opt.min_lr_ratio,
+            micro_batch_size=self.spec.schedule.micro_batch_size,
+            precision=self.spec.student.precision.value,
+            seed=self.spec.schedule.seed,
+            loss=self.loss,
+        )
+
+    # ---------------------------------------------------------------------------------------- step parts
+
+    def prompts_for(self, step: int) -> list[PromptRecord]:
+        """The prompts of step `step` (1-based); pure in the data position."""
+        n = self.spec.schedule.prompts_per_step
+        return take(self.train_data.records, (step - 1) * n, n, self.spec.schedule.seed)
+
+    async def rollout_and_score(self, c: Components, step: int) -> dict[str, Any]:
+        """Sample the step's responses and score each as soon as it is out of the engine."""
+        spec = self.spec
+        records = self.prompts_for(step)
+        started = time.perf_counter()
+        on_policy = plan.is_on_policy(spec.schedule.seed, step, spec.loss.on_policy_fraction)
+        scoring_tasks: list[asyncio.Task] = []
+        samples: list[RolloutSample] = []
+        await c.scoring.wake_up()
+
+        def submit(sample: RolloutSample) -> None:
+            samples.append(sample)
+            request = ScoreRequest(sample.prompt_ids, sample.response_ids, sample.sample_id, sample.route)
+            scoring_tasks.append(asyncio.create_task(c.scoring.score_one(request)))
+
+        if on_policy:
+            requests = plan.generation_requests(
+                records, step, spec.student.rollout.samples_per_prompt, spec.schedule.seed
+            )
+            stream = c.rollout.stream.options(num_returns="streaming").remote(requests, self.sampling)
+            async for ref in stream:
+                submit(await ref)
+        else:
+            for sample in plan.dataset_samples(
+                records, step, spec.student.rollout.samples_per_prompt, self.version
+            ):
+                submit(sample)
+        rollout_done = time.perf_counter()
+        scored = await asyncio.gather(*scoring_tasks)
+        done = time.perf_counter()
+        # Samples stream out in completion order; train in request order so a run is reproducible.
+        order = {s.sample_id: i for i, s in enumerate(samples)}
+        ranked = sorted(range(len(samples)), key=lambda i: _slot(samples[i].sample_id, order))
+        return {
+            "samples": [samples[i] for i in ranked],
+            "scored": [scored[i] for i in ranked],
+            "on_policy": on_policy,
+            "rollout_s": rollout_done - started,
+            "teacher_s": done - rollout_done,
+        }
+
+    def train_samples(self, rolled: dict[str, Any]) -> list[TrainSample]:
+        samples: list[RolloutSample] = rolled["samples"]
+        advantages: dict[str, float] = {}
+        if self.loss.task_reward_coef > 0:
+            advantages = plan.group_advantages(samples, self._reward)
+        return [
+            plan.train_sample(s, name, scores, advantages.get(s.sample_id, 0.0))
+            for s, (name, scores) in zip(samples, rolled["scored"], strict=True)
+        ]
+
+    def _reward(self, sample: RolloutSample) -> float:
+        if sample.answer is None:
+            return 0.0
+        text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+        return 1.0 if exact_match(text, sample.answer) else 0.0
+
+    async def train(self, c: Components, samples: list[TrainSample]) -> dict[str, float]:
+        normalizer = step_normalizer(samples, self.loss)
+        shards = plan.shard(samples, len(c.trainers))
+        results = await asyncio.gather(
+            *(t.train_step.remote(s, normalizer) for t, s in zip(c.trainers, shards, strict=True))
+        )
+        return _combine_rank_metrics(results)
+
+    async def sync(self, c: Components) -> None:
+        weights = c.trainers[0].weights.remote(c.rollout_dtype)
+        await c.rollout.update_weights.remote(weights, self.version)
+
+    # ---------------------------------------------------------------------------------------- the loop
+
+    async def run(self, c: Components) -> RunResult:
+        if self.step_done == 0 and self.eval_data is not None:
+            await self.evaluate(c, 0)
+        one_step_off = self.spec.schedule.one_step_off
+        pending: asyncio.Task | None = None
+        stopped = False
+        step = self.step_done
+        while step < self.total:
+            step += 1
+            started = time.perf_counter()
+            rolled = await (pending or asyncio.create_task(self.rollout_and_score(c, step)))
+            pending = None
+            if one_step_off and step < self.total and not self.options.stop.is_set():
+                pending = asyncio.create_task(self.rollout_and_score(c, step + 1))
+            else:
+                await c.scoring.sleep()
+            samples = self.train_samples(rolled)
+            t_train = time.perf_counter()
+            train_metrics = await self.train(c, samples)
+            self.version += 1
+            t_sync = time.perf_counter()
+            await self.sync(c)
+            finished = time.perf_counter()
+            self.step_done, self.position = step, step * self.spec.schedule.prompts_per_step
+            record = self._record(step, rolled, samples, train_metrics, started, t_train, t_sync, finished)
+            self._publish(c, record)
+            stop = self.options.stop.is_set()
+            if stop and pending is not None:
+                await pending  # let the overlapped rollout finish; its samples are redone on resume
+                pending = None
+            if plan.is_due(step, self.spec.schedule.checkpoint_every, self.total) or stop:
+                await self.save(c, step)
+            if self.eval_data is not None and plan.is_due(step, self.spec.schedule.eval_every, self.total):
+                # The rollout actor runs one call at a time: this evaluation queues behind the weight
+                # sync above, so it sees the weights of `step` even while a rollout is overlapped.
+                await self.evaluate(c, step)
+            if stop:
+                stopped = True
+                self._event(f"stopped after step {step} (checkpoint saved)")
+                break
+        if pending is not None:
+            await pending
+        return RunResult(self.step_done, self.total, stopped, self.records, self.evals, self.last_checkpoint)
+
+    def _record(
+        self,
+        step: int,
+        rolled: dict[str, Any],
+        samples: list[TrainSample],
+        train_metrics: dict[str, float],
+        started: float,
+        t_train: float,
+        t_sync: float,
+        finished: float,
+    ) -> dict[str, Any]:
+        tokens = sum(len(s.response_ids) for s in samples)
+        step_s = finished - started
+        staleness = max((self.version - 1 - s.policy_version for s in rolled["samples"]), default=0)
+        return {
+            "step": step,
+            "loss": train_metrics.get("distill/loss"),
+            "kl": train_metrics.get("distill/kl_k3"),
+            "kl_per_teacher": plan.kl_per_teacher(samples),
+            "grad_norm": train_metrics.get("train/grad_norm"),
+            "lr": train_metrics.get("train/lr"),
+            "on_policy": rolled["on_policy"],
+            "staleness": staleness,
+            "samples": len(samples),
+            "generated_tokens": tokens if rolled["on_policy"] else 0,
+            "response_tokens": tokens,
+            "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
+            "time/step_s": step_s,
+            "time/rollout_s": rolled["rollout_s"],
+            "time/teacher_s": rolled["teacher_s"],
+            "time/train_s": t_sync - t_train,
+            "time/sync_s": finished - t_sync,
+            "samples_per_teacher": {},
+            "metrics": train_metrics,
+            "time": time.time(),
+        }
+
+    def _publish(self, c: Components, record: dict[str, Any]) -> None:
+        stats = c.scoring.take_stats()
+        self.metrics.record_retries(c.scoring.retries())
+        record["samples_per_teacher"] = {name: n for name, n in stats.samples.items()}
+        self.records.append(record)
+        self.metrics_file.write(record)
+        self.metrics.record_step(record, dict(stats.seconds))
+        if self.options.on_step:
+            self.options.on_step(record)
+        if self.options.status is not None:
+            self.options.status.progress(record, self.total)
+
+    async def save(self, c: Components, step: int) -> None:
+        started = time.perf_counter()
+        state = {"position": self.position, "version": self.version, "job": self.config.job_name}
+        path = await c.trainers[0].save_checkpoint.remote(
+            str(self.ckpt_root), step, state, self.spec.checkpoint.keep
+        )
+        seconds = time.perf_counter() - started
+        self.metrics.checkpoint_seconds.observe(seconds)
+        self.metrics.checkpoint_step.set(step)
+        self.last_checkpoint = path
+        self._event(f"checkpoint step {step}: {path} ({seconds:.2f} s)")
+        if self.options.status is not None:
+            self.options.status.checkpoint(step, path)
+
+    async def evaluate(self, c: Components, step: int) -> float:
+        """Greedy decoding of the held-out prompts, exact match against data.answerField."""
+        assert self.eval_data is not None
+        records = [r for r in self.eval_data.records if r.answer is not None]
+        if not records:
+            return float("nan")
+        requests = [
+            GenerationRequest(sample_id=f"eval-{r.index}", prompt_ids=r.prompt_ids, seed=0, answer=r.answer)
+            for r in records
+        ]
+        greedy = SamplingSettings(max_new_tokens=self.sampling.max_new_tokens, greedy=True)
+        started = time.perf_counter()
+        outputs = await c.rollout.generate.remote(requests, greedy)
+        correct = sum(
+            exact_match(self.tokenizer.decode(o.response_ids, skip_special_tokens=True), o.answer or "")
+            for o in outputs
+        )
+        accuracy = correct / len(outputs)
+        entry = {
+            "step": step,
+            "eval_accuracy": accuracy,
+            "n": len(outputs),
+            "seconds": time.perf_counter() - started,
+        }
+        self.evals.append(entry)
+        self.eval_file.write(entry)
+        self.metrics.eval_accuracy.set(accuracy)
+        self._event(f"eval step {step}: accuracy {accuracy:.3f} ({correct}/{len(outputs)})")
+        if self.options.status is not None:
+            self.options.status.eval_accuracy(accuracy)
+        return accuracy
+
+
+def _slot(sample_id: str, order: dict[str, int]) -> tuple[int, int]:
+    """Request order of a sample id `s{step}-p{row}-{j}`; unknown shapes keep arrival order."""
+    try:
+        _, prompt, j = sample_id.split("-")
+        return int(prompt[1:]), int(j)
+    except ValueError:
+        return order[sample_id], 0
+
+
+def _combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
+    """Per-rank metrics weighted by each rank's share of the loss (grad norm, lr: the same on all ranks)."""
+    if len(results) == 1:
+        return results[0]
+    total = sum(r.get("train/share", 0.0) for r in results) or 1.0
+    out: dict[str, float] = {}
+    for name in results[0]:
+        if name in COUNT_METRICS:
+            out[name] = sum(r.get(name, 0.0) for r in results)
+        elif name.startswith("train/"):
+            out[name] = (
+                results[0][name]
+                if name not in {"train/samples", "train/share"}
+                else sum(r[name] for r in results)
+            )
+        else:
+            out[name] = sum(r.get(name, 0.0) * r.get("train/share", 0.0) for r in results) / total
+    return out
+
+
+def rollout_dtype(spec: Any) -> str:
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return (
+        "bfloat16" if resolve_precision(spec.student.precision.value, device) == torch.bfloat16 else "float32"
+    )
+
+
+async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
+    """Start the trainer ranks, the rollout engine and colocated teachers as Ray actors, and the clients."""
+    import ray
+
+    from distillery_runtime import workers
+    from distillery_runtime.scoring import TeacherScoring, build_client
+
+    spec = config.spec
+    gpus = spec.student.pool.gpus_per_worker
+    world = max(1, spec.student.pool.workers * max(gpus, 1))
+    colocated = [t for t in spec.teachers if t.placement == Placement.COLOCATED]
+    settings = loop.trainer_settings()
+    trainer_cls = ray.remote(workers.TrainerWorker).options(
+        **workers.actor_options("trainer", gpus_per_worker=gpus, colocated_teachers=len(colocated))
+    )
+    trainers = [trainer_cls.remote(loop.model_dir, settings, rank, world) for rank in range(world)]
+    if world > 1:
+        address = await trainers[0].rendezvous.remote()
+        await asyncio.gather(*(t.init_group.remote(address) for t in trainers))
+    dtype = rollout_dtype(spec)
+    max_len = spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens + 1
+    rollout = (
+        ray.remote(workers.RolloutWorker)
+        .options(**workers.actor_options("rollout", gpus_per_worker=gpus, colocated_teachers=len(colocated)))
+        .remote(
+            spec.student.rollout.engine.value,
+            loop.model_dir,
+            dtype,
+            max_len,
+            spec.schedule.seed,
+            spec.student.rollout.memory_fraction,
+        )
+    )
+    colocated_actors: dict[str, Any] = {}
+    resolved = {t.name: t for t in config.teachers}
+    for teacher in colocated:
+        actor = (
+            ray.remote(workers.ColocatedTeacherWorker)
+            .options(
+                **workers.actor_options("teacher", gpus_per_worker=gpus, colocated_teachers=len(colocated))
+            )
+            .remote(
+                resolve_location(teacher.model),
+                teacher.name,
+                resolved[teacher.name].max_logprobs,
+                resolved[teacher.name].max_model_len,
+                "bfloat16" if dtype == "bfloat16" else "float32",
+            )
+        )
+        colocated_actors[teacher.name] = actor
+    await asyncio.gather(*(a.start.remote() for a in colocated_actors.values()))
+    clients = {
+        t.name: build_client(
+            t,
+            next(s.max_concurrency for s in spec.teachers if s.name == t.name),
+            colocated_actors.get(t.name),
+        )
+        for t in config.teachers
+    }
+    scoring = TeacherScoring(config, clients)
+    components = Components(trainers, rollout, scoring, list(colocated_actors.values()), dtype)
+    if loop.version:  # resumed: the trainers restore optimizer, schedule and RNG states
+        assert loop.last_checkpoint is not None
+        await asyncio.gather(*(t.load_state.remote(loop.last_checkpoint) for t in trainers))
+    # Resumed: the engine loaded the checkpoint's weights; it only needs to know their version.
+    await rollout.set_version.remote(loop.version)
+    return components
+
+
+async def stop_components(c: Components) -> None:
+    await c.scoring.close()
+    for actor in c.colocated:
+        with contextlib.suppress(Exception):
+            await actor.close.remote()

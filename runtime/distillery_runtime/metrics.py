@@ -1,0 +1,191 @@
+"""The runtime's Prometheus metrics and its JSONL metrics file.
+
+Names are prefixed `distillery_runtime_`, carry their unit, counters end in `_total`; labels are bounded
+(teacher names from the spec, a fixed set of phases). `METRIC_NAMES` lists every family: the chart's
+dashboards and alerts are written against it (docs/metrics.md). In a cluster the trainer serves them on
+`RuntimeConfig.metrics_port`; locally the same values go to `metrics.jsonl` in the output directory.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+PREFIX = "distillery_runtime_"
+PHASES = ("rollout", "teacher", "train", "sync")
+"""Breakdown of a step: student sampling, teacher scoring not hidden by rollout, the optimizer step,
+and the weight sync to the rollout engine."""
+
+_STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+METRIC_NAMES = (
+    "distillery_runtime_step",
+    "distillery_runtime_total_steps",
+    "distillery_runtime_steps_total",
+    "distillery_runtime_step_duration_seconds",
+    "distillery_runtime_step_phase_duration_seconds",
+    "distillery_runtime_tokens_per_second",
+    "distillery_runtime_generated_tokens_total",
+    "distillery_runtime_loss",
+    "distillery_runtime_kl",
+    "distillery_runtime_grad_norm",
+    "distillery_runtime_learning_rate",
+    "distillery_runtime_policy_staleness_steps",
+    "distillery_runtime_teacher_request_duration_seconds",
+    "distillery_runtime_teacher_retries_total",
+    "distillery_runtime_teacher_samples_total",
+    "distillery_runtime_checkpoint_duration_seconds",
+    "distillery_runtime_checkpoint_step",
+    "distillery_runtime_eval_accuracy_ratio",
+    "distillery_runtime_prompts_truncated_total",
+)
+
+
+class RuntimeMetrics:
+    """Every metric family of the runtime, in one registry (a fresh one per run, so tests can make many)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.step = Gauge(PREFIX + "step", "Last completed training step.", registry=r)
+        self.total_steps = Gauge(PREFIX + "total_steps", "Steps the job will run.", registry=r)
+        self.steps = Counter(PREFIX + "steps", "Training steps completed by this process.", registry=r)
+        self.step_seconds = Histogram(
+            PREFIX + "step_duration_seconds",
+            "Wall time of a training step.",
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        )
+        self.phase_seconds = Histogram(
+            PREFIX + "step_phase_duration_seconds",
+            "Wall time of each phase of a step (rollout, teacher, train, sync).",
+            ["phase"],
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        )
+        self.tokens_per_second = Gauge(
+            PREFIX + "tokens_per_second", "Response tokens trained per second of step time.", registry=r
+        )
+        self.generated_tokens = Counter(
+            PREFIX + "generated_tokens", "Response tokens sampled by the student.", registry=r
+        )
+        self.loss = Gauge(PREFIX + "loss", "Distillation loss of the last step.", registry=r)
+        self.kl = Gauge(
+            PREFIX + "kl",
+            "k3 estimate of KL(student || teacher) on the student's samples, per teacher (nats/token).",
+            ["teacher"],
+            registry=r,
+        )
+        self.grad_norm = Gauge(PREFIX + "grad_norm", "Global gradient norm before clipping.", registry=r)
+        self.lr = Gauge(PREFIX + "learning_rate", "Learning rate of the last step.", registry=r)
+        self.staleness = Gauge(
+            PREFIX + "policy_staleness_steps",
+            "Optimizer steps between the weights that sampled a step's data and the weights it trains.",
+            registry=r,
+        )
+        self.teacher_seconds = Histogram(
+            PREFIX + "teacher_request_duration_seconds",
+            "Latency of one sample's scoring request, per teacher (retries included).",
+            ["teacher"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.teacher_retries = Counter(
+            PREFIX + "teacher_retries", "Scoring requests retried, per teacher.", ["teacher"], registry=r
+        )
+        self.teacher_samples = Counter(
+            PREFIX + "teacher_samples", "Samples scored, per teacher.", ["teacher"], registry=r
+        )
+        self.checkpoint_seconds = Histogram(
+            PREFIX + "checkpoint_duration_seconds",
+            "Time to write a checkpoint.",
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        )
+        self.checkpoint_step = Gauge(PREFIX + "checkpoint_step", "Step of the newest checkpoint.", registry=r)
+        self.eval_accuracy = Gauge(
+            PREFIX + "eval_accuracy_ratio", "Held-out exact-match accuracy of the student (0-1).", registry=r
+        )
+        self.truncated = Counter(
+            PREFIX + "prompts_truncated", "Prompts cut to data.maxPromptTokens.", registry=r
+        )
+        self._retries_seen: dict[str, int] = {}
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
+        """Expose /metrics on `port` (a daemon thread); returns the server."""
+        return start_http_server(port, addr=addr, registry=self.registry)
+
+    def record_step(self, record: dict[str, Any], teacher_seconds: dict[str, list[float]]) -> None:
+        self.step.set(record["step"])
+        self.steps.inc()
+        self.step_seconds.observe(record["time/step_s"])
+        for phase in PHASES:
+            self.phase_seconds.labels(phase).observe(record.get(f"time/{phase}_s", 0.0))
+        self.tokens_per_second.set(record["tokens_per_s"])
+        self.generated_tokens.inc(record.get("generated_tokens", 0))
+        _set(self.loss, record.get("loss"))
+        _set(self.grad_norm, record.get("grad_norm"))
+        _set(self.lr, record.get("lr"))
+        self.staleness.set(record.get("staleness", 0))
+        for name, value in record.get("kl_per_teacher", {}).items():
+            _set(self.kl.labels(name), value)
+        for name, latencies in teacher_seconds.items():
+            for seconds in latencies:
+                self.teacher_seconds.labels(name).observe(seconds)
+            self.teacher_samples.labels(name).inc(len(latencies))
+
+    def record_retries(self, totals: dict[str, int]) -> None:
+        for name, total in totals.items():
+            delta = total - self._retries_seen.get(name, 0)
+            if delta > 0:
+                self.teacher_retries.labels(name).inc(delta)
+            self._retries_seen[name] = total
+
+
+def _set(gauge: Gauge, value: float | None) -> None:
+    if value is not None and math.isfinite(value):
+        gauge.set(value)
+
+
+class JsonlWriter:
+    """Appends one JSON object per line, flushed at once (a killed run keeps every completed step)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "ab") as handle:
+            handle.write(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records of steps after `step` (a resumed run redoes them)."""
+        if not self.path.exists():
+            return
+        kept = [line for line in self.path.read_bytes().splitlines() if line.strip() and _step(line) <= step]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_bytes(b"".join(line + b"\n" for line in kept))
+        tmp.replace(self.path)
+
+
+def _step(line: bytes) -> int:
+    try:
+        return int(orjson.loads(line).get("step", 0))
+    except orjson.JSONDecodeError:  # a line torn by a kill: drop it
+        return 1 << 62
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_bytes().splitlines():
+        try:
+            out.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue
+    return out

@@ -1,0 +1,137 @@
+"""Pure decisions of the loop: which prompts, which seeds, on- or off-policy, how samples become training
+samples, how they split over ranks. No I/O here, so each is unit-tested with plain values."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from distillery_runtime.data import PromptRecord
+from distillery_runtime.rollout.base import GenerationRequest
+from distillery_runtime.samples import RolloutSample, TrainSample
+from distillery_runtime.teachers.types import TeacherScores
+
+
+def is_on_policy(seed: int, step: int, fraction: float) -> bool:
+    """lambda: whether step `step` trains on student samples (else on the dataset's responses)."""
+    if fraction >= 1.0:
+        return True
+    if fraction <= 0.0:
+        return False
+    return random.Random(seed * 7919 + step).random() < fraction
+
+
+def sample_seed(seed: int, step: int, slot: int) -> int:
+    """The sampling seed of one response: fixed by the run seed, the step and the slot in the step."""
+    return (seed * 1_000_003 + step * 65_537 + slot) % (2**31 - 1)
+
+
+def generation_requests(
+    records: Sequence[PromptRecord], step: int, samples_per_prompt: int, seed: int
+) -> list[GenerationRequest]:
+    out = []
+    for i, record in enumerate(records):
+        for j in range(samples_per_prompt):
+            slot = i * samples_per_prompt + j
+            out.append(
+                GenerationRequest(
+                    sample_id=f"s{step}-p{record.index}-{j}",
+                    prompt_ids=record.prompt_ids,
+                    seed=sample_seed(seed, step, slot),
+                    route=record.route,
+                    answer=record.answer,
+                )
+            )
+    return out
+
+
+def dataset_samples(
+    records: Sequence[PromptRecord], step: int, samples_per_prompt: int, version: int
+) -> list[RolloutSample]:
+    """The off-policy share: the dataset's reference responses in place of student samples."""
+    out = []
+    for record in records:
+        if record.response_ids is None:
+            raise ValueError(f"row {record.index} has no reference response (data.responseField)")
+        for j in range(samples_per_prompt):
+            out.append(
+                RolloutSample(
+                    sample_id=f"s{step}-p{record.index}-{j}",
+                    prompt_ids=list(record.prompt_ids),
+                    response_ids=list(record.response_ids),
+                    logprobs=None,
+                    route=record.route,
+                    answer=record.answer,
+                    policy_version=version,
+                )
+            )
+    return out
+
+
+def train_sample(
+    sample: RolloutSample, teacher: str, scores: TeacherScores, advantage: float = 0.0
+) -> TrainSample:
+    """A rollout sample with its teacher's row (scores of B = 1, T = its response length)."""
+    r = len(sample.response_ids)
+    return TrainSample(
+        prompt_ids=sample.prompt_ids,
+        response_ids=sample.response_ids,
+        old_logprobs=None if sample.logprobs is None else np.asarray(sample.logprobs, np.float32),
+        topk_ids=scores.topk_ids[0, :r],
+        topk_logprobs=scores.topk_logprobs[0, :r],
+        token_logprobs=scores.token_logprobs[0, :r],
+        teacher_mask=scores.mask[0, :r],
+        task_advantage=advantage,
+        teacher=teacher,
+    )
+
+
+def group_advantages(
+    samples: Sequence[RolloutSample], reward: Callable[[RolloutSample], float]
+) -> dict[str, float]:
+    """GRPO-style task advantages: a sample's reward minus the mean reward of its prompt's samples."""
+    groups: dict[tuple[int, ...], list[RolloutSample]] = defaultdict(list)
+    for s in samples:
+        groups[tuple(s.prompt_ids)].append(s)
+    out = {}
+    for members in groups.values():
+        rewards = [reward(s) for s in members]
+        mean = sum(rewards) / len(rewards)
+        for s, value in zip(members, rewards, strict=True):
+            out[s.sample_id] = value - mean
+    return out
+
+
+def kl_per_teacher(samples: Sequence[TrainSample]) -> dict[str, float]:
+    """k3 estimate of KL(student || teacher) per token on the student's own samples, per teacher.
+
+    Uses the rollout policy's log-probs (the policy that drew the samples), so it is an unbiased
+    on-policy estimate; steps trained on dataset responses have none.
+    """
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for s in samples:
+        if s.old_logprobs is None:
+            continue
+        ok = s.teacher_mask & np.isfinite(s.token_logprobs)
+        if not ok.any():
+            continue
+        log_ratio = np.clip(s.token_logprobs[ok] - s.old_logprobs[ok], -20.0, 20.0)
+        sums[s.teacher] += float((np.exp(log_ratio) - log_ratio - 1.0).sum())
+        counts[s.teacher] += int(ok.sum())
+    return {name: sums[name] / counts[name] for name in counts}
+
+
+def shard(samples: Sequence[TrainSample], world_size: int) -> list[list[TrainSample]]:
+    """Contiguous, near-equal shards, one per rank (the order of samples is preserved)."""
+    n = len(samples)
+    bounds = [n * r // world_size for r in range(world_size + 1)]
+    return [list(samples[bounds[r] : bounds[r + 1]]) for r in range(world_size)]
+
+
+def is_due(step: int, every: int, total: int) -> bool:
+    """Whether something that runs every `every` steps (and at the end) runs after step `step` (1-based)."""
+    return step == total or (every > 0 and step % every == 0)

@@ -1,0 +1,121 @@
+"""The end-of-run report: `report.md` plus PNG plots of loss, KL and eval accuracy over steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        value = r.get(key)
+        if isinstance(value, int | float):
+            xs.append(int(r["step"]))
+            ys.append(float(value))
+    return xs, ys
+
+
+def plot(
+    path: Path, title: str, ylabel: str, series: dict[str, tuple[list[int], list[float]]]
+) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not any(xs for xs, _ in series.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if len(series) > 1:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2] if values else float("nan")
+
+
+def write_report(
+    out_dir: Path,
+    *,
+    job_name: str,
+    records: list[dict[str, Any]],
+    evals: list[dict[str, Any]],
+    summary: dict[str, Any],
+) -> Path:
+    """Write report.md and its plots into out_dir; returns the report's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = []
+    p = plot(out_dir / "loss.png", "Distillation loss", "loss", {"loss": _series(records, "loss")})
+    plots.append(("Loss", p))
+    kl_series = {"all": _series(records, "kl")}
+    teachers = sorted({name for r in records for name in r.get("kl_per_teacher", {})})
+    for name in teachers:
+        kl_series[f"{name} (on-policy k3)"] = _series(
+            [{"step": r["step"], "v": r["kl_per_teacher"].get(name)} for r in records], "v"
+        )
+    plots.append(("KL", plot(out_dir / "kl.png", "KL(student || teacher)", "nats / token", kl_series)))
+    plots.append(
+        (
+            "Eval accuracy",
+            plot(
+                out_dir / "eval_accuracy.png",
+                "Held-out accuracy",
+                "exact match",
+                {"student": _series(evals, "eval_accuracy")},
+            ),
+        )
+    )
+    lines = [f"# Distillation report: {job_name}", ""]
+    if evals:
+        first, last = evals[0], evals[-1]
+        lines += [
+            f"**Held-out accuracy: {first['eval_accuracy']:.1%} at step {first['step']} -> "
+            f"{last['eval_accuracy']:.1%} at step {last['step']}** "
+            f"({last['eval_accuracy'] - first['eval_accuracy']:+.1%}, {last.get('n', '?')} prompts, greedy, exact match)",
+            "",
+        ]
+    step_times = [r["time/step_s"] for r in records]
+    lines += ["## Summary", "", "| | |", "|---|---|"]
+    for key, value in summary.items():
+        lines.append(f"| {key} | {value} |")
+    if records:
+        lines += [
+            f"| steps in this report | {len(records)} |",
+            f"| median step time | {_median(step_times):.3f} s |",
+            f"| median tokens/s | {_median([r['tokens_per_s'] for r in records]):.1f} |",
+            f"| final loss | {records[-1].get('loss')} |",
+        ]
+        lines += [
+            "",
+            "## Where a step's time goes (median seconds)",
+            "",
+            "| rollout | teacher | train | sync | step |",
+            "|---|---|---|---|---|",
+        ]
+        phases = [
+            _median([r[f"time/{k}_s"] for r in records])
+            for k in ("rollout", "teacher", "train", "sync", "step")
+        ]
+        lines.append("| " + " | ".join(f"{v:.3f}" for v in phases) + " |")
+    if evals:
+        lines += ["", "## Evaluations", "", "| step | accuracy | prompts |", "|---|---|---|"]
+        lines += [f"| {e['step']} | {e['eval_accuracy']:.3f} | {e.get('n', '')} |" for e in evals]
+    lines += [""]
+    for title, path in plots:
+        if path is not None:
+            lines += [f"## {title}", "", f"![{title}]({path.name})", ""]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines))
+    return report

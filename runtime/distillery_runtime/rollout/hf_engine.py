@@ -1,0 +1,99 @@
+"""The transformers rollout engine: `model.generate`, the slow fallback (no vLLM on the machine).
+
+Each request is sampled on its own with a torch generator seeded from the request, so that a sample
+does not depend on which other prompts share its step (the same reproducibility vLLM's per-request
+seed gives). Weights are loaded with `load_state_dict`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
+from distillery_runtime.samples import RolloutSample
+
+
+class TransformersRolloutEngine:
+    """Student sampling with transformers generate."""
+
+    def __init__(self, model_dir: str, *, dtype: torch.dtype) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.eos = self.tokenizer.eos_token_id
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
+        self.policy_version = 0
+
+    @torch.no_grad()
+    def _sample_one(
+        self, request: GenerationRequest, sampling: SamplingSettings
+    ) -> tuple[list[int], list[float]]:
+        generator = torch.Generator(device=self.device).manual_seed(request.seed)
+        ids = torch.tensor([list(request.prompt_ids)], device=self.device)
+        past = None
+        out: list[int] = []
+        logprobs: list[float] = []
+        step_input = ids
+        for _ in range(sampling.max_new_tokens):
+            result = self.model(input_ids=step_input, past_key_values=past, use_cache=True)
+            past = result.past_key_values
+            raw = torch.log_softmax(result.logits[0, -1].float(), dim=-1)
+            if sampling.greedy:
+                token = int(raw.argmax())
+            else:
+                probs = torch.softmax(result.logits[0, -1].float() / sampling.temperature, dim=-1)
+                if sampling.top_p < 1.0:
+                    probs = _top_p(probs, sampling.top_p)
+                token = int(torch.multinomial(probs, 1, generator=generator))
+            out.append(token)
+            logprobs.append(float(raw[token]))
+            if token == self.eos:
+                break
+            step_input = torch.tensor([[token]], device=self.device)
+        return out, logprobs
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
+    ) -> Iterator[RolloutSample]:
+        for request in requests:
+            ids, logprobs = self._sample_one(request, sampling)
+            yield RolloutSample(
+                sample_id=request.sample_id,
+                prompt_ids=list(request.prompt_ids),
+                response_ids=ids,
+                logprobs=None if sampling.greedy else logprobs,
+                route=request.route,
+                answer=request.answer,
+                policy_version=self.policy_version,
+                finish_reason="stop" if ids and ids[-1] == self.eos else "length",
+            )
+
+    def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
+        state = {name: tensor for name, tensor in weights}
+        self.model.load_state_dict(state, strict=False)
+        self.policy_version = version
+
+    @torch.no_grad()
+    def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+        ids = torch.tensor([[*prompt_ids, *response_ids]], device=self.device)
+        logits = self.model(input_ids=ids).logits[0].float()
+        p = len(prompt_ids)
+        logp = torch.log_softmax(logits[p - 1 : -1], dim=-1)
+        return logp.gather(-1, torch.tensor(response_ids, device=self.device)[:, None])[:, 0].tolist()
+
+    def sleep(self) -> None:
+        """Nothing to release: the fallback engine keeps its weights."""
+
+    def wake_up(self) -> None:
+        """Nothing to restore."""
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_probs, order = probs.sort(descending=True)
+    keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
+    filtered = torch.zeros_like(probs).scatter(0, order, sorted_probs * keep)
+    return filtered / filtered.sum()

@@ -1,0 +1,141 @@
+"""The vLLM rollout engine: an in-process `vllm.LLM`, stepped by hand so that samples stream out as they
+finish, with the trainer's weights loaded after each optimizer step.
+
+Weight sync uses vLLM's worker RPC `reload_weights(weights_iterator=...)` (vLLM 0.32: in-place reload,
+checkpoint-format names, so the Hugging Face state dict loads as is; it works on CPU, where the layers'
+own `weight_loader`s are gone after vLLM's CPU weight processing). The prefix cache is reset after each
+update: cached KV blocks were computed with the old weights.
+
+On CPU the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, uni executor: ~3 s start);
+sleep/wake are no-ops there (vLLM's CPU worker does not support sleep mode), on GPU they free the KV cache
+and weights while the trainer runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
+from distillery_runtime.samples import RolloutSample
+
+
+def _on_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+class VllmRolloutEngine:
+    """Student sampling with vLLM, in-process."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        dtype: torch.dtype,
+        max_model_len: int,
+        seed: int = 0,
+        memory_fraction: float = 0.5,
+    ) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        from vllm import LLM
+
+        kwargs: dict = {}
+        if _on_gpu():
+            kwargs["gpu_memory_utilization"] = memory_fraction
+            kwargs["enable_sleep_mode"] = True
+        self.llm = LLM(
+            model=model_dir,
+            dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
+            max_model_len=max_model_len,
+            enforce_eager=True,
+            seed=seed,
+            distributed_executor_backend="uni",
+            max_logprobs=1,
+            **kwargs,
+        )
+        self.engine = self.llm.llm_engine
+        self.policy_version = 0
+        self._asleep = False
+        self._counter = 0
+
+    def _params(self, sampling: SamplingSettings, seed: int):
+        from vllm import SamplingParams
+
+        if sampling.greedy:
+            return SamplingParams(max_tokens=sampling.max_new_tokens, temperature=0.0, detokenize=False)
+        return SamplingParams(
+            max_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=seed,
+            logprobs=0,  # the sampled token's own log-prob (raw model log-probs: vLLM's default mode)
+            detokenize=False,
+        )
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
+    ) -> Iterator[RolloutSample]:
+        from vllm.inputs import TokensPrompt
+
+        by_id: dict[str, GenerationRequest] = {}
+        for request in requests:
+            self._counter += 1
+            request_id = f"{request.sample_id}#{self._counter}"
+            by_id[request_id] = request
+            self.engine.add_request(
+                request_id,
+                TokensPrompt(prompt_token_ids=list(request.prompt_ids)),
+                self._params(sampling, request.seed),
+            )
+        while self.engine.has_unfinished_requests():
+            for output in self.engine.step():
+                if not output.finished:
+                    continue
+                request = by_id.pop(output.request_id)
+                completion = output.outputs[0]
+                ids = list(completion.token_ids)
+                logprobs = None
+                if completion.logprobs is not None:
+                    logprobs = [
+                        entry[token].logprob for entry, token in zip(completion.logprobs, ids, strict=True)
+                    ]
+                yield RolloutSample(
+                    sample_id=request.sample_id,
+                    prompt_ids=list(request.prompt_ids),
+                    response_ids=ids,
+                    logprobs=logprobs,
+                    route=request.route,
+                    answer=request.answer,
+                    policy_version=self.policy_version,
+                    finish_reason=completion.finish_reason,
+                )
+
+    def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
+        self.llm.reset_prefix_cache()
+        self.policy_version = version
+
+    def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        ids = [*prompt_ids, *response_ids]
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        entries = out.prompt_logprobs or []
+        p = len(prompt_ids)
+        return [entries[p + i][token].logprob for i, token in enumerate(response_ids)]
+
+    def sleep(self) -> None:
+        if _on_gpu() and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False

@@ -1,0 +1,135 @@
+"""Teacher wiring for the loop: build the scoring clients from the resolved config, score one sample at
+a time as rollouts finish, and keep per-teacher counts and latencies for the metrics.
+
+standalone teachers are reached through the compact endpoint of our teacher server, external ones
+through the OpenAI JSON API, colocated ones through a Ray actor holding an in-process vLLM engine on the
+student's devices (`workers.ColocatedTeacherWorker`), put to sleep while the student trains.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
+from distillery_runtime.teachers.router import MultiTeacherScorer
+from distillery_runtime.teachers.types import ScoreRequest, TeacherScores
+
+
+@dataclass
+class TeacherStats:
+    """What scoring did in one step, per teacher name."""
+
+    samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    seconds: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+
+class RayTeacher:
+    """A `Teacher` whose engine lives in a Ray actor (colocated placement)."""
+
+    def __init__(self, name: str, actor: Any) -> None:
+        self.name = name
+        self.actor = actor
+
+    async def score(self, samples: Sequence[ScoreRequest], top_k: int) -> TeacherScores:
+        return await self.actor.score.remote(list(samples), top_k)
+
+    async def sleep(self) -> None:
+        await self.actor.sleep.remote()
+
+    async def wake_up(self) -> None:
+        await self.actor.wake_up.remote()
+
+    async def close(self) -> None:
+        return None
+
+
+def build_client(teacher: ResolvedTeacher, max_concurrency: int, colocated_actor: Any | None = None) -> Any:
+    """The scoring client of one resolved teacher."""
+    if teacher.protocol == TeacherProtocol.COMPACT:
+        from distillery_runtime.teachers.compact_http import CompactTeacher
+
+        return CompactTeacher(
+            teacher.endpoints,
+            name=teacher.name,
+            max_logprobs=None,
+            max_model_len=None,
+            concurrency=max_concurrency,
+            batch_size=1,
+            resolve_dns=True,
+        )
+    if teacher.protocol == TeacherProtocol.OPENAI:
+        from distillery_runtime.teachers.openai_http import OpenAITeacher
+
+        return OpenAITeacher(
+            teacher.endpoints,
+            teacher.served_model_name,
+            name=teacher.name,
+            concurrency=max_concurrency,
+            resolve_dns=True,
+        )
+    if colocated_actor is None:
+        raise ValueError(f"teacher {teacher.name}: a colocated teacher needs its engine actor")
+    return RayTeacher(teacher.name, colocated_actor)
+
+
+class TeacherScoring:
+    """All teachers of a job behind one router, with per-teacher bookkeeping."""
+
+    def __init__(self, config: RuntimeConfig, clients: dict[str, Any]) -> None:
+        spec = config.spec
+        self.clients = clients
+        self.top_k = max(spec.loss.top_k, 1)
+        by_route: dict[str, Any] = {}
+        default = None
+        if len(spec.teachers) == 1:
+            default = clients[spec.teachers[0].name]
+        else:
+            for teacher in spec.teachers:
+                for route in teacher.routes:
+                    by_route[route] = clients[teacher.name]
+                if teacher.default:
+                    default = clients[teacher.name]
+        self.router = MultiTeacherScorer(by_route, default=default)
+        self.stats = TeacherStats()
+
+    def teacher_name(self, request: ScoreRequest) -> str:
+        return getattr(self.router.teacher_for(request), "name", "teacher")
+
+    async def score_one(self, request: ScoreRequest) -> tuple[str, TeacherScores]:
+        """Score one sample with its routed teacher; returns the teacher's name and the scores."""
+        name = self.teacher_name(request)
+        started = time.perf_counter()
+        scores = await self.router.score_one(request, self.top_k)
+        self.stats.seconds[name].append(time.perf_counter() - started)
+        self.stats.samples[name] += 1
+        return name, scores
+
+    def take_stats(self) -> TeacherStats:
+        stats, self.stats = self.stats, TeacherStats()
+        return stats
+
+    def retries(self) -> dict[str, int]:
+        """Retries so far per teacher, where the client's transport counts them."""
+        out = {}
+        for name, client in self.clients.items():
+            count = getattr(getattr(client, "transport", None), "retries", None)
+            if isinstance(count, int):
+                out[name] = count
+        return out
+
+    async def sleep(self) -> None:
+        for client in self.clients.values():
+            if isinstance(client, RayTeacher):
+                await client.sleep()
+
+    async def wake_up(self) -> None:
+        for client in self.clients.values():
+            if isinstance(client, RayTeacher):
+                await client.wake_up()
+
+    async def close(self) -> None:
+        await self.router.close()

@@ -1,0 +1,85 @@
+"""Progress into the DistillationJob's status, from the trainer, in a cluster.
+
+The runtime owns `status.progress` and `status.lastCheckpoint` (the operator never writes them) and
+patches them through the `status` subresource with a JSON merge patch, using the namespaced Role
+`distillery-runtime` (get/patch on distillationjobs/status). Patches are rate-limited (at most one per
+`min_interval` seconds; checkpoints and the final step always go through) and a failed patch is logged,
+never fatal: training must not stop because the API server is briefly unreachable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from distillery.api.spec import GROUP, PLURAL, VERSION
+from distillery.api.status import CheckpointStatus, Progress
+
+log = logging.getLogger("distillery.runtime.status")
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def progress_patch(record: dict[str, Any], total: int, eval_accuracy: float | None) -> dict[str, Any]:
+    """The merge patch for one step's record (pure)."""
+    progress = Progress(
+        step=int(record["step"]),
+        total_steps=total,
+        loss=record.get("loss"),
+        kl=record.get("kl"),
+        tokens_per_second=round(float(record.get("tokens_per_s", 0.0)), 2),
+        eval_accuracy=eval_accuracy,
+        updated_at=now_iso(),
+    )
+    return {"status": {"progress": progress.model_dump(by_alias=True, exclude_none=True)}}
+
+
+def checkpoint_patch(step: int, path: str) -> dict[str, Any]:
+    ckpt = CheckpointStatus(step=step, path=path, time=now_iso())
+    return {"status": {"lastCheckpoint": ckpt.model_dump(by_alias=True, exclude_none=True)}}
+
+
+class StatusReporter:
+    """Patches the job's status subresource with the official kubernetes client."""
+
+    def __init__(self, namespace: str, name: str, *, api: Any = None, min_interval: float = 10.0) -> None:
+        self.namespace, self.name = namespace, name
+        self.min_interval = min_interval
+        self._last = 0.0
+        self._eval: float | None = None
+        if api is None:
+            from kubernetes import client, config
+
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            api = client.CustomObjectsApi()
+        self.api = api
+
+    def _patch(self, body: dict[str, Any]) -> bool:
+        try:
+            self.api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, self.namespace, PLURAL, self.name, body
+            )
+            return True
+        except Exception as error:
+            log.warning("status patch of %s/%s failed: %s", self.namespace, self.name, error)
+            return False
+
+    def progress(self, record: dict[str, Any], total: int) -> None:
+        now = time.monotonic()
+        if record["step"] < total and now - self._last < self.min_interval:
+            return
+        self._last = now
+        self._patch(progress_patch(record, total, self._eval))
+
+    def eval_accuracy(self, accuracy: float) -> None:
+        self._eval = accuracy
+
+    def checkpoint(self, step: int, path: str) -> None:
+        self._patch(checkpoint_patch(step, path))

@@ -1,0 +1,164 @@
+"""The Ray actors of a run: trainer ranks, the rollout engine, colocated teachers.
+
+Each class is a plain Python class; `loop.py` turns it into an actor with `ray.remote(...).options(...)`
+and the resources of its role (`actor_options`). Data between them moves through Ray's object store:
+the new weights go from trainer rank 0 to the rollout actor as an ObjectRef, never through the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from distillery_runtime.samples import RolloutSample, TrainSample
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def actor_options(role: str, *, gpus_per_worker: int, colocated_teachers: int = 0) -> dict[str, Any]:
+    """Ray resources of an actor. A trainer rank takes one GPU; the rollout engine and colocated teachers
+    share the first rank's GPU by fractions (they sleep while it trains); on CPU nothing is reserved so
+    that a small machine is never short of logical CPUs."""
+    if gpus_per_worker <= 0:
+        return {"num_cpus": 0}
+    if role == "trainer":
+        return {"num_cpus": 1, "num_gpus": 0.5 if colocated_teachers else 0.6}
+    share = 0.4 / (1 + colocated_teachers)
+    return {"num_cpus": 0, "num_gpus": round(share, 3)}
+
+
+class TrainerWorker:
+    """One data-parallel trainer rank."""
+
+    def __init__(self, model_dir: str, settings: Any, rank: int, world_size: int) -> None:
+        from distillery_runtime.trainer import Trainer
+
+        self.rank, self.world_size = rank, world_size
+        self.trainer = Trainer(model_dir, settings, rank=rank, world_size=world_size)
+
+    def rendezvous(self) -> str:
+        """rank 0: the tcp:// address the group initialises on."""
+        host = socket.gethostbyname(socket.gethostname()) if os.environ.get("RAY_CLUSTER") else "127.0.0.1"
+        return f"tcp://{host}:{free_port()}"
+
+    def init_group(self, init_method: str) -> bool:
+        import torch.distributed as dist
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
+        return True
+
+    def train_step(self, samples: Sequence[TrainSample], normalizer: float) -> dict[str, float]:
+        return self.trainer.train_step(samples, normalizer)
+
+    def weights(self, dtype: str) -> list[tuple[str, torch.Tensor]]:
+        return self.trainer.weights(DTYPES[dtype])
+
+    def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+        return self.trainer.sequence_logprobs(prompt_ids, response_ids)
+
+    def load_state(self, checkpoint_path: str) -> int:
+        from distillery_runtime import checkpoint
+
+        ref = checkpoint.CheckpointRef(0, __import__("pathlib").Path(checkpoint_path))
+        state = checkpoint.load_trainer_state(ref)
+        self.trainer.load_trainer_state(state)
+        checkpoint.set_rng_state(state["rng"])
+        return self.trainer.version
+
+    def save_checkpoint(self, root: str, step: int, state: dict[str, Any], keep: int) -> str:
+        from distillery_runtime import checkpoint
+
+        trainer_state = {**self.trainer.trainer_state(), "rng": checkpoint.rng_state()}
+        path = checkpoint.save(
+            root,
+            step,
+            model=self.trainer.model,
+            tokenizer=self.trainer.tokenizer,
+            trainer_state=trainer_state,
+            state=state,
+            keep=keep,
+        )
+        return str(path)
+
+
+class RolloutWorker:
+    """The student's rollout engine (vLLM or transformers) in its own process."""
+
+    def __init__(
+        self, kind: str, model_dir: str, dtype: str, max_model_len: int, seed: int, memory_fraction: float
+    ) -> None:
+        from distillery_runtime.rollout import build_engine
+
+        self.engine = build_engine(
+            kind,
+            model_dir,
+            dtype=DTYPES[dtype],
+            max_model_len=max_model_len,
+            seed=seed,
+            memory_fraction=memory_fraction,
+        )
+
+    def stream(self, requests: Sequence[Any], sampling: Any) -> Iterator[RolloutSample]:
+        """Samples one by one as they finish (a Ray streaming generator)."""
+        yield from self.engine.generate(requests, sampling)
+
+    def generate(self, requests: Sequence[Any], sampling: Any) -> list[RolloutSample]:
+        return list(self.engine.generate(requests, sampling))
+
+    def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> int:
+        self.engine.update_weights(weights, version)
+        return version
+
+    def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+        return self.engine.sequence_logprobs(prompt_ids, response_ids)
+
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    def set_version(self, version: int) -> int:
+        self.engine.policy_version = version
+        return version
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
+
+class ColocatedTeacherWorker:
+    """A colocated teacher: an in-process vLLM engine in an async actor beside the student."""
+
+    def __init__(self, model_dir: str, name: str, max_logprobs: int, max_model_len: int, dtype: str) -> None:
+        from distillery_runtime.teachers.colocated import ColocatedTeacher
+
+        self.teacher = ColocatedTeacher(
+            model_dir, name=name, max_logprobs=max_logprobs, max_model_len=max_model_len, dtype=dtype
+        )
+
+    async def start(self) -> bool:
+        await self.teacher.start()
+        return True
+
+    async def score(self, samples: Sequence[Any], top_k: int) -> Any:
+        return await self.teacher.score(samples, top_k)
+
+    async def sleep(self) -> None:
+        await self.teacher.sleep()
+
+    async def wake_up(self) -> None:
+        await self.teacher.wake_up()
+
+    async def close(self) -> None:
+        await self.teacher.close()
