@@ -123,14 +123,14 @@ def build_model(
     dtype: torch.dtype = torch.bfloat16,
     vocab_size: int | None = None,
     max_position_embeddings: int = 2048,
-    init_std: float = 0.3,
+    init_std: float = 0.1,
 ) -> LlamaForCausalLM:
     """A randomly initialised Llama sized for CPU tests.
 
     `vocab_size` (embedding rows) defaults to the tokenizer's length; pass a larger value to
-    mimic vocab padding. A large `init_std` makes the random model's next-token
-    distributions peaked and distinct across positions, so alignment bugs show up as large
-    log-prob differences instead of hiding in a near-uniform distribution.
+    mimic vocab padding. `init_std` 0.1 (transformers uses 0.02) makes next-token
+    distributions distinct across positions: a one-position misalignment moves log-probs by
+    ~1 nat, far above the ~0.1 nat bf16 rounding error, so alignment bugs cannot hide.
     """
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -164,6 +164,7 @@ def save_tiny_model(
     tokenizer: PreTrainedTokenizerFast | None = None,
     full_byte_alphabet: bool = True,
     model_vocab_size: int | None = None,
+    init_std: float = 0.1,
 ) -> Path:
     """Build a tokenizer (unless given) and a model, and save both to `directory`.
 
@@ -174,7 +175,14 @@ def save_tiny_model(
     directory.mkdir(parents=True, exist_ok=True)
     tok = tokenizer or build_tokenizer(texts, vocab_size, full_byte_alphabet=full_byte_alphabet)
     model = build_model(
-        tok, hidden=hidden, layers=layers, heads=heads, seed=seed, dtype=dtype, vocab_size=model_vocab_size
+        tok,
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        seed=seed,
+        dtype=dtype,
+        vocab_size=model_vocab_size,
+        init_std=init_std,
     )
     model.save_pretrained(directory, safe_serialization=True)
     tok.save_pretrained(directory)

@@ -100,7 +100,12 @@ class OpenAITeacher(BatchTeacher):
                 f"teacher {self.name}: top_k={top_k} refused by {exc.url}: {message}; start the teacher "
                 f"with `--max-logprobs {top_k}` (or more), or lower top_k"
             )
-        if "context length" in message or "maximum model length" in message:
+        # a prompt of exactly max_model_len tokens leaves no room for the one generated token
+        if (
+            "context length" in message
+            or "maximum model length" in message
+            or "max_tokens must be at least" in message
+        ):
             n = len(sample.prompt_ids) + len(sample.response_ids)
             return SequenceTooLongError(f"teacher {self.name}: sample {name} ({n} tokens) refused: {message}")
         return TeacherError(f"teacher {self.name}: sample {name} refused (HTTP {exc.status}): {message}")

@@ -1,0 +1,112 @@
+"""Teacher scoring against the session's real vLLM server (CPU, tiny local model): alignment
+and top-k versus a transformers forward pass, both HTTP backends, and the limits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from distillery_runtime.teachers import (
+    CompactTeacher,
+    OpenAITeacher,
+    ScoreRequest,
+    SequenceTooLongError,
+    TopKLimitError,
+)
+
+from .conftest import assert_matches_reference, make_samples
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+def _teacher(kind: str, server, **kw):
+    if kind == "openai":
+        return OpenAITeacher([server.url], server.model, **kw)
+    return CompactTeacher([server.url], name=server.model, **kw)
+
+
+@pytest.fixture(scope="module")
+def samples():
+    return make_samples(10, 1024, seed=3)
+
+
+@pytest.mark.parametrize("kind", ["openai", "compact"])
+async def test_matches_transformers_at_every_position(kind, vllm_server, samples, hf_reference) -> None:
+    teacher = _teacher(kind, vllm_server)
+    try:
+        scores = await teacher.score(samples, 8)
+    finally:
+        await teacher.close()
+    t_max = max(len(s.response_ids) for s in samples)
+    assert scores.topk_ids.shape == (len(samples), t_max, 8) and scores.topk_ids.dtype == np.int32
+    assert scores.topk_logprobs.dtype == np.float32 and scores.mask.dtype == bool
+    assert scores.sample_ids == [s.sample_id for s in samples]
+    assert_matches_reference(scores, samples, hf_reference(vllm_server.model_dir, samples))
+    # padding is consistent
+    pad = ~scores.mask
+    assert (scores.topk_ids[pad] == 0).all() and np.isneginf(scores.topk_logprobs[pad]).all()
+    assert np.isneginf(scores.token_logprobs[pad]).all()
+
+
+@pytest.mark.parametrize("k", [0, 5, 64])
+async def test_compact_endpoint_equals_json_path(k, vllm_server, samples) -> None:
+    json_t, compact_t = _teacher("openai", vllm_server), _teacher("compact", vllm_server, batch_size=3)
+    try:
+        a = await json_t.score(samples, k)
+        b = await compact_t.score(samples, k)
+    finally:
+        await json_t.close()
+        await compact_t.close()
+    assert np.array_equal(a.mask, b.mask)
+    assert np.array_equal(a.token_logprobs, b.token_logprobs)
+    assert np.array_equal(a.topk_logprobs, b.topk_logprobs)
+    # ids may only differ among exactly tied log-probs
+    differ = a.topk_ids != b.topk_ids
+    tied = np.zeros_like(differ)
+    lp = a.topk_logprobs
+    if k > 1:
+        tied[..., 1:] |= lp[..., 1:] == lp[..., :-1]
+        tied[..., :-1] |= lp[..., :-1] == lp[..., 1:]
+    assert not (differ & ~tied).any()
+
+
+@pytest.mark.parametrize("kind", ["openai", "compact"])
+async def test_k_above_server_limit_names_the_flag(kind, vllm_server, samples) -> None:
+    teacher = _teacher(kind, vllm_server)
+    try:
+        with pytest.raises(TopKLimitError, match=r"--max-logprobs 65"):
+            await teacher.score(samples[:2], vllm_server.max_logprobs + 1)
+    finally:
+        await teacher.close()
+
+
+@pytest.mark.parametrize("kind", ["openai", "compact"])
+async def test_too_long_sequence_names_sample_and_limits(kind, vllm_server) -> None:
+    n = vllm_server.max_model_len
+    long = ScoreRequest([5] * (n - 100), [6] * 100, "too-long-sample")
+    ok = ScoreRequest([5] * (n - 101), [6] * 100, "fits")
+    # max_model_len given too high on purpose: the client cannot pre-check, the server's answer
+    # must still turn into a clear error
+    for teacher in (_teacher(kind, vllm_server), _teacher(kind, vllm_server, max_model_len=10 * n)):
+        try:
+            with pytest.raises(SequenceTooLongError, match=r"too-long-sample") as err:
+                await teacher.score([ok, long], 1)
+            assert str(n) in str(err.value) or str(n - 1) in str(err.value)
+            assert (await teacher.score([ok], 1)).mask.sum() == 100
+        finally:
+            await teacher.close()
+
+
+@pytest.mark.parametrize("kind", ["openai", "compact"])
+async def test_empty_batch_and_score_one(kind, vllm_server, samples) -> None:
+    teacher = _teacher(kind, vllm_server)
+    try:
+        empty = await teacher.score([], 4)
+        assert empty.topk_ids.shape == (0, 0, 4) and empty.token_logprobs.shape == (0, 0)
+        whole = await teacher.score(samples[:3], 4)
+        for i, s in enumerate(samples[:3]):
+            one = await teacher.score_one(s, 4)
+            t = len(s.response_ids)
+            assert one.topk_ids.shape == (1, t, 4)
+            np.testing.assert_allclose(one.token_logprobs[0], whole.token_logprobs[i, :t], atol=1e-5)
+    finally:
+        await teacher.close()
