@@ -56,8 +56,12 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
             x = logits[s:e].to(dtype)
             if temperature != 1.0:
                 x = x / temperature
-            lse[s:e] = torch.logsumexp(x, dim=-1)
-            torch.sub(x.gather(-1, ids[s:e]), lse[s:e, None], out=out[s:e])
+            # log_softmax is one fused pass on CPU and GPU, faster than torch.logsumexp (which
+            # materialises x - max); the normaliser is recovered from any column.
+            logp = torch.log_softmax(x, dim=-1)
+            torch.gather(logp, -1, ids[s:e], out=out[s:e])
+            torch.sub(x[:, 0], logp[:, 0], out=lse[s:e])
+            del logp
             if student_topk:
                 top[s:e] = x.topk(min(student_topk, v), dim=-1, sorted=False).indices
         ctx.save_for_backward(logits, ids, lse)
