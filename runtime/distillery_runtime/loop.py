@@ -31,7 +31,7 @@ from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.samples import RolloutSample, TrainSample
 from distillery_runtime.teachers.types import ScoreRequest
-from distillery_runtime.trainer import COUNT_METRICS, TrainerSettings, resolve_precision, step_normalizer
+from distillery_runtime.trainer import SUMMED_OVER_RANKS, TrainerSettings, resolve_precision, step_normalizer
 from distillery_runtime.uris import resolve_location
 
 log = logging.getLogger("distillery.runtime")
@@ -418,7 +418,7 @@ def _combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
     total = sum(r.get("train/share", 0.0) for r in results) or 1.0
     out: dict[str, float] = {}
     for name in results[0]:
-        if name in COUNT_METRICS:
+        if name in SUMMED_OVER_RANKS:
             out[name] = sum(r.get(name, 0.0) for r in results)
         elif name.startswith("train/"):
             out[name] = (

@@ -24,6 +24,7 @@ from distillery_runtime.schedule import lr_factor
 
 COUNT_METRICS = frozenset({"distill/tokens", "distill/teacher_pad_tokens"})
 """Loss metrics that are counts: summed over micro-batches and ranks, not averaged."""
+SUMMED_OVER_RANKS = COUNT_METRICS | {"distill/loss"}
 
 
 @dataclass(frozen=True)
@@ -208,11 +209,13 @@ class Trainer:
         mb = self.settings.micro_batch_size
         weighted_sums: dict[str, float] = {}
         total_share = 0
+        step_loss = 0.0
         for start in range(0, len(samples), mb):
             batch = collate(samples[start : start + mb], self.settings.loss, self.pad_id)
             loss, metrics, share = self._micro_batch_loss(batch)
             weight = share / normalizer if self.settings.loss.reduction != "sum" else 1.0
             (loss * weight).backward()
+            step_loss += float(loss.detach()) * weight
             total_share += share
             for name, value in metrics.items():
                 add = value if name in COUNT_METRICS else value * share
@@ -229,6 +232,8 @@ class Trainer:
         }
         metrics.update(
             {
+                # This rank's part of the step's loss: the ranks' parts add up to the step's loss.
+                "distill/loss": step_loss,
                 "train/grad_norm": grad_norm,
                 "train/lr": lr,
                 "train/samples": float(len(samples)),
@@ -265,6 +270,10 @@ class Trainer:
             t = tensor.detach().to("cpu")
             out.append((name, t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()))
         return out
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """The last step's gradients after all-reduce and clipping (what the optimizer applied)."""
+        return {n: p.grad.detach().cpu().clone() for n, p in self.model.named_parameters() if p.grad is not None}
 
     @torch.no_grad()
     def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:

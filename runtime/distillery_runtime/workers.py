@@ -61,6 +61,9 @@ class TrainerWorker:
     def train_step(self, samples: Sequence[TrainSample], normalizer: float) -> dict[str, float]:
         return self.trainer.train_step(samples, normalizer)
 
+    def gradients(self) -> dict[str, torch.Tensor]:
+        return self.trainer.gradients()
+
     def weights(self, dtype: str) -> list[tuple[str, torch.Tensor]]:
         return self.trainer.weights(DTYPES[dtype])
 

@@ -1,0 +1,68 @@
+"""Checkpoints on disk: atomic, loadable by transformers, pruned to the last N, torn ones never loaded."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+from distillery_runtime import checkpoint
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+def _save(root, step, model, tok, keep=2):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    state = {"optimizer": optimizer.state_dict(), "rng": checkpoint.rng_state()}
+    return checkpoint.save(
+        root,
+        step,
+        model=model,
+        tokenizer=tok,
+        trainer_state=state,
+        state={"position": step * 4, "version": step},
+        keep=keep,
+    )
+
+
+def test_roundtrip_prune_and_torn_checkpoints(tmp_path, job_files):
+    model = AutoModelForCausalLM.from_pretrained(job_files.student, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(job_files.student)
+    root = tmp_path / "ckpt"
+    for step in (1, 2, 3):
+        with torch.no_grad():
+            next(model.parameters()).add_(1.0)
+        path = _save(root, step, model, tok, keep=2)
+    assert [ref.step for ref in checkpoint.list_complete(root)] == [2, 3]
+    assert not (root / "step-00000001").exists()
+    latest = checkpoint.latest(root)
+    assert latest is not None and latest.path == path
+    assert checkpoint.read_state(latest)["position"] == 12
+
+    # The student is a plain Hugging Face checkpoint: safetensors that transformers loads as is.
+    assert (path / "model" / "model.safetensors").is_file()
+    reloaded = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
+    for a, b in zip(model.state_dict().values(), reloaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+    # A torn save (killed before the COMPLETE marker) and a leftover temporary directory are never loaded.
+    torn = root / "step-00000009"
+    torn.mkdir()
+    (torn / "state.json").write_text('{"step": 9, "position": 36, "version": 9}')
+    (root / ".tmp-step-00000010-123").mkdir()
+    assert checkpoint.latest(root).step == 3
+    assert checkpoint.sweep_temporary(root) == 2
+    assert sorted(os.listdir(root)) == ["step-00000002", "step-00000003"]
+
+
+def test_rng_state_roundtrip(tmp_path):
+    state = checkpoint.rng_state()
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.rand(5), np.random.rand(2), random.random()
+    checkpoint.set_rng_state(state)
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert (
+        torch.equal(expected[0], again[0])
+        and np.array_equal(expected[1], again[1])
+        and expected[2] == again[2]
+    )

@@ -1,0 +1,105 @@
+"""Data preparation: formats, chat template, route/answer fields, overlong prompts counted or rejected."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from distillery_runtime.data import DataError, epoch_order, prepare, take
+from distillery_runtime.uris import UnresolvableLocation, resolve_location
+from transformers import AutoTokenizer
+
+from distillery.api.spec import Data, DataSource
+
+
+@pytest.fixture(scope="module")
+def tokenizer(job_files):
+    return AutoTokenizer.from_pretrained(job_files.student)
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_jsonl_and_parquet_give_the_same_records(tmp_path, tokenizer):
+    rows = [
+        {"prompt": "12+3=", "answer": "15", "data_source": "math"},
+        {"prompt": "4+4=", "answer": "8", "data_source": "x"},
+    ]
+    jsonl = _jsonl(tmp_path / "d.jsonl", rows)
+    parquet = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    data = Data(train=DataSource(path=str(jsonl)))
+    a = prepare(DataSource(path=str(jsonl)), data, tokenizer).records
+    b = prepare(DataSource(path=str(parquet)), data, tokenizer).records
+    assert a == b
+    assert [r.route for r in a] == ["math", "x"]
+    assert [r.answer for r in a] == ["15", "8"]
+    assert list(a[0].prompt_ids) == tokenizer("12+3=")["input_ids"]
+
+
+def test_messages_use_the_students_chat_template(tmp_path, tokenizer):
+    messages = [{"role": "user", "content": "1+2="}]
+    path = _jsonl(tmp_path / "chat.jsonl", [{"messages": messages, "answer": "3"}])
+    data = Data(train=DataSource(path=str(path)), messages_field="messages")
+    record = prepare(data.train, data, tokenizer).records[0]
+    expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert expected.startswith("<s>user") and expected.endswith("assistant\n")
+    assert list(record.prompt_ids) == tokenizer(expected, add_special_tokens=False)["input_ids"]
+
+
+def test_overlong_prompts_are_rejected_naming_every_row(tmp_path, tokenizer):
+    rows = [
+        {"prompt": "1+1="},
+        {"prompt": "1" * 40 + "+1="},
+        {"prompt": "2+2="},
+        {"prompt": "9" * 30 + "+9="},
+    ]
+    path = _jsonl(tmp_path / "long.jsonl", rows)
+    data = Data(train=DataSource(path=str(path)), max_prompt_tokens=8)
+    with pytest.raises(DataError) as error:
+        prepare(data.train, data, tokenizer)
+    message = str(error.value)
+    assert "2 prompt(s) longer than data.maxPromptTokens=8" in message
+    assert "row 1 (" in message and "row 3 (" in message and "row 0" not in message
+
+
+def test_overlong_prompts_truncated_keep_their_tail_and_are_counted(tmp_path, tokenizer):
+    long_prompt = "1" * 40 + "+1="
+    path = _jsonl(tmp_path / "long.jsonl", [{"prompt": long_prompt}, {"prompt": "2+2="}])
+    data = Data(train=DataSource(path=str(path)), max_prompt_tokens=8, overlong_prompts="truncate")
+    prepared = prepare(data.train, data, tokenizer)
+    assert len(prepared.records) == 2 and prepared.truncated == 1
+    full = tokenizer(long_prompt)["input_ids"]
+    assert list(prepared.records[0].prompt_ids) == full[-8:]
+
+
+def test_missing_prompt_field_names_the_row(tmp_path, tokenizer):
+    path = _jsonl(tmp_path / "bad.jsonl", [{"prompt": "1+1="}, {"text": "oops"}])
+    data = Data(train=DataSource(path=str(path)))
+    with pytest.raises(DataError, match="row 1: field 'prompt'"):
+        prepare(data.train, data, tokenizer)
+
+
+def test_take_is_a_deterministic_permutation_per_epoch(job_files, tokenizer):
+    data = Data(train=DataSource(path=str(job_files.train)))
+    records = prepare(data.train, data, tokenizer).records
+    n = len(records)
+    first_epoch = take(records, 0, n, seed=3)
+    assert sorted(r.index for r in first_epoch) == list(range(n))
+    assert take(records, 5, 7, seed=3) == first_epoch[5:12]
+    crossing = take(records, n - 2, 4, seed=3)
+    assert crossing[:2] == first_epoch[-2:]
+    assert [r.index for r in crossing[2:]] == list(epoch_order(n, 1, 3)[:2])
+    assert take(records, 0, n, seed=4) != first_epoch
+
+
+def test_uri_schemes(tmp_path):
+    assert resolve_location("/some/path") == "/some/path"
+    assert resolve_location("file:///a/b") == "/a/b"
+    with pytest.raises(UnresolvableLocation, match="nosuchscheme"):
+        resolve_location("nosuchscheme://bucket/data.jsonl")

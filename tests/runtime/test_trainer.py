@@ -1,0 +1,116 @@
+"""The trainer: gradient accumulation and data parallelism give the update of one big batch.
+
+The data-parallel test runs real Ray actors joined by torch.distributed (gloo on CPU), as the loop does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from distillery_runtime.losses import LossConfig
+from distillery_runtime.samples import TrainSample
+from distillery_runtime.trainer import Trainer, TrainerSettings, step_normalizer
+
+
+def make_samples(n: int, vocab: int, k: int, seed: int = 0) -> list[TrainSample]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        p, r = 3 + i % 3, 2 + (i * 2) % 5
+        logits = torch.randn(r, vocab, generator=g) * 2
+        logp = torch.log_softmax(logits, -1)
+        top = logp.topk(k, -1)
+        response = torch.randint(4, vocab, (r,), generator=g)
+        mask = np.ones(r, bool)
+        mask[-1] = i % 2 == 0  # some positions the teacher did not score
+        out.append(
+            TrainSample(
+                prompt_ids=torch.randint(4, vocab, (p,), generator=g).tolist(),
+                response_ids=response.tolist(),
+                old_logprobs=None,
+                topk_ids=top.indices.numpy().astype(np.int32),
+                topk_logprobs=top.values.numpy().astype(np.float32),
+                token_logprobs=logp.gather(-1, response[:, None])[:, 0].numpy(),
+                teacher_mask=mask,
+            )
+        )
+    return out
+
+
+def settings(
+    micro_batch: int, mode: str = "forward_kl_topk", reduction: str = "token_mean"
+) -> TrainerSettings:
+    return TrainerSettings(
+        lr=1e-2, grad_clip=0.5, micro_batch_size=micro_batch, precision="float32", total_steps=4, warmup_steps=1,
+        loss=LossConfig(mode=mode, top_k=4 if mode != "k3" else 0, reduction=reduction),
+    )  # fmt: skip
+
+
+def params(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.mark.parametrize(
+    ("mode", "reduction"), [("forward_kl_topk", "token_mean"), ("k3", "sequence_mean"), ("jsd", "sum")]
+)
+def test_gradient_accumulation_matches_one_big_micro_batch(job_files, mode, reduction):
+    vocab = 64
+    samples = make_samples(6, vocab, 4)
+    results = []
+    for mb in (6, 2, 1):
+        trainer = Trainer(str(job_files.student), settings(mb, mode, reduction), device="cpu")
+        s = settings(mb, mode, reduction)
+        metrics = trainer.train_step(samples, step_normalizer(samples, s.loss))
+        results.append((params(trainer), trainer.gradients(), metrics))
+    (ref, ref_grads, ref_metrics), *others = results
+    for got, grads, metrics in others:
+        # The applied gradient and the loss agree to float32 round-off. Weights after the first AdamW
+        # step are compared loosely: Adam divides by |g|, magnifying round-off in near-zero gradients.
+        assert metrics["distill/loss"] == pytest.approx(ref_metrics["distill/loss"], rel=1e-5)
+        assert metrics["train/grad_norm"] == pytest.approx(ref_metrics["train/grad_norm"], rel=1e-5)
+        for name in ref_grads:
+            torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-7)
+        for name in ref:
+            torch.testing.assert_close(got[name], ref[name], rtol=0, atol=1e-3)
+    moved = max(
+        float((ref[n] - Trainer(str(job_files.student), settings(1)).model.state_dict()[n]).abs().max())
+        for n in ref
+    )
+    assert moved > 1e-4  # the step really changed the weights
+
+
+@pytest.mark.slow
+def test_two_data_parallel_workers_equal_one_worker_with_twice_the_micro_batches(job_files, ray_local):
+    import ray
+    from distillery_runtime.workers import TrainerWorker
+
+    samples = make_samples(8, 64, 4, seed=3)
+    cfg = settings(2)
+    normalizer = step_normalizer(samples, cfg.loss)
+    Worker = ray.remote(TrainerWorker).options(num_cpus=0)
+
+    single = Worker.remote(str(job_files.student), cfg, 0, 1)  # 8 samples = 4 micro-batches of 2
+    pair = [Worker.remote(str(job_files.student), cfg, rank, 2) for rank in range(2)]  # 2 micro-batches each
+    address = ray.get(pair[0].rendezvous.remote())
+    ray.get([w.init_group.remote(address) for w in pair])
+
+    for _ in range(2):  # two optimizer steps: AdamW state and the schedule must agree as well
+        m1 = ray.get(single.train_step.remote(samples, normalizer))
+        m2 = ray.get(
+            [
+                pair[0].train_step.remote(samples[:4], normalizer),
+                pair[1].train_step.remote(samples[4:], normalizer),
+            ]
+        )
+    g1 = ray.get(single.gradients.remote())
+    g2 = ray.get(pair[0].gradients.remote())
+    for name, value in g1.items():  # the all-reduced gradient of the second step
+        torch.testing.assert_close(g2[name], value, rtol=1e-4, atol=1e-7)
+    w1 = dict(ray.get(single.weights.remote("float32")))
+    w2a, w2b = (dict(ray.get(w.weights.remote("float32"))) for w in pair)
+    for name, value in w1.items():
+        torch.testing.assert_close(w2a[name], value, rtol=0, atol=1e-3)  # loosely, see above
+        torch.testing.assert_close(w2b[name], w2a[name], rtol=0, atol=0)  # the ranks stay identical
+    assert m2[0]["train/grad_norm"] == pytest.approx(m1["train/grad_norm"], rel=1e-5)
+    assert m1["train/samples"] == 8 and m2[0]["train/samples"] == 4
