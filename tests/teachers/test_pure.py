@@ -118,12 +118,7 @@ def test_retry_decisions() -> None:
 
 
 def test_least_outstanding_endpoint_first() -> None:
-    import asyncio
-
-    eps = [
-        Endpoint(f"http://e{i}", None, asyncio.Semaphore(1), outstanding=n)
-        for i, n in enumerate([3, 1, 1, 0])
-    ]
+    eps = [Endpoint(f"http://e{i}", None, outstanding=n) for i, n in enumerate([3, 1, 1, 0])]
     assert choose_endpoint(eps, 0.0, 0).url == "http://e3"
     eps[3].down_until = 10.0  # cooling down after a failure: skipped
     assert {choose_endpoint(eps, 0.0, t).url for t in range(4)} == {"http://e1", "http://e2"}

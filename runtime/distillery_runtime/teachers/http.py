@@ -33,11 +33,10 @@ class HttpStatusError(Exception):
 
 @dataclass(slots=True)
 class Endpoint:
-    """One replica: its base URL, a concurrency gate and load/health bookkeeping."""
+    """One replica: its base URL and load/health bookkeeping."""
 
     url: str
-    host_header: str | None
-    gate: asyncio.Semaphore
+    host_header: str | None = None
     outstanding: int = 0
     down_until: float = 0.0
     served: int = 0
@@ -71,6 +70,7 @@ class EndpointPool:
     endpoints: list[Endpoint] = field(default_factory=list)
     _resolved_at: float = -1e18
     _turn: int = 0
+    _slots: asyncio.Condition | None = None
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -85,10 +85,7 @@ class EndpointPool:
         for url in self.urls:
             wanted.extend(await self._expand(url) if self.resolve_dns else [(url, None)])
         old = {e.url: e for e in self.endpoints}
-        self.endpoints = [
-            old.get(u) or Endpoint(u, host, asyncio.Semaphore(self.concurrency))
-            for u, host in dict.fromkeys(wanted)
-        ]
+        self.endpoints = [old.get(u) or Endpoint(u, host) for u, host in dict.fromkeys(wanted)]
         self._resolved_at = time.monotonic()
 
     @staticmethod
@@ -106,9 +103,25 @@ class EndpointPool:
             out.append((urlunsplit((parts.scheme, netloc, parts.path, "", "")), parts.netloc))
         return out or [(url, None)]
 
-    def pick(self) -> Endpoint:
-        self._turn += 1
-        return choose_endpoint(self.endpoints, time.monotonic(), self._turn)
+    async def acquire(self) -> Endpoint:
+        """Wait for a free slot on any replica, then take the least loaded one. Choosing when
+        a slot frees (not when the request arrives) sends a backlog to the fast replicas."""
+        self._slots = self._slots or asyncio.Condition()
+        async with self._slots:
+            while True:
+                free = [e for e in self.endpoints if e.outstanding < self.concurrency]
+                if free:
+                    self._turn += 1
+                    ep = choose_endpoint(free, time.monotonic(), self._turn)
+                    ep.outstanding += 1
+                    return ep
+                await self._slots.wait()
+
+    async def release(self, ep: Endpoint) -> None:
+        ep.outstanding -= 1
+        assert self._slots is not None
+        async with self._slots:
+            self._slots.notify()
 
 
 class HttpTransport:
@@ -151,7 +164,7 @@ class HttpTransport:
             except OSError as exc:  # DNS failure: retry like a connection error
                 last = f"resolving {self.pool.urls}: {exc!r}"
             else:
-                ep = self.pool.pick()
+                ep = await self.pool.acquire()
                 try:
                     return await self._attempt(session, ep, method, path, body, headers, remaining)
                 except HttpStatusError:
@@ -161,6 +174,8 @@ class HttpTransport:
                 except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                     ep.down_until = time.monotonic() + self.policy.endpoint_cooldown
                     last = f"{ep.url}: {type(exc).__name__}: {exc}"
+                finally:
+                    await self.pool.release(ep)
             delay = backoff_delay(attempt, self.policy, self._rng)
             attempt += 1
             if loop.time() + delay >= deadline:
@@ -186,16 +201,9 @@ class HttpTransport:
         hdrs = dict(headers or {})
         if ep.host_header:
             hdrs["Host"] = ep.host_header
-        ep.outstanding += 1
-        try:
-            async with (
-                ep.gate,
-                session.request(method, ep.url + path, data=body, headers=hdrs, timeout=timeout) as resp,
-            ):
-                data = await resp.read()
-                status = resp.status
-        finally:
-            ep.outstanding -= 1
+        async with session.request(method, ep.url + path, data=body, headers=hdrs, timeout=timeout) as resp:
+            data = await resp.read()
+            status = resp.status
         if 200 <= status < 300:
             ep.served += 1
             return data
