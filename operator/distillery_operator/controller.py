@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import datetime
 import logging
 import time
@@ -83,6 +84,7 @@ class Controller:
         self._created: dict[tuple[JobKey, str, str], float] = {}
         self._workers: list[asyncio.Task[None]] = []
         self.ready = asyncio.Event()
+        self._event_context: contextvars.Context | None = None
 
     # ------------------------------------------------------------------------------------------ inputs
 
@@ -92,6 +94,9 @@ class Controller:
         metrics.QUEUE_DEPTH.set(len(self.queue))
 
     def job_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        if self._event_context is None:
+            # kopf's Event poster is reachable from its per-object handlers' context only: keep a copy.
+            self._event_context = contextvars.copy_context()
         meta = body.get("metadata", {})
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
@@ -244,10 +249,11 @@ class Controller:
             self._post_event(body, "Warning", "ApiError", status["message"])
         return True
 
-    @staticmethod
-    def _post_event(body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+    def _post_event(self, body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         try:
-            kopf.event(dict(body), type=kind, reason=reason, message=message[:1024])
+            if self._event_context is None:
+                raise LookupError("no kopf context yet")
+            self._event_context.run(kopf.event, dict(body), type=kind, reason=reason, message=message[:1024])
         except LookupError:
             # Outside kopf's context (unit tests of the controller): there is no event poster.
             log.info("event %s %s: %s", kind, reason, message)

@@ -58,7 +58,7 @@ async def stop(memo: Any, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def job_event(event: Any, body: Any, memo: Any, **_: Any) -> None:
+async def job_event(event: Any, body: Any, memo: Any, **_: Any) -> None:
     _controller(memo).job_event(event.get("type"), body)
 
 
@@ -74,7 +74,7 @@ def _index(kind: str):  # type: ignore[no-untyped-def]
 
 
 def _event(kind: str):  # type: ignore[no-untyped-def]
-    def child_event(body: Any, memo: Any, **_: Any) -> None:
+    async def child_event(body: Any, memo: Any, **_: Any) -> None:
         owner = observe.owner_key(body)
         if owner is not None:
             _controller(memo).enqueue(owner[0], kind)

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import threading
 from collections.abc import Collection
 
 import kopf
@@ -43,8 +44,8 @@ async def run(
     health_port: int | None = 8081,
     host: str = "0.0.0.0",
     controller_settings: ControllerSettings | None = None,
-    stop_flag: asyncio.Event | None = None,
-    ready_flag: asyncio.Event | None = None,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
     kubeconfig: str | None = None,
 ) -> None:
     """Runs until `stop_flag` is set (or the task is cancelled)."""
