@@ -76,7 +76,9 @@ def render(values: dict[str, Any] | None = None, *, namespace: str = NAMESPACE) 
     return load_chart().render(values or {}, name=RELEASE, namespace=namespace)
 
 
-def render_objects(values: dict[str, Any] | None = None, *, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+def render_objects(
+    values: dict[str, Any] | None = None, *, namespace: str = NAMESPACE
+) -> list[dict[str, Any]]:
     """Every Kubernetes object the templates produce (NOTES.txt and empty documents left out)."""
     objects: list[dict[str, Any]] = []
     for path, text in sorted(render(values, namespace=namespace).items()):

@@ -148,17 +148,23 @@ def test_runtime_role_and_service_account() -> None:
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-1", "ml-2"]
     for role in roles:
         assert role["metadata"]["name"] == "distillery-runtime"
-        grants = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
+        grants = {
+            (res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]
+        }
         assert grants == {
             ("distillationjobs", "get"),
             ("distillationjobs/status", "get"),
             ("distillationjobs/status", "patch"),
         }
-    accounts = {(sa["metadata"]["namespace"], sa["metadata"]["name"]) for sa in by_kind(objects, "ServiceAccount")}
+    accounts = {
+        (sa["metadata"]["namespace"], sa["metadata"]["name"]) for sa in by_kind(objects, "ServiceAccount")
+    }
     assert {("ml-1", "distillery-runtime"), ("ml-2", "distillery-runtime")} <= accounts
     for binding in by_kind(objects, "RoleBinding"):
         namespace = binding["metadata"]["namespace"]
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "distillery-runtime", "namespace": namespace}]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "distillery-runtime", "namespace": namespace}
+        ]
 
 
 def test_no_rbac_switch_renders_no_rbac() -> None:
@@ -173,7 +179,9 @@ def test_no_wildcards_and_no_secrets() -> None:
     for scenario in ("defaults", "namespaced"):
         for obj in render_objects(SCENARIOS[scenario]):
             for rule in obj.get("rules", []):
-                assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+                assert (
+                    "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+                )
                 assert "secrets" not in rule["resources"]
 
 

@@ -72,7 +72,9 @@ def test_operator_image_is_small() -> None:
     assert "! /opt/distillery/bin/pip show torch vllm ray 2>/dev/null | grep -q '^Name:'" in runs
     assert ("ENTRYPOINT", '["distillery"]') in instructions
     # The operator extra itself must stay free of the ML stack (the image installs exactly it).
-    operator_deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["operator"]
+    operator_deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "operator"
+    ]
     assert not [d for d in operator_deps if re.match(r"(torch|vllm|ray|transformers)\b", d)]
 
 
@@ -83,7 +85,9 @@ def test_runtime_image_has_cuda_vllm_ray() -> None:
     assert 'pip install "vllm==${VLLM_VERSION}"' in runs
     assert 'pip install ".[runtime]"' in runs
     assert "wget" in runs  # KubeRay's exec probes call wget in the Ray containers
-    runtime_deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["runtime"]
+    runtime_deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "runtime"
+    ]
     assert any(d.startswith("ray[") for d in runtime_deps)
     # The vLLM pinned for GPUs is the one the CPU build (tests, laptops) is pinned to.
     cpu_deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cpu"]
@@ -95,6 +99,8 @@ def test_runtime_image_has_cuda_vllm_ray() -> None:
 def test_build_context_is_limited(dockerfile: str) -> None:
     ignore = (DOCKER / f"{dockerfile}.dockerignore").read_text().split()
     assert ignore[ignore.index("*") :][:1] == ["*"], "deny everything first, then allow the sources"
-    copied = {rest.split()[0] for head, rest in _instructions(dockerfile) if head == "COPY" and "--from" not in rest}
+    copied = {
+        rest.split()[0] for head, rest in _instructions(dockerfile) if head == "COPY" and "--from" not in rest
+    }
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
     assert copied <= allowed
