@@ -22,9 +22,9 @@ _OPERATOR_TESTS = str(Path(__file__).resolve().parents[1] / "operator")
 if _OPERATOR_TESTS not in sys.path:  # also imported from tests/observability
     sys.path.insert(0, _OPERATOR_TESTS)
 
-from distillery_operator import naming
-from kube_emulator import DEPLOYMENTS, RAYJOBS, SERVICES
-from operator_harness import Cluster, load_example, running_cluster, running_operator, wait_for
+from distillery_operator import naming  # noqa: E402
+from kube_emulator import DEPLOYMENTS, RAYJOBS, SERVICES  # noqa: E402
+from operator_harness import Cluster, load_example, running_cluster, running_operator, wait_for  # noqa: E402
 
 NAMESPACE = "team-a"
 
