@@ -1,0 +1,284 @@
+"""Rendering: every example renders to valid objects, and each placement mode gives the right children.
+
+Built-in kinds are validated with kubernetes-validate in strict mode (unknown fields are errors); RayJobs
+with jsonschema against KubeRay v1.7.0's CRD schema, plus a walk that flags fields the schema does not
+declare (the API server would silently prune them).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from distillery.api import DistillationJob, Placement
+from distillery.runtime_config import CONFIG_KEY, RuntimeConfig
+from distillery.validation import load_job
+from distillery_operator import naming
+from distillery_operator.render import (
+    ENTRYPOINT,
+    RenderContext,
+    render_job,
+    render_manifest_stream,
+    spec_hash,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+KUBERAY = ROOT.parent / "shared" / "schemas" / "kuberay-v1.7.0" / "ray.io_rayjobs.yaml"
+if not KUBERAY.exists():
+    KUBERAY = Path("/work/shared/schemas/kuberay-v1.7.0/ray.io_rayjobs.yaml")
+KUBE_VERSION = "1.32"
+CTX = RenderContext(namespace="team-a", owner_uid="0d3f5c2e-1111-2222-3333-444455556666")
+
+
+@cache
+def rayjob_schema() -> dict[str, Any]:
+    crd = yaml.load(KUBERAY.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # a 2 MB file
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    return version["schema"]["openAPIV3Schema"]
+
+
+@cache
+def rayjob_validator() -> jsonschema.protocols.Validator:
+    # One validator for all tests; KubeRay's generated schema is not re-checked against the meta-schema
+    # (that alone takes seconds on this machine).
+    schema = rayjob_schema()
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def undeclared_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Fields of `obj` that a structural schema does not declare (the API server would prune them)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(obj, dict) and "properties" in schema:
+        out = []
+        for key, value in obj.items():
+            if key not in schema["properties"]:
+                out.append(f"{path}.{key}")
+            else:
+                out.extend(undeclared_fields(value, schema["properties"][key], f"{path}.{key}"))
+        return out
+    if isinstance(obj, list) and "items" in schema:
+        return [f for i, item in enumerate(obj) for f in undeclared_fields(item, schema["items"], f"{path}[{i}]")]
+    return []
+
+
+def validate(obj: dict[str, Any]) -> None:
+    if obj["kind"] == "RayJob":
+        rayjob_validator().validate(obj)
+        assert undeclared_fields(obj, rayjob_schema()) == []
+    else:
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_renders_valid_objects(example: Path) -> None:
+    job = load_job(example)
+    objects = render_job(job, CTX)
+    assert objects, example
+    for obj in objects:
+        validate(obj)
+        meta = obj["metadata"]
+        assert len(meta["name"]) <= 63
+        assert meta["namespace"] == "team-a"
+        assert meta["labels"][naming.JOB_LABEL] == job.metadata.name
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "distillery-operator"
+        assert meta["ownerReferences"][0]["uid"] == CTX.owner_uid
+        assert meta["ownerReferences"][0]["controller"] is True
+
+
+def load(name: str) -> DistillationJob:
+    return load_job(ROOT / "examples" / name)
+
+
+def test_standalone_teacher_deployment_and_service() -> None:
+    job = load("standalone-teacher.yaml")
+    objects = render_job(job, CTX)
+    (deployment,) = by_kind(objects, "Deployment")
+    (service,) = by_kind(objects, "Service")
+    name = "qwen-7b-to-1p5b-teacher-qwen-7b"
+    assert deployment["metadata"]["name"] == service["metadata"]["name"] == name
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    cmd = container["command"]
+    assert cmd[:3] == ["python", "-m", "distillery_runtime.teachers.server"]
+
+    def flag(name: str) -> str:
+        return cmd[cmd.index(name) + 1]
+
+    assert int(flag("--max-logprobs")) >= job.spec.loss.top_k == 64
+    assert int(flag("--max-model-len")) >= 1024 + 1024 + 1
+    assert flag("--tensor-parallel-size") == "2"
+    assert flag("--gpu-memory-utilization") == "0.9"
+    assert flag("--served-model-name") == "qwen-7b"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    # The token is a reference to the Secret, never its value.
+    assert container["env"] == [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+    ]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/health"
+    assert service["spec"]["clusterIP"] == "None"  # headless: the runtime spreads load over replicas
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    # The queue label goes to the RayJob only (Kueue would otherwise try to admit the Deployment too).
+    assert "kueue.x-k8s.io/queue-name" not in deployment["metadata"]["labels"]
+
+
+def test_extra_args_node_selector_and_tolerations_pass_through() -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "gkd.yaml").read_text())
+    doc["spec"]["teachers"][0]["pool"].update(
+        nodeSelector={"gpu": "h100"}, tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    )
+    job = DistillationJob.model_validate(doc)
+    (deployment,) = by_kind(render_job(job, CTX), "Deployment")
+    validate(deployment)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"gpu": "h100"}
+    assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["containers"][0]["command"][-1] == "--enable-prefix-caching"
+
+
+@pytest.mark.parametrize("example", ["external-teacher.yaml", "colocated-teacher.yaml"])
+def test_external_and_colocated_teachers_get_no_objects(example: str) -> None:
+    objects = render_job(load(example), CTX)
+    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "RayJob"]
+
+
+def test_multi_teacher_gets_one_deployment_and_service_each() -> None:
+    job = load("multi-teacher.yaml")
+    objects = render_job(job, CTX)
+    names = sorted(o["metadata"]["name"] for o in by_kind(objects, "Deployment"))
+    assert names == sorted(f"mopd-math-code-teacher-{t}" for t in ("math", "code", "general"))
+    assert len(by_kind(objects, "Service")) == 3
+    (config_map,) = by_kind(objects, "ConfigMap")
+    config = RuntimeConfig.model_validate_json(config_map["data"][CONFIG_KEY])
+    assert [t.endpoints for t in config.teachers] == [
+        [f"http://mopd-math-code-teacher-{t}.team-a.svc:8000"] for t in ("math", "code", "general")
+    ]
+    assert config.status_target is not None and config.status_target.name == "mopd-math-code"
+
+
+def test_rayjob_runs_the_runtime_with_the_config() -> None:
+    job = load("standalone-teacher.yaml")
+    (rayjob,) = by_kind(render_job(job, CTX), "RayJob")
+    spec = rayjob["spec"]
+    assert spec["entrypoint"] == ENTRYPOINT == "distillery run /etc/distillery/runtime-config.json"
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["suspend"] is True  # queued by Kueue: created suspended
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    (workers,) = spec["rayClusterSpec"]["workerGroupSpecs"]
+    assert workers["replicas"] == workers["minReplicas"] == workers["maxReplicas"] == 1
+    worker = workers["template"]["spec"]
+    assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    for template in (spec["rayClusterSpec"]["headGroupSpec"]["template"], workers["template"]):
+        mounts = {m["mountPath"] for m in template["spec"]["containers"][0]["volumeMounts"]}
+        assert {"/etc/distillery", "/checkpoints"} <= mounts
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in template["spec"]["volumes"] if "persistentVolumeClaim" in v]
+        assert claims == ["distill-checkpoints"]
+
+
+def test_suspend_deadline_backoff_and_service_account() -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "gkd.yaml").read_text())
+    doc["spec"].update(suspend=True, activeDeadlineSeconds=3600, backoffLimit=2, serviceAccountName="trainer")
+    doc["metadata"]["labels"] = {"team": "nlp"}
+    doc["spec"]["labels"] = {"cost-center": "42"}
+    job = DistillationJob.model_validate(doc)
+    objects = render_job(job, RenderContext(namespace="x", owner_uid="u", teachers_scaled_to_zero=True))
+    (rayjob,) = by_kind(objects, "RayJob")
+    validate(rayjob)
+    assert rayjob["spec"]["suspend"] is True
+    assert rayjob["spec"]["activeDeadlineSeconds"] == 3600
+    assert rayjob["spec"]["backoffLimit"] == 2
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["serviceAccountName"] == "trainer"
+    (deployment,) = by_kind(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 0
+    for obj in objects:
+        assert obj["metadata"]["labels"]["team"] == "nlp"
+        assert obj["metadata"]["labels"]["cost-center"] == "42"
+
+
+def test_long_job_names_give_valid_distinct_names() -> None:
+    base = yaml.safe_load((ROOT / "examples" / "multi-teacher.yaml").read_text())
+    seen: set[str] = set()
+    for suffix in ("a", "b"):
+        base["metadata"]["name"] = "a-very-long-distillation-job-name-" + "x" * 150 + suffix
+        job = DistillationJob.model_validate(base)
+        objects = render_job(job, CTX)
+        for obj in objects:
+            validate(obj)
+            name = obj["metadata"]["name"]
+            assert len(name) <= (naming.MAX_RAYJOB_NAME if obj["kind"] == "RayJob" else 63)
+            assert len(obj["metadata"]["labels"][naming.JOB_LABEL]) <= 63
+            seen.add(f"{obj['kind']}/{name}")
+        # Deterministic: rendering again gives the same names and hashes.
+        assert [o["metadata"] for o in render_job(job, CTX)] == [o["metadata"] for o in objects]
+    assert len(seen) == 2 * len(objects)
+
+
+def test_spec_hash_ignores_live_fields_only() -> None:
+    job = load("gkd.yaml")
+    (deployment,) = by_kind(render_job(job, CTX), "Deployment")
+    (scaled,) = by_kind(render_job(job, RenderContext("team-a", CTX.owner_uid, teachers_scaled_to_zero=True)), "Deployment")
+    assert scaled["spec"]["replicas"] == 0 != deployment["spec"]["replicas"]
+    assert spec_hash(scaled) == spec_hash(deployment)
+    changed = {**deployment, "spec": {**deployment["spec"], "progressDeadlineSeconds": 5}}
+    assert spec_hash(changed) != spec_hash(deployment)
+
+
+def test_placements_cover_all_modes() -> None:
+    modes = {t.placement for path in EXAMPLES for t in load_job(path).spec.teachers}
+    assert modes == set(Placement)
+
+
+def test_render_cli_prints_a_yaml_stream() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "distillery.cli", "render", str(ROOT / "examples" / "multi-teacher.yaml"), "-n", "ml"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert [d["kind"] for d in docs] == ["ConfigMap"] + ["Service", "Deployment"] * 3 + ["RayJob"]
+    assert all(d["metadata"]["namespace"] == "ml" for d in docs)
+    assert "&id" not in result.stdout  # no YAML anchors: kubectl users read this
+
+
+def test_render_cli_reports_bad_manifests(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((ROOT / "examples" / "gkd.yaml").read_text().replace("topK: 64", "topK: 0"))
+    result = subprocess.run(
+        [sys.executable, "-m", "distillery.cli", "render", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert "spec.loss.topK" in result.stderr
+
+
+def test_the_validators_catch_bad_objects() -> None:
+    # The checks above can fail: a wrong type, an undeclared field, an unknown field of a built-in kind.
+    objects = render_job(load("gkd.yaml"), CTX)
+    (rayjob,) = by_kind(objects, "RayJob")
+    bad = yaml.safe_load(yaml.safe_dump(rayjob))
+    bad["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] = "two"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+    typo = yaml.safe_load(yaml.safe_dump(rayjob))
+    typo["spec"]["shutdownAfterJobFinish"] = True
+    assert undeclared_fields(typo, rayjob_schema()) == [".spec.shutdownAfterJobFinish"]
+    (deployment,) = by_kind(objects, "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(deployment)
