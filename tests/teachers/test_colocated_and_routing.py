@@ -1,0 +1,118 @@
+"""A colocated teacher (in-process vLLM `AsyncLLM`, a second tiny model) and multi-teacher
+routing between it and the session's vLLM server.
+
+Two teachers with different weights make routing observable: every sample's scores must match
+its own teacher's transformers reference, and differ from the other teacher's. (vLLM serves
+one model per server; a second server process would cost another ~3 GB and 30 s on 2 cores,
+the in-process engine is needed anyway to test the colocated backend.)
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import pytest_asyncio
+from distillery_runtime.teachers import (
+    CompactTeacher,
+    MultiTeacherScorer,
+    OpenAITeacher,
+    ScoreRequest,
+    TeacherError,
+    UnknownRouteError,
+    check_tokenizer_compat,
+)
+from transformers import AutoTokenizer
+
+from .conftest import assert_matches_reference, make_samples
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+@pytest.fixture(scope="module")
+def second_model_dir(tiny_model_factory):
+    return tiny_model_factory(vocab_size=1024, hidden=128, layers=2, heads=4, seed=1)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def colocated(second_model_dir):
+    from distillery_runtime.teachers import ColocatedTeacher
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    teacher = ColocatedTeacher(str(second_model_dir), name="colocated", max_model_len=512, max_logprobs=16)
+    await teacher.start()
+    try:
+        yield teacher
+    finally:
+        await teacher.close()
+
+
+@pytest.fixture(scope="module")
+def samples():
+    return make_samples(8, 1024, seed=5, max_response=80)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_colocated_matches_transformers(colocated, second_model_dir, samples, hf_reference) -> None:
+    scores = await colocated.score(samples, 8)
+    assert_matches_reference(scores, samples, hf_reference(second_model_dir, samples))
+    with pytest.raises(TeacherError, match="--max-logprobs 17"):
+        await colocated.score(samples[:1], 17)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_sleep_wake_is_a_checked_no_op_on_cpu(colocated, samples) -> None:
+    before = await colocated.score(samples[:3], 4)
+    await colocated.sleep()
+    assert colocated.sleeps is False and colocated.asleep is False  # CPU: vLLM has no sleep mode
+    await colocated.wake_up()
+    after = await colocated.score(samples[:3], 4)
+    assert np.array_equal(before.topk_logprobs, after.topk_logprobs)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_routes_samples_to_their_teacher(
+    colocated, second_model_dir, vllm_server, samples, hf_reference
+) -> None:
+    check_tokenizer_compat(
+        AutoTokenizer.from_pretrained(vllm_server.model_dir), AutoTokenizer.from_pretrained(second_model_dir)
+    )
+    routes = ["math", "code", "code", "math", "other", "math", "code", "other"]
+    routed = [
+        ScoreRequest(s.prompt_ids, s.response_ids, s.sample_id, r)
+        for s, r in zip(samples, routes, strict=True)
+    ]
+    server_teacher = CompactTeacher([vllm_server.url], name="server")
+    scorer = MultiTeacherScorer({"math": server_teacher, "code": colocated}, default=server_teacher)
+    try:
+        scores = await scorer.score(routed, 8)
+        one = await scorer.score_one(routed[1], 8)
+    finally:
+        await server_teacher.close()
+    assert scores.sample_ids == [s.sample_id for s in routed]
+    ref_a = hf_reference(vllm_server.model_dir, routed)
+    ref_b = hf_reference(second_model_dir, routed)
+    for i, r in enumerate(routes):
+        own, other = (ref_b, ref_a) if r == "code" else (ref_a, ref_b)
+        sub = scores.__class__(
+            scores.topk_ids[i : i + 1],
+            scores.topk_logprobs[i : i + 1],
+            scores.token_logprobs[i : i + 1],
+            scores.mask[i : i + 1],
+        )
+        assert_matches_reference(sub, routed[i : i + 1], own[i : i + 1])
+        t = len(routed[i].response_ids)
+        if t:
+            tok = np.asarray(routed[i].response_ids)
+            other_lp = other[i].gather(1, __import__("torch").tensor(tok)[:, None])[:, 0].numpy()
+            assert np.abs(scores.token_logprobs[i, :t] - other_lp).mean() > 0.3  # really the other model
+    t1 = len(routed[1].response_ids)
+    np.testing.assert_allclose(one.token_logprobs[0, :t1], scores.token_logprobs[1, :t1], atol=1e-5)
+
+    strict = MultiTeacherScorer(
+        {"math": OpenAITeacher([vllm_server.url], vllm_server.model), "code": colocated}
+    )
+    with pytest.raises(UnknownRouteError, match=r"'other'.*\['code', 'math'\]"):
+        await strict.score(routed, 4)
