@@ -1,0 +1,316 @@
+"""The pure core: from a job and its observed children to the writes, the status and the events.
+
+No API server here: children are the rendered objects run through the same summarizers the kopf indexes
+use, with a status patched in where a test plays KubeRay or the Deployment controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from distillery_operator.decide import Decision, decide
+from distillery_operator.observe import SUMMARIZERS, Child, Health, Observed, assemble
+from distillery_operator.workqueue import Backoff, WorkQueue
+
+ROOT = Path(__file__).resolve().parents[2]
+T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
+
+
+def job_body(example: str, **spec: Any) -> dict[str, Any]:
+    body = yaml.safe_load((ROOT / "examples" / example).read_text())
+    body["metadata"].update(namespace="ns", uid="uid-1", generation=1, resourceVersion="1")
+    body["spec"].update(spec)
+    return body
+
+
+class World:
+    """A job and its children, advanced by applying the decision's writes (as the API server would)."""
+
+    def __init__(self, body: dict[str, Any]):
+        self.body = body
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.health: dict[str, Health] = {}
+        self.events: list[Any] = []
+
+    def observed(self) -> Observed:
+        children = [SUMMARIZERS[kind](obj) for (kind, _), obj in self.objects.items()]
+        return assemble(children, self.health)
+
+    def step(self, now: str = T1) -> Decision:
+        decision = decide(self.body, self.observed(), now)
+        for action in decision.actions:
+            key = (action.kind, action.name)
+            if action.verb == "create":
+                self.objects[key] = copy.deepcopy(action.body)
+            else:
+                merge(self.objects[key], action.body)
+        self.body["status"] = {k: v for k, v in decision.status.items() if v is not None}
+        self.events.extend(decision.events)
+        return decision
+
+    def settle(self, now: str = T1) -> Decision:
+        """Steps until a step asks for nothing (fails if that takes more than a few steps)."""
+        for _ in range(4):
+            decision = self.step(now)
+            again = decide(self.body, self.observed(), now)
+            if not again.actions and not again.events and strip(again.status) == self.body["status"]:
+                return decision
+        raise AssertionError("did not converge")
+
+    def play(self, kind: str, name: str, status: dict[str, Any]) -> None:
+        self.objects[(kind, name)].setdefault("status", {}).update(status)
+
+    def condition(self, kind: str) -> dict[str, Any]:
+        return next(c for c in self.body["status"]["conditions"] if c["type"] == kind)
+
+
+def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge(target[key], value)
+        elif value is None:
+            target.pop(key, None)
+        else:
+            target[key] = value
+
+
+def strip(status: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in status.items() if v is not None}
+
+
+def test_standalone_job_from_creation_to_success() -> None:
+    world = World(job_body("gkd.yaml"))
+    first = world.step(T0)
+    assert [(a.verb, a.kind) for a in first.actions] == [
+        ("create", "ConfigMap"), ("create", "Service"), ("create", "Deployment"), ("create", "RayJob")
+    ]  # fmt: skip
+    world.settle()
+    assert world.body["status"]["phase"] == "StartingTeachers"
+    assert world.condition("TeachersReady")["status"] == "False"
+    assert world.body["status"]["teachers"][0]["message"] == "0/1 replicas ready"
+
+    world.play("Deployment", "gkd-jsd-teacher-teacher", {"readyReplicas": 1})
+    world.settle(T1)
+    assert world.body["status"]["phase"] == "Pending"  # teachers ready, trainer not yet running
+    assert world.condition("TeachersReady")["lastTransitionTime"] == T1
+
+    world.play("RayJob", "gkd-jsd-trainer", {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"})
+    world.settle(T2)
+    status = world.body["status"]
+    assert status["phase"] == "Running" and status["startTime"] == T2
+    assert world.condition("TeachersReady")["lastTransitionTime"] == T1  # unchanged status, same time
+
+    world.play("RayJob", "gkd-jsd-trainer", {"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete"})
+    done = world.settle(T2)
+    assert world.body["status"]["phase"] == "Succeeded"
+    assert world.condition("Complete")["status"] == "True"
+    assert world.objects[("Deployment", "gkd-jsd-teacher-teacher")]["spec"]["replicas"] == 0
+    assert done.external == {}
+    reasons = [e.reason for e in world.events]
+    assert reasons.count("Succeeded") == 1 and reasons.count("Running") == 1
+
+    # Terminal is sticky: a deleted RayJob is not recreated and the phase stays.
+    del world.objects[("RayJob", "gkd-jsd-trainer")]
+    again = world.step(T2)
+    assert again.actions == [] and world.body["status"]["phase"] == "Succeeded"
+
+
+def test_failed_rayjob_fails_the_job_with_kuberays_reason_but_retrying_does_not() -> None:
+    world = World(job_body("gkd.yaml", backoffLimit=1))
+    world.settle()
+    world.play("RayJob", "gkd-jsd-trainer", {"jobStatus": "FAILED", "jobDeploymentStatus": "Retrying"})
+    world.settle()
+    assert world.body["status"]["phase"] != "Failed"
+    world.play(
+        "RayJob", "gkd-jsd-trainer",
+        {"jobStatus": "FAILED", "jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded", "message": "too slow"},
+    )  # fmt: skip
+    world.settle()
+    assert world.body["status"]["phase"] == "Failed"
+    failed = world.condition("Failed")
+    assert (failed["reason"], failed["message"]) == ("DeadlineExceeded", "too slow")
+    assert [e.type for e in world.events if e.reason == "Failed"] == ["Warning"]
+
+
+def test_multi_teacher_status_counts_each_teacher() -> None:
+    world = World(job_body("multi-teacher.yaml"))
+    world.settle()
+    world.play("Deployment", "mopd-math-code-teacher-math", {"readyReplicas": 1})
+    world.settle()
+    status = world.body["status"]
+    assert status["teachersReady"] == "1/3"
+    assert [t["ready"] for t in status["teachers"]] == [True, False, False]
+    assert "code" in status["message"] and "general" in status["message"] and "math (" not in status["message"]
+    world.play("Deployment", "mopd-math-code-teacher-code", {"conditions": [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "deadline exceeded"}
+    ]})  # fmt: skip
+    world.settle()
+    cond = world.condition("TeachersReady")
+    assert cond["reason"] == "TeacherUnavailable" and "code: deadline exceeded" in cond["message"]
+
+
+def test_external_teacher_readiness_follows_its_health() -> None:
+    world = World(job_body("external-teacher.yaml"))
+    decision = world.settle()
+    assert decision.external == {"big": "http://vllm-72b.inference.svc.cluster.local:8000"}
+    assert sorted(kind for kind, _ in world.objects) == ["ConfigMap", "RayJob"]
+    assert world.condition("TeachersReady")["reason"] == "TeachersStarting"  # not checked yet
+    world.health["big"] = Health(True, "GET .../health: 200")
+    world.settle()
+    assert world.condition("TeachersReady")["status"] == "True"
+    world.health["big"] = Health(False, "GET .../health: connection refused")
+    world.settle()
+    cond = world.condition("TeachersReady")
+    assert cond["reason"] == "TeacherUnavailable" and "connection refused" in cond["message"]
+    assert world.events[-1].type == "Warning"
+
+
+def test_colocated_teacher_is_ready_when_the_trainer_runs() -> None:
+    world = World(job_body("colocated-teacher.yaml"))
+    world.settle()
+    assert world.body["status"]["phase"] == "Pending"  # nothing outside the trainer to wait for
+    assert world.body["status"]["teachers"][0]["ready"] is False
+    world.play("RayJob", "colocated-teacher-trainer", {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"})
+    world.settle()
+    assert world.body["status"]["phase"] == "Running"
+    assert world.body["status"]["teachers"][0] == {
+        "name": "teacher", "placement": "colocated", "ready": True,
+        "message": "runs inside the trainer on the student's GPUs",
+    }  # fmt: skip
+
+
+def test_kueue_queued_job_is_pending_and_the_operator_never_unsuspends_it() -> None:
+    world = World(job_body("standalone-teacher.yaml"))
+    world.settle()
+    assert world.objects[("RayJob", "qwen-7b-to-1p5b-trainer")]["spec"]["suspend"] is True
+    assert world.body["status"]["phase"] == "Pending"
+    assert world.condition("TrainerReady")["reason"] == "Queued"
+    # Kueue admits: it sets suspend false. The next reconciles leave it.
+    world.objects[("RayJob", "qwen-7b-to-1p5b-trainer")]["spec"]["suspend"] = False
+    assert world.settle().actions == []
+    # Suspending the DistillationJob forces it.
+    world.body["spec"]["suspend"] = True
+    decision = world.step()
+    assert [(a.kind, a.body) for a in decision.actions if a.kind == "RayJob"] == [
+        ("RayJob", {"spec": {"suspend": True}})
+    ]
+    # Resuming a Kueue-managed job leaves suspend to Kueue.
+    world.settle()
+    world.body["spec"]["suspend"] = False
+    decision = world.step()
+    assert [a for a in decision.actions if a.kind == "RayJob"] == []
+
+
+def test_suspend_scales_teachers_to_zero_and_resume_restores_them() -> None:
+    world = World(job_body("multi-teacher.yaml"))
+    world.settle()
+    world.body["spec"]["suspend"] = True
+    world.settle()
+    deployments = [o for (kind, _), o in world.objects.items() if kind == "Deployment"]
+    assert [d["spec"]["replicas"] for d in deployments] == [0, 0, 0]
+    assert world.objects[("RayJob", "mopd-math-code-trainer")]["spec"]["suspend"] is True
+    assert world.body["status"]["phase"] == "Suspended"
+    assert world.condition("Suspended")["status"] == "True"
+    world.body["spec"]["suspend"] = False
+    world.settle()
+    assert [d["spec"]["replicas"] for d in deployments] == [1, 1, 1]
+    assert world.objects[("RayJob", "mopd-math-code-trainer")]["spec"]["suspend"] is False
+
+
+def test_live_changes_apply_and_other_changes_are_refused() -> None:
+    world = World(job_body("multi-teacher.yaml"))
+    world.settle()
+    world.body["spec"]["teachers"][2]["replicas"] = 4
+    world.body["spec"]["loss"] = {"mode": "k2"}
+    world.body["spec"]["student"]["model"] = "other/model"
+    world.body["metadata"]["generation"] = 2
+    decision = world.settle()
+    assert world.objects[("Deployment", "mopd-math-code-teacher-general")]["spec"]["replicas"] == 4
+    cond = world.condition("SpecApplied")
+    assert cond["status"] == "False" and cond["reason"] == "SpecChangeRefused"
+    assert "spec.loss.mode" in cond["message"] and "spec.student.model" in cond["message"]
+    assert "spec.teachers[2].replicas" not in cond["message"]
+    config = world.objects[("ConfigMap", "mopd-math-code-config")]["data"]["runtime-config.json"]
+    assert '"mode":"k3"' in config and '"other/model"' not in config
+    assert world.body["status"]["observedGeneration"] == 2
+    assert all(c["observedGeneration"] == 2 for c in world.body["status"]["conditions"])
+    assert any(e.reason == "SpecChangeRefused" and e.type == "Warning" for e in world.events)
+    assert decision is not None
+
+
+def test_invalid_spec_creates_nothing_and_names_the_field() -> None:
+    body = job_body("gkd.yaml")
+    body["spec"]["loss"]["topK"] = 0
+    world = World(body)
+    decision = world.step()
+    assert decision.actions == []
+    assert world.body["status"]["phase"] == "Invalid"
+    valid = world.condition("Valid")
+    assert valid["status"] == "False" and valid["message"].startswith("spec.loss.topK:")
+    assert [(e.type, e.reason) for e in world.events] == [("Warning", "Invalid"), ("Warning", "InvalidSpec")]
+
+
+def test_children_of_another_job_with_the_same_name_are_left_alone() -> None:
+    world = World(job_body("gkd.yaml"))
+    world.settle()
+    world.body["metadata"]["uid"] = "uid-2"  # the job was deleted and recreated; old children linger
+    decision = world.step()
+    assert decision.actions == []
+    assert "of another job with this name" in world.body["status"]["message"]
+
+
+def test_drift_is_repaired_and_nothing_else_is_touched() -> None:
+    world = World(job_body("gkd.yaml"))
+    world.settle()
+    deployment = world.objects[("Deployment", "gkd-jsd-teacher-teacher")]
+    deployment["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:latest"
+    deployment["metadata"]["annotations"]["distillery.io/spec-hash"] = "edited"
+    decision = world.step()
+    assert [(a.verb, a.kind, a.why) for a in decision.actions] == [("patch", "Deployment", "drift")]
+    assert world.settle().actions == []
+
+
+def test_the_runtimes_fields_are_never_written() -> None:
+    world = World(job_body("gkd.yaml"))
+    world.body["status"] = {"progress": {"step": 3}, "lastCheckpoint": {"step": 2, "path": "/c/2"}}
+    decision = world.step()
+    assert "progress" not in decision.status and "lastCheckpoint" not in decision.status
+
+
+async def test_workqueue_deduplicates_and_never_runs_a_key_twice_at_once() -> None:
+    queue = WorkQueue(Backoff(base=0.01, cap=0.04))
+    for _ in range(5):
+        queue.add("a")
+    queue.add("b")
+    assert len(queue) == 2
+    key = await queue.get()
+    assert key == "a"
+    queue.add("a")  # changed while processing: processed again, after done()
+    assert await queue.get() == "b"
+    queue.done("b")
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(queue.get(), 0.05)
+    queue.done("a")
+    assert await asyncio.wait_for(queue.get(), 1) == "a"
+    queue.done("a")
+    delays = [queue.add_rate_limited("c") for _ in range(4)]
+    assert delays == [0.01, 0.02, 0.04, 0.04]
+    assert await asyncio.wait_for(queue.get(), 1) == "c"
+    queue.forget("c")
+    assert queue.backoff.next_delay("c") == 0.01
+    queue.close()
+
+
+def test_child_summaries_are_small() -> None:
+    body = job_body("gkd.yaml")
+    world = World(body)
+    world.settle()
+    for (kind, _), obj in world.objects.items():
+        child = SUMMARIZERS[kind](obj)
+        assert isinstance(child, Child) and child.owner_uid == "uid-1" and child.spec_hash
