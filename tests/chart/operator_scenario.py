@@ -7,7 +7,7 @@ operator in-process) and plays the missing controllers (Deployments, KubeRay) as
   operator repairs it); then it is deleted;
 - `ext`: an external teacher at a loopback port where nothing listens (its health probes fail);
 - `boom`: the trainer fails (RayJob FAILED), so the job ends Failed;
-- `flaky`: creating its RayJob fails twice with an injected 500 (reconcile errors, then success).
+- `flaky`: creating its RayJob fails with injected 500s (reconcile errors), then succeeds.
 """
 
 from __future__ import annotations
@@ -67,8 +67,11 @@ def operator_requests(requests: list[Any]) -> list[Any]:
     ]
 
 
-async def drive(cluster: Cluster) -> dict[str, Any]:
-    """Runs the scenario against an operator already watching `cluster`; returns what it saw."""
+async def drive(cluster: Cluster, *, flaky_failures: int = 2) -> dict[str, Any]:
+    """Runs the scenario against an operator already watching `cluster`; returns what it saw.
+
+    `flaky_failures`: how many create requests for flaky's RayJob fail before one succeeds.
+    """
     std = _example("standalone-teacher.yaml", "std")
     std["metadata"]["labels"] = {}  # not queued by Kueue: the RayJob starts unsuspended
     await cluster.create(std)
@@ -121,13 +124,13 @@ async def drive(cluster: Cluster) -> dict[str, Any]:
     await cluster.play_rayjob(boom_rayjob, "FAILED", "Failed", reason="AppFailed", message="exit code 1")
     await wait_for(lambda: _phase(cluster, "boom") == "Failed", what="boom Failed")
 
-    cluster.emulator.faults[("create", RAYJOBS)] = [500, 500]
+    cluster.emulator.faults[("create", RAYJOBS)] = [500] * flaky_failures
     flaky = _example("external-teacher.yaml", "flaky")
     await cluster.create(flaky)
     await wait_for(
         lambda: cluster.emulator.obj(RAYJOBS, NAMESPACE, naming.rayjob_name("flaky")),
         timeout=20,
-        what="flaky's RayJob created after two injected 500s",
+        what="flaky's RayJob created after the injected 500s",
     )
 
     await cluster.delete("distillery.io/v1alpha1/distillationjobs", "std")
