@@ -11,23 +11,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from distillery_runtime.teachers.launch import TeacherServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("DISTILLERY_TEST_CACHE", ROOT / ".cache"))
@@ -38,24 +35,10 @@ SERVER_MAX_MODEL_LEN = 512
 SERVER_MAX_LOGPROBS = 64
 
 
-def vllm_env(cache: Path) -> dict[str, str]:
-    """Environment for a vLLM process on these CPU machines (VLLM_CPU.md)."""
-    env = dict(os.environ)
-    env.update(
-        VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        DO_NOT_TRACK="1",
-        VLLM_CACHE_ROOT=str(cache / "vllm"),
-        HF_HOME=str(cache / "hf"),
-        TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
-        TRITON_CACHE_DIR=str(cache / "triton"),
-        PYTHONPATH=os.pathsep.join(
-            [str(ROOT), str(ROOT / "operator"), str(ROOT / "runtime"), env.get("PYTHONPATH", "")]
-        ),
-    )
-    return env
+def cpu_env(cache: Path) -> dict[str, str]:
+    from distillery_runtime.teachers.launch import cpu_env as _cpu_env
+
+    return _cpu_env(cache)
 
 
 def build_tiny_model(directory: Path | None = None, **params: object) -> Path:
@@ -92,94 +75,37 @@ def tiny_model_dir(tiny_model_factory: Callable[..., Path]) -> Path:
     return tiny_model_factory(vocab_size=1024, hidden=128, layers=2, heads=4, seed=0)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class VllmServer:
-    """A running teacher server: OpenAI API and compact endpoint at `url`."""
+    """The session's teacher server: OpenAI API and compact endpoint at `url`."""
 
     url: str
     model: str
     model_dir: Path
     max_model_len: int
     max_logprobs: int
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log_tail(self, n: int = 60) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-
-
-def start_teacher_server(
-    model_dir: Path,
-    *,
-    name: str,
-    max_model_len: int,
-    max_logprobs: int,
-    log_path: Path,
-    port: int | None = None,
-    timeout: float = 240.0,
-    extra: tuple[str, ...] = (),
-) -> VllmServer:
-    """Start `python -m distillery_runtime.teachers.server` and wait for `/health`."""
-    port = port or free_port()
-    cmd = [
-        sys.executable, "-m", "distillery_runtime.teachers.server",
-        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--served-model-name", name, "--max-model-len", str(max_model_len),
-        "--max-logprobs", str(max_logprobs), "--dtype", "bfloat16", "--enforce-eager",
-        "--disable-uvicorn-access-log", *extra,
-    ]  # fmt: skip
-    log = log_path.open("wb")
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=vllm_env(CACHE), start_new_session=True
-    )
-    server = VllmServer(
-        f"http://127.0.0.1:{port}", name, model_dir, max_model_len, max_logprobs, proc, log_path
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"teacher server exited with {proc.returncode}:\n{server.log_tail()}")
-        try:
-            with urllib.request.urlopen(server.url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return server
-        except OSError:
-            pass
-        time.sleep(0.5)
-    stop_server(server)
-    raise RuntimeError(f"teacher server not healthy after {timeout:.0f} s:\n{server.log_tail()}")
-
-
-def stop_server(server: VllmServer) -> None:
-    """SIGTERM the server's process group (front end, engine core, workers), then SIGKILL."""
-    if server.process.poll() is None:
-        try:
-            os.killpg(server.process.pid, signal.SIGTERM)
-            server.process.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.process.pid, signal.SIGKILL)
-            server.process.wait(timeout=10)
+    handle: TeacherServerProcess
 
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """The session's one real vLLM teacher server (OpenAI API + compact scoring endpoint)."""
+    from distillery_runtime.teachers.launch import start_teacher_server
+
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
-    server = start_teacher_server(
+    env = cpu_env(CACHE)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "runtime"), env.get("PYTHONPATH", "")])
+    handle = start_teacher_server(
         tiny_model_dir,
         name=SERVER_MODEL_NAME,
         max_model_len=SERVER_MAX_MODEL_LEN,
         max_logprobs=SERVER_MAX_LOGPROBS,
         log_path=log_path,
+        env=env,
     )
     try:
-        yield server
+        yield VllmServer(
+            handle.url, SERVER_MODEL_NAME, tiny_model_dir, SERVER_MAX_MODEL_LEN, SERVER_MAX_LOGPROBS, handle
+        )
     finally:
-        stop_server(server)
+        handle.stop()
