@@ -14,7 +14,7 @@ import pytest_asyncio
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from operator_harness import Cluster, running_cluster, running_operator  # noqa: E402
+from operator_harness import Cluster, running_cluster, running_operator
 
 
 @pytest_asyncio.fixture

@@ -16,6 +16,7 @@ There is no schema validation: rendered objects are validated offline in test_re
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import itertools
@@ -39,6 +40,8 @@ EVENTS = "v1/events"
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
     garbage_collection: bool = True
+    write_latency: float = 0.0
+    """Seconds each create/patch/delete takes (a slow API server: makes kill-mid-reconcile tests certain)."""
     faults: dict[tuple[str, str], list[int]] = attrs.field(factory=dict)
     """Injected failures: (action, resource path like 'apps/v1/deployments[/status]') -> HTTP codes to answer
     with, one per matching request, before serving normally again."""
@@ -87,7 +90,11 @@ class Emulator(kmock.KubernetesEmulator):
         if request.subresource == "status":
             kept = {"status": data.get("status")}
         else:
-            kept = {k: v for k, v in data.items() if k != "status" or not self._has_status_subresource(request.resource)}
+            kept = {
+                k: v
+                for k, v in data.items()
+                if k != "status" or not self._has_status_subresource(request.resource)
+            }
         data.clear()
         data.update(kept)
         meta = data.setdefault("metadata", {})
@@ -111,6 +118,12 @@ class Emulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request: rendering.Request) -> Any:
         if request.resource is not None:
+            if self.write_latency and request.action in (
+                enums.action.CREATE,
+                enums.action.UPDATE,
+                enums.action.DELETE,
+            ):
+                await asyncio.sleep(self.write_latency)
             code = self._fault(request)
             if code is not None:
                 raise kmock.KubernetesError(status=code, reason="InjectedFault", message=f"injected {code}")
@@ -119,7 +132,9 @@ class Emulator(kmock.KubernetesEmulator):
             elif request.action == enums.action.UPDATE:
                 if not isinstance(request.data, dict):
                     raise kmock.KubernetesError(
-                        status=415, reason="UnsupportedMediaType", message="this emulator takes merge patches only"
+                        status=415,
+                        reason="UnsupportedMediaType",
+                        message="this emulator takes merge patches only",
                     )
                 self._stamp_update(request)
         response = await super()._handle(request)
@@ -135,9 +150,7 @@ class Emulator(kmock.KubernetesEmulator):
     async def _collect_garbage(self) -> None:
         """Deletes every object whose owners are all gone (background cascading deletion)."""
         while True:
-            alive = {
-                obj.get("metadata", {}).get("uid") for obj in self._objects.values() if not obj.deleted
-            }
+            alive = {obj.get("metadata", {}).get("uid") for obj in self._objects.values() if not obj.deleted}
             orphans = []
             for key, obj in self._objects.items():
                 if obj.deleted:
@@ -184,17 +197,23 @@ class Emulator(kmock.KubernetesEmulator):
     def object_names(self, resource: str, namespace: str) -> list[str]:
         wanted = kmock.resource(resource)
         return sorted(
-            name for (res, ns, name), obj in self._objects.items() if res == wanted and ns == namespace and not obj.deleted
+            name
+            for (res, ns, name), obj in self._objects.items()
+            if res == wanted and ns == namespace and not obj.deleted
         )
 
-    async def play(self, resource: str, namespace: str, name: str, patch: dict[str, Any], subresource: str = "status") -> None:
+    async def play(
+        self, resource: str, namespace: str, name: str, patch: dict[str, Any], subresource: str = "status"
+    ) -> None:
         """Plays a missing controller: patches an object through the HTTP API, as that controller would."""
         group_version, plural = resource.rsplit("/", 1)
         prefix = "/api" if "/" not in group_version else "/apis"
         url = f"{prefix}/{group_version}/namespaces/{namespace}/{plural}/{name}"
         if subresource:
             url += f"/{subresource}"
-        async with self.patch(url, json=patch, headers={"Content-Type": "application/merge-patch+json"}) as resp:
+        async with self.patch(
+            url, json=patch, headers={"Content-Type": "application/merge-patch+json"}
+        ) as resp:
             assert resp.status < 300, await resp.text()
 
     def api_requests(self) -> list[rendering.Request]:

@@ -22,7 +22,6 @@ from typing import Any
 
 import kmock
 import yaml
-
 from distillery_operator.controller import ControllerSettings
 from distillery_operator.main import run
 from kube_emulator import DJ, Emulator

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from distillery_operator.decide import Decision, decide
 from distillery_operator.observe import SUMMARIZERS, Child, Health, Observed, assemble
 from distillery_operator.workqueue import Backoff, WorkQueue
@@ -146,7 +145,9 @@ def test_multi_teacher_status_counts_each_teacher() -> None:
     status = world.body["status"]
     assert status["teachersReady"] == "1/3"
     assert [t["ready"] for t in status["teachers"]] == [True, False, False]
-    assert "code" in status["message"] and "general" in status["message"] and "math (" not in status["message"]
+    assert (
+        "code" in status["message"] and "general" in status["message"] and "math (" not in status["message"]
+    )
     world.play("Deployment", "mopd-math-code-teacher-code", {"conditions": [
         {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "deadline exceeded"}
     ]})  # fmt: skip
@@ -176,7 +177,9 @@ def test_colocated_teacher_is_ready_when_the_trainer_runs() -> None:
     world.settle()
     assert world.body["status"]["phase"] == "Pending"  # nothing outside the trainer to wait for
     assert world.body["status"]["teachers"][0]["ready"] is False
-    world.play("RayJob", "colocated-teacher-trainer", {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"})
+    world.play(
+        "RayJob", "colocated-teacher-trainer", {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}
+    )
     world.settle()
     assert world.body["status"]["phase"] == "Running"
     assert world.body["status"]["teachers"][0] == {

@@ -19,8 +19,8 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from kube_emulator import CONFIGMAPS, DEPLOYMENTS, DJ, EVENTS, RAYJOBS, SERVICES  # noqa: E402
-from operator_harness import (  # noqa: E402
+from kube_emulator import CONFIGMAPS, DEPLOYMENTS, DJ, EVENTS, RAYJOBS, SERVICES
+from operator_harness import (
     FAST,
     REPO,
     Cluster,
@@ -31,7 +31,7 @@ from operator_harness import (  # noqa: E402
     wait_for,
 )
 
-from distillery.api import API_VERSION  # noqa: E402
+from distillery.api import API_VERSION
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,7 +56,8 @@ def writes(cluster: Cluster) -> list[Any]:
     return [
         r
         for r in cluster.emulator.api_requests()
-        if r.action is not None and str(getattr(r.action, "value", r.action)).lower() in ("create", "update")
+        if r.action is not None
+        and str(getattr(r.action, "value", r.action)).lower() in ("create", "update")
         and r.resource is not None
         and r.resource.plural != "events"
     ]
@@ -87,8 +88,12 @@ async def test_lifecycle_with_kubectl(operator: Cluster) -> None:
     # The Deployment controller reports the teachers ready, one by one.
     for index, name in enumerate(MOPD_TEACHERS):
         await c.play_deployment(name, 1)
-        await wait_for(lambda i=index: c.status(MOPD).get("teachersReady") == f"{i + 1}/3", what="teacher ready")
-    await wait_for(lambda: (c.condition(MOPD, "TeachersReady") or {}).get("status") == "True", what="TeachersReady")
+        await wait_for(
+            lambda i=index: c.status(MOPD).get("teachersReady") == f"{i + 1}/3", what="teacher ready"
+        )
+    await wait_for(
+        lambda: (c.condition(MOPD, "TeachersReady") or {}).get("status") == "True", what="TeachersReady"
+    )
     await wait_for(lambda: phase(c, MOPD) == "Pending", what="Pending while the trainer starts")
 
     # KubeRay starts the job.
@@ -110,7 +115,9 @@ async def test_lifecycle_with_kubectl(operator: Cluster) -> None:
     await wait_for(lambda: phase(c, MOPD) == "Succeeded", what="Succeeded")
     assert c.condition(MOPD, "Complete")["status"] == "True"
     await wait_for(
-        lambda: all(c.emulator.obj(DEPLOYMENTS, c.namespace, n)["spec"]["replicas"] == 0 for n in MOPD_TEACHERS),
+        lambda: all(
+            c.emulator.obj(DEPLOYMENTS, c.namespace, n)["spec"]["replicas"] == 0 for n in MOPD_TEACHERS
+        ),
         what="teachers scaled to zero",
     )
     assert c.status(MOPD)["completionTime"]
@@ -126,7 +133,9 @@ async def test_lifecycle_with_kubectl(operator: Cluster) -> None:
     # Level-triggered and idempotent: more events change nothing once converged.
     before = len(writes(c))
     await c.play_rayjob(f"{MOPD}-trainer", "SUCCEEDED", "Complete")  # KubeRay repeats itself
-    await c.emulator.play(DJ, c.namespace, MOPD, {"metadata": {"annotations": {"touched": "yes"}}}, subresource="")
+    await c.emulator.play(
+        DJ, c.namespace, MOPD, {"metadata": {"annotations": {"touched": "yes"}}}, subresource=""
+    )
     await asyncio.sleep(0.5)
     assert len(writes(c)) == before + 2  # only the two writes this test made
     assert phase(c, MOPD) == "Succeeded"
@@ -144,16 +153,26 @@ async def test_suspend_and_resume(operator: Cluster) -> None:
 
     await c.kubectl("patch", "dj", "gkd-jsd", "--type=merge", "-p", '{"spec":{"suspend":true}}')
     await wait_for(lambda: phase(c, "gkd-jsd") == "Suspended", what="Suspended")
-    await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, rayjob)["spec"]["suspend"] is True, what="suspend")
-    await wait_for(lambda: c.emulator.obj(DEPLOYMENTS, c.namespace, deployment)["spec"]["replicas"] == 0, what="0")
+    await wait_for(
+        lambda: c.emulator.obj(RAYJOBS, c.namespace, rayjob)["spec"]["suspend"] is True, what="suspend"
+    )
+    await wait_for(
+        lambda: c.emulator.obj(DEPLOYMENTS, c.namespace, deployment)["spec"]["replicas"] == 0, what="0"
+    )
     assert c.condition("gkd-jsd", "Suspended")["status"] == "True"
     assert c.condition("gkd-jsd", "SpecApplied")["status"] == "True"  # suspend is a live field
 
     await c.kubectl("patch", "dj", "gkd-jsd", "--type=merge", "-p", '{"spec":{"suspend":false}}')
-    await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, rayjob)["spec"]["suspend"] is False, what="resume")
-    await wait_for(lambda: c.emulator.obj(DEPLOYMENTS, c.namespace, deployment)["spec"]["replicas"] == 1, what="1")
+    await wait_for(
+        lambda: c.emulator.obj(RAYJOBS, c.namespace, rayjob)["spec"]["suspend"] is False, what="resume"
+    )
+    await wait_for(
+        lambda: c.emulator.obj(DEPLOYMENTS, c.namespace, deployment)["spec"]["replicas"] == 1, what="1"
+    )
     await wait_for(lambda: c.condition("gkd-jsd", "Suspended")["status"] == "False", what="not suspended")
-    await wait_for(lambda: phase(c, "gkd-jsd") == "Running", what="Running again")  # KubeRay still says RUNNING
+    await wait_for(
+        lambda: phase(c, "gkd-jsd") == "Running", what="Running again"
+    )  # KubeRay still says RUNNING
 
 
 async def test_kueue_owns_the_unsuspend(operator: Cluster) -> None:
@@ -164,9 +183,12 @@ async def test_kueue_owns_the_unsuspend(operator: Cluster) -> None:
     created = c.emulator.obj(RAYJOBS, c.namespace, rayjob)
     assert created["spec"]["suspend"] is True
     assert created["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
-    assert c.emulator.obj(DEPLOYMENTS, c.namespace, f"{name}-teacher-qwen-7b")["metadata"]["labels"].get(
-        "kueue.x-k8s.io/queue-name"
-    ) is None  # teachers are not queued by Kueue
+    assert (
+        c.emulator.obj(DEPLOYMENTS, c.namespace, f"{name}-teacher-qwen-7b")["metadata"]["labels"].get(
+            "kueue.x-k8s.io/queue-name"
+        )
+        is None
+    )  # teachers are not queued by Kueue
     await wait_for(lambda: (c.condition(name, "TrainerReady") or {}).get("reason") == "Queued", what="Queued")
     assert phase(c, name) == "Pending"
 
@@ -179,7 +201,9 @@ async def test_kueue_owns_the_unsuspend(operator: Cluster) -> None:
 
     # Suspending the DistillationJob does force the RayJob's suspend.
     await c.patch_spec(name, {"suspend": True})
-    await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, rayjob)["spec"]["suspend"] is True, what="forced")
+    await wait_for(
+        lambda: c.emulator.obj(RAYJOBS, c.namespace, rayjob)["spec"]["suspend"] is True, what="forced"
+    )
 
 
 async def test_spec_update_live_and_refused(operator: Cluster) -> None:
@@ -192,7 +216,9 @@ async def test_spec_update_live_and_refused(operator: Cluster) -> None:
     teachers = c.job(MOPD)["spec"]["teachers"]
     teachers[0]["replicas"] = 3
     await c.patch_spec(MOPD, {"teachers": teachers})
-    await wait_for(lambda: c.emulator.obj(DEPLOYMENTS, c.namespace, MOPD_TEACHERS[0])["spec"]["replicas"] == 3, what="3")
+    await wait_for(
+        lambda: c.emulator.obj(DEPLOYMENTS, c.namespace, MOPD_TEACHERS[0])["spec"]["replicas"] == 3, what="3"
+    )
     await wait_for(lambda: c.status(MOPD).get("observedGeneration") == 2, what="generation 2")
     assert c.condition(MOPD, "SpecApplied")["status"] == "True"
 
@@ -235,7 +261,9 @@ async def test_invalid_spec_gets_a_condition_an_event_and_no_children(operator: 
     await wait_for(lambda: phase(c, MOPD) == "Invalid", what="Invalid")
     valid = c.condition(MOPD, "Valid")
     assert valid["status"] == "False" and "spec.teachers[1].endpoint" in valid["message"]
-    found = await wait_for(lambda: [e for e in events_for(c, MOPD) if e["reason"] == "InvalidSpec"], what="event")
+    found = await wait_for(
+        lambda: [e for e in events_for(c, MOPD) if e["reason"] == "InvalidSpec"], what="event"
+    )
     event = found[0]
     assert event["type"] == "Warning" and "spec.teachers[1].endpoint" in event["message"]
     for resource in (DEPLOYMENTS, SERVICES, CONFIGMAPS, RAYJOBS):
@@ -287,7 +315,9 @@ async def test_external_teacher_outage_and_recovery(operator: Cluster) -> None:
     cond = c.condition(name, "TeachersReady")
     assert cond["reason"] == "TeacherUnavailable" and f"127.0.0.1:{port}/health" in cond["message"]
     await wait_for(
-        lambda: any(e["reason"] == "TeacherUnavailable" and e["type"] == "Warning" for e in events_for(c, name)),
+        lambda: any(
+            e["reason"] == "TeacherUnavailable" and e["type"] == "Warning" for e in events_for(c, name)
+        ),
         what="a Warning event",
     )
 
@@ -306,8 +336,12 @@ async def test_api_errors_are_retried_and_shown(operator: Cluster) -> None:
         lambda: "API error" in (c.status("gkd-jsd").get("message") or ""), what="the error in the status"
     )
     assert "create Deployment/gkd-jsd-teacher-teacher" in c.status("gkd-jsd")["message"]
-    await wait_for(lambda: c.emulator.obj(DEPLOYMENTS, c.namespace, "gkd-jsd-teacher-teacher"), what="retried")
-    await wait_for(lambda: "API error" not in (c.status("gkd-jsd").get("message") or ""), what="message cleared")
+    await wait_for(
+        lambda: c.emulator.obj(DEPLOYMENTS, c.namespace, "gkd-jsd-teacher-teacher"), what="retried"
+    )
+    await wait_for(
+        lambda: "API error" not in (c.status("gkd-jsd").get("message") or ""), what="message cleared"
+    )
     await wait_for(lambda: any(e["reason"] == "ApiError" for e in events_for(c, "gkd-jsd")), what="event")
     assert c.emulator.faults[("create", "apps/v1/deployments")] == []
 
@@ -326,7 +360,9 @@ async def test_idle_jobs_cost_no_api_writes(cluster: Cluster) -> None:
         assert [(r.method, str(r.url.path)) for r in after] == []
 
 
-async def test_operator_killed_mid_reconcile_converges_without_duplicates(cluster: Cluster, tmp_path: Path) -> None:
+async def test_operator_killed_mid_reconcile_converges_without_duplicates(
+    cluster: Cluster, tmp_path: Path
+) -> None:
     c = cluster
     jobs = [f"crash-{i}" for i in range(4)]
     for name in jobs:
@@ -350,7 +386,9 @@ async def test_operator_killed_mid_reconcile_converges_without_duplicates(cluste
 
     proc = spawn_operator(c, *args, log=tmp_path / "operator-2.log")
     try:
-        await wait_for(lambda: all(phase(c, n) == "StartingTeachers" for n in jobs), timeout=30, what="converged")
+        await wait_for(
+            lambda: all(phase(c, n) == "StartingTeachers" for n in jobs), timeout=30, what="converged"
+        )
         await wait_for(
             lambda: all(c.emulator.obj(RAYJOBS, c.namespace, f"{n}-trainer") for n in jobs), what="RayJobs"
         )
@@ -383,7 +421,9 @@ async def test_rbac_pairs_are_what_the_chart_grants(operator: Cluster) -> None:
     await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, f"{MOPD}-trainer"), what="RayJob")
     await c.play_deployment(MOPD_TEACHERS[0], 1)
     await wait_for(lambda: events_for(c, MOPD), what="an event")
-    operator_requests = [r for r in c.emulator.api_requests()[1:] if r.resource is not None]  # [0]: our create
+    operator_requests = [
+        r for r in c.emulator.api_requests()[1:] if r.resource is not None
+    ]  # [0]: our create
     pairs = verbs_used(operator_requests, writes_only=True)
     assert pairs >= {
         ("create", "core:configmaps"),

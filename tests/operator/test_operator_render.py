@@ -17,18 +17,17 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-
-from distillery.api import DistillationJob, Placement
-from distillery.runtime_config import CONFIG_KEY, RuntimeConfig
-from distillery.validation import load_job
 from distillery_operator import naming
 from distillery_operator.render import (
     ENTRYPOINT,
     RenderContext,
     render_job,
-    render_manifest_stream,
     spec_hash,
 )
+
+from distillery.api import DistillationJob, Placement
+from distillery.runtime_config import CONFIG_KEY, RuntimeConfig
+from distillery.validation import load_job
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -67,7 +66,9 @@ def undeclared_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[
                 out.extend(undeclared_fields(value, schema["properties"][key], f"{path}.{key}"))
         return out
     if isinstance(obj, list) and "items" in schema:
-        return [f for i, item in enumerate(obj) for f in undeclared_fields(item, schema["items"], f"{path}[{i}]")]
+        return [
+            f for i, item in enumerate(obj) for f in undeclared_fields(item, schema["items"], f"{path}[{i}]")
+        ]
     return []
 
 
@@ -141,7 +142,8 @@ def test_standalone_teacher_deployment_and_service() -> None:
 def test_extra_args_node_selector_and_tolerations_pass_through() -> None:
     doc = yaml.safe_load((ROOT / "examples" / "gkd.yaml").read_text())
     doc["spec"]["teachers"][0]["pool"].update(
-        nodeSelector={"gpu": "h100"}, tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        nodeSelector={"gpu": "h100"},
+        tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
     )
     job = DistillationJob.model_validate(doc)
     (deployment,) = by_kind(render_job(job, CTX), "Deployment")
@@ -187,7 +189,11 @@ def test_rayjob_runs_the_runtime_with_the_config() -> None:
     for template in (spec["rayClusterSpec"]["headGroupSpec"]["template"], workers["template"]):
         mounts = {m["mountPath"] for m in template["spec"]["containers"][0]["volumeMounts"]}
         assert {"/etc/distillery", "/checkpoints"} <= mounts
-        claims = [v["persistentVolumeClaim"]["claimName"] for v in template["spec"]["volumes"] if "persistentVolumeClaim" in v]
+        claims = [
+            v["persistentVolumeClaim"]["claimName"]
+            for v in template["spec"]["volumes"]
+            if "persistentVolumeClaim" in v
+        ]
         assert claims == ["distill-checkpoints"]
 
 
@@ -233,7 +239,9 @@ def test_long_job_names_give_valid_distinct_names() -> None:
 def test_spec_hash_ignores_live_fields_only() -> None:
     job = load("gkd.yaml")
     (deployment,) = by_kind(render_job(job, CTX), "Deployment")
-    (scaled,) = by_kind(render_job(job, RenderContext("team-a", CTX.owner_uid, teachers_scaled_to_zero=True)), "Deployment")
+    (scaled,) = by_kind(
+        render_job(job, RenderContext("team-a", CTX.owner_uid, teachers_scaled_to_zero=True)), "Deployment"
+    )
     assert scaled["spec"]["replicas"] == 0 != deployment["spec"]["replicas"]
     assert spec_hash(scaled) == spec_hash(deployment)
     changed = {**deployment, "spec": {**deployment["spec"], "progressDeadlineSeconds": 5}}
@@ -261,7 +269,10 @@ def test_render_cli_reports_bad_manifests(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text((ROOT / "examples" / "gkd.yaml").read_text().replace("topK: 64", "topK: 0"))
     result = subprocess.run(
-        [sys.executable, "-m", "distillery.cli", "render", str(bad)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "distillery.cli", "render", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 1
     assert "spec.loss.topK" in result.stderr
