@@ -6,6 +6,7 @@ restricted Pod Security Standard; the watch switch gives cluster-wide or per-nam
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from typing import Any
 
@@ -243,3 +244,15 @@ def test_every_value_is_documented_and_exercised() -> None:
     # Every top-level section is changed by at least one scenario, so every switch is rendered.
     changed = {key for scenario in SCENARIOS.values() for key in scenario}
     assert set(values) - changed <= {"fullnameOverride"}
+
+
+def test_dashboards_are_what_the_generator_writes() -> None:
+    spec = importlib.util.spec_from_file_location("dashboards_generate", CHART / "dashboards" / "generate.py")
+    assert spec and spec.loader
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    written = {p.name: p.read_text() for p in (CHART / "dashboards").glob("*.json")}
+    assert written == generate.render_all(), "run: python charts/distillery/dashboards/generate.py"
+    # The generator is not part of the packaged chart (.helmignore), its output is.
+    files = {f["name"] for f in helm_python.Chart.load(str(CHART)).files}
+    assert "dashboards/job.json" in files and "dashboards/generate.py" not in files

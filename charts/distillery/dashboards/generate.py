@@ -317,6 +317,12 @@ def job_dashboard() -> dict[str, Any]:
                     "{{distillery_job}}")),
         12, 8,
     )  # fmt: skip
+    layout.add(
+        timeseries("Prompts truncated", "Prompts cut to data.maxPromptTokens (overlongPrompts: truncate), per second.",
+                   "short",
+                   (f"sum by ({by}) (rate(distillery_runtime_prompts_truncated_total{{{s}}}[{R}]))", "{{distillery_job}}")),
+        12, 8,
+    )  # fmt: skip
     variables = [
         query_var("namespace", "Namespace", "label_values(distillery_runtime_step, namespace)"),
         query_var("job", "Job", 'label_values(distillery_runtime_step{namespace=~"$namespace"}, distillery_job)'),
