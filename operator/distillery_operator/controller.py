@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -72,7 +72,9 @@ class Controller:
 
     def __post_init__(self) -> None:
         self.jobs: dict[JobKey, dict[str, Any]] = {}
-        self.queue = WorkQueue(Backoff(self.settings.backoff_base, self.settings.backoff_cap))
+        self.queue: WorkQueue[JobKey] = WorkQueue(
+            Backoff(self.settings.backoff_base, self.settings.backoff_cap)
+        )
         self.prober = TeacherProber(
             lambda key: self.enqueue(key, "ExternalTeacher"),
             interval=self.settings.probe_interval,
@@ -253,7 +255,13 @@ class Controller:
         try:
             if self._event_context is None:
                 raise LookupError("no kopf context yet")
-            self._event_context.run(kopf.event, dict(body), type=kind, reason=reason, message=message[:1024])
+            self._event_context.run(
+                kopf.event,
+                kopf.Body(cast(kopf.RawBody, dict(body))),
+                type=kind,
+                reason=reason,
+                message=message[:1024],
+            )
         except LookupError:
             # Outside kopf's context (unit tests of the controller): there is no event poster.
             log.info("event %s %s: %s", kind, reason, message)

@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass
@@ -29,25 +32,25 @@ class Backoff:
         self.failures.pop(key, None)
 
 
-class WorkQueue:
+class WorkQueue(Generic[K]):
     def __init__(self, backoff: Backoff | None = None):
-        self._queue: asyncio.Queue[Hashable] = asyncio.Queue()
-        self._dirty: set[Hashable] = set()
-        self._processing: set[Hashable] = set()
-        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._queue: asyncio.Queue[K] = asyncio.Queue()
+        self._dirty: set[K] = set()
+        self._processing: set[K] = set()
+        self._timers: dict[K, asyncio.TimerHandle] = {}
         self.backoff = backoff or Backoff()
 
     def __len__(self) -> int:
         return len(self._dirty)
 
-    def add(self, key: Hashable) -> None:
+    def add(self, key: K) -> None:
         if key in self._dirty:
             return
         self._dirty.add(key)
         if key not in self._processing:
             self._queue.put_nowait(key)
 
-    def add_after(self, key: Hashable, delay: float) -> None:
+    def add_after(self, key: K, delay: float) -> None:
         """Adds the key after `delay` seconds; an earlier pending timer for the key is kept if sooner."""
         loop = asyncio.get_running_loop()
         when = loop.time() + delay
@@ -58,26 +61,26 @@ class WorkQueue:
             timer.cancel()
         self._timers[key] = loop.call_at(when, self._fire, key)
 
-    def _fire(self, key: Hashable) -> None:
+    def _fire(self, key: K) -> None:
         self._timers.pop(key, None)
         self.add(key)
 
-    def add_rate_limited(self, key: Hashable) -> float:
+    def add_rate_limited(self, key: K) -> float:
         delay = self.backoff.next_delay(key)
         self.add_after(key, delay)
         return delay
 
-    def forget(self, key: Hashable) -> None:
+    def forget(self, key: K) -> None:
         self.backoff.forget(key)
 
-    def drop(self, key: Hashable) -> None:
+    def drop(self, key: K) -> None:
         """Forgets everything about a key (its job is gone)."""
         self.forget(key)
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
 
-    async def get(self) -> Hashable:
+    async def get(self) -> K:
         while True:
             key = await self._queue.get()
             if key in self._dirty and key not in self._processing:
@@ -85,7 +88,7 @@ class WorkQueue:
                 self._processing.add(key)
                 return key
 
-    def done(self, key: Hashable) -> None:
+    def done(self, key: K) -> None:
         self._processing.discard(key)
         if key in self._dirty:
             self._queue.put_nowait(key)
