@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import zlib
 
 import pytest
@@ -147,3 +148,22 @@ def test_missing_teacher_inputs_are_reported() -> None:
         distillation_loss(
             logits, resp, mask, TeacherTargets(tids, tlp, tlp[..., 0]), LossConfig(task_reward_coef=1.0)
         )
+
+
+@pytest.mark.parametrize("cfg", CONFIGS[:1] + CONFIGS[6:], ids=_ids)
+def test_masked_vocabulary_columns_stay_finite(cfg: LossConfig) -> None:
+    """Padded vocabulary entries (logit -inf, as Qwen's 151,936 vs 152,064) including the teacher's
+    pad id 0: values and gradients stay finite and match the reference."""
+    logits, resp, mask, tids, tlp, ttok = ref.make_batch(pad_rows=[(1, 2)], pad_entries=2, seed=31)
+    logits[..., 0] = -math.inf
+    logits[..., -5:] = -math.inf
+    resp = resp.clamp(1, logits.shape[-1] - 6)
+    keep = (tids > 0) & (tids < logits.shape[-1] - 5)
+    tlp = torch.where(keep, tlp, -math.inf)
+    ttok = torch.where(
+        torch.isfinite(ttok), torch.log_softmax(logits, -1).gather(-1, resp[..., None])[..., 0] - 0.3, ttok
+    )
+    out, grad, expected, ref_grad = _both(cfg, (logits, resp, mask, tids, tlp, ttok))
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+    torch.testing.assert_close(out.loss, expected, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-8, atol=1e-10)

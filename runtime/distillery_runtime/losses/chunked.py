@@ -27,6 +27,17 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _normaliser(x: torch.Tensor, ids: torch.Tensor, logp_at_ids: torch.Tensor) -> torch.Tensor:
+    """logsumexp(x) per row as x[id] - log_softmax(x)[id] at the row's most probable gathered id
+    (finite, and the smallest rounding error); rows where that is not finite fall back to logsumexp."""
+    best = logp_at_ids.argmax(dim=-1, keepdim=True)
+    lse = (x.gather(-1, ids).gather(-1, best) - logp_at_ids.gather(-1, best)).squeeze(-1)
+    bad = ~torch.isfinite(lse)
+    if bool(bad.any()):
+        lse[bad] = torch.logsumexp(x[bad], dim=-1)
+    return lse
+
+
 class ChunkedGatherLogSoftmax(torch.autograd.Function):
     """out[n, j] = log_softmax(logits[n] / temperature)[ids[n, j]], computed in chunks of tokens.
 
@@ -56,12 +67,12 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
             x = logits[s:e].to(dtype)
             if temperature != 1.0:
                 x = x / temperature
-            # log_softmax is one fused pass on CPU and GPU, faster than torch.logsumexp (which
-            # materialises x - max); the normaliser is recovered from any column.
+            # log_softmax is one fused pass, faster than torch.logsumexp (which materialises
+            # x - max); the normaliser is then recovered from the gathered columns.
             logp = torch.log_softmax(x, dim=-1)
             torch.gather(logp, -1, ids[s:e], out=out[s:e])
-            torch.sub(x[:, 0], logp[:, 0], out=lse[s:e])
             del logp
+            lse[s:e] = _normaliser(x, ids[s:e], out[s:e])
             if student_topk:
                 top[s:e] = x.topk(min(student_topk, v), dim=-1, sorted=False).indices
         ctx.save_for_backward(logits, ids, lse)

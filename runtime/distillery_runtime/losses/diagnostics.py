@@ -21,7 +21,13 @@ def topk_metrics(
     zero = torch.zeros((), dtype=student_topk.dtype, device=student_topk.device)
     s_mass = torch.where(valid, student_topk.detach().exp(), zero).sum(-1)
     t_mass = torch.where(valid, teacher_topk.to(student_topk.dtype).exp(), zero).sum(-1)
-    hits = (teacher_ids.unsqueeze(-1) == student_top_ids.unsqueeze(-2)).any(-1) & valid
+    # Membership by binary search in the sorted student ids: O(K log K) memory-free per token,
+    # instead of a [.., K, K] comparison (134 MB at 32k tokens and K = 64).
+    student_sorted = student_top_ids.sort(dim=-1).values
+    pos = torch.searchsorted(student_sorted, teacher_ids.long().contiguous()).clamp_max(
+        student_sorted.shape[-1] - 1
+    )
+    hits = (student_sorted.gather(-1, pos) == teacher_ids) & valid
     overlap = hits.sum(-1).to(s_mass.dtype) / valid.sum(-1).clamp_min(1).to(s_mass.dtype)
     return {
         "distill/student_topk_mass": masked_mean(s_mass, mask),
