@@ -80,6 +80,8 @@ async def test_every_request_of_the_operator_is_granted(tmp_path: Path) -> None:
         ("create", "core:configmaps"),
         ("patch", "core:configmaps"),
     } <= used
+    # Namespaced mode binds the rules in the watched namespaces only: every request must be inside one.
+    assert {r.namespace for r in requests} == {NAMESPACE}
     for mode in ("defaults", "namespaced"):
         missing = used - chart_grants(SCENARIOS[mode])
         assert not missing, f"{mode}: the operator used {sorted(missing)}, which the chart does not grant"
