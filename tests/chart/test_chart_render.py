@@ -309,3 +309,28 @@ def test_trainer_declares_the_metrics_port_the_pod_monitor_scrapes() -> None:
         for p in c.get("ports", [])
     }
     assert ports.get(port_name) == RuntimeConfig.model_fields["metrics_port"].default
+
+
+@pytest.mark.parametrize("file", ["operator.json", "job.json"])
+def test_dashboard_layout_and_data_source(file: str) -> None:
+    dashboard = json.loads((CHART / "dashboards" / file).read_text())
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: set[tuple[int, int]] = set()
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24
+        area = {
+            (x, y)
+            for x in range(grid["x"], grid["x"] + grid["w"])
+            for y in range(grid["y"], grid["y"] + grid["h"])
+        }
+        assert not area & cells, f"panel {panel['title']!r} overlaps another"
+        cells |= area
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        refs = [t["refId"] for t in panel["targets"]]
+        assert refs and len(set(refs)) == len(refs)
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
