@@ -5,6 +5,7 @@
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/distillery
 WORKDIR /src
@@ -13,6 +14,7 @@ COPY distillery ./distillery
 COPY operator ./operator
 # The runtime's sources come along (one package for all three), its dependencies do not.
 COPY runtime ./runtime
+# The build fails if anything pulled the ML stack in.
 RUN /opt/distillery/bin/pip install ".[operator]" \
  && ! /opt/distillery/bin/pip show torch vllm ray 2>/dev/null | grep -q '^Name:'
 

@@ -15,7 +15,9 @@ LABEL org.opencontainers.image.title="distillery-runtime" \
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 PATH=/opt/distillery/bin:$PATH
 # wget: KubeRay's exec probes call it; git: Hugging Face downloads of repos with code; tini: reaps
-# the Ray and vLLM worker processes.
+# the Ray and vLLM worker processes. Versions come from the base image's Ubuntu release (pinning exact
+# Debian versions breaks the build whenever the archive moves on).
+# hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential \
         wget git ca-certificates tini \
@@ -27,6 +29,8 @@ COPY pyproject.toml README.md ./
 COPY distillery ./distillery
 COPY operator ./operator
 COPY runtime ./runtime
+# Our own package from the build context; its dependencies are pinned by pyproject's ranges and vLLM's.
+# hadolint ignore=DL3013
 RUN pip install ".[runtime]" && rm -rf /src
 # Ray expects a writable home; KubeRay runs the containers as this user (uid 1000) by default.
 RUN useradd --uid 1000 --create-home --shell /bin/bash ray
