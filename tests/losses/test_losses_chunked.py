@@ -22,7 +22,7 @@ def test_gradcheck_float64(temperature: float, chunk: int) -> None:
     logits, ids = _inputs()
     logits.requires_grad_(True)
     assert torch.autograd.gradcheck(
-        lambda x: ChunkedGatherLogSoftmax.apply(x, ids, temperature, chunk, 0)[0],
+        lambda x: ChunkedGatherLogSoftmax.apply(x[None], ids[None], temperature, chunk, 0)[0],
         (logits,),
         eps=1e-6,
         atol=1e-8,
@@ -69,3 +69,20 @@ def test_bad_shapes_are_refused() -> None:
     logits, ids = _inputs()
     with pytest.raises(ValueError):
         gather_log_softmax(logits[None], ids)
+
+
+@pytest.mark.parametrize("chunk", [2, 3, 100])
+def test_gradcheck_float64_on_a_shifted_batch_view(chunk: int) -> None:
+    """[B, T, V] input that is a non-contiguous slice (the trainer's shifted logits), chunks
+    crossing sequence boundaries, bf16-free float64 gradcheck."""
+    g = torch.Generator().manual_seed(4)
+    full = torch.randn(2, 6, 11, generator=g, dtype=torch.float64).requires_grad_(True)
+    ids = torch.randint(0, 11, (2, 4, 3), generator=g)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        view = x[:, 1:5]
+        assert not view.is_contiguous()
+        return gather_log_softmax(view, ids, 0.9, chunk_tokens=chunk)[0]
+
+    assert torch.autograd.gradcheck(fn, (full,), eps=1e-6, atol=1e-8)
+    torch.testing.assert_close(fn(full), F.log_softmax(full[:, 1:5] / 0.9, -1).gather(-1, ids))

@@ -38,14 +38,19 @@ def _normaliser(x: torch.Tensor, ids: torch.Tensor, logp_at_ids: torch.Tensor) -
     return lse
 
 
-class ChunkedGatherLogSoftmax(torch.autograd.Function):
-    """out[n, j] = log_softmax(logits[n] / temperature)[ids[n, j]], computed in chunks of tokens.
+def _chunks(batch: int, tokens: int, chunk: int) -> list[tuple[int, slice]]:
+    return [(i, slice(s, min(s + chunk, tokens))) for i in range(batch) for s in range(0, tokens, chunk)]
 
-    Forward saves logits (by reference), ids and the per-token log-normaliser
-    lse[n] = logsumexp(logits[n] / temperature). Backward, with g = grad of out:
-        d logits[n, v] = (sum_j g[n, j] [ids[n, j] = v] - softmax(logits[n] / T)[v] sum_j g[n, j]) / T
-    recomputed one chunk at a time. Optional second output: each token's top-`student_topk`
-    ids (no gradient), found in the same pass for the overlap diagnostic.
+
+class ChunkedGatherLogSoftmax(torch.autograd.Function):
+    """out[b, t, j] = log_softmax(logits[b, t] / T)[ids[b, t, j]], computed in chunks of tokens.
+
+    logits [B, T, V] may be a non-contiguous view (e.g. the shifted slice of the model's output):
+    it is read chunk by chunk, never copied whole. Forward saves logits (by reference), ids and
+    the per-token log-normaliser lse = logsumexp(logits / T). Backward, with g = grad of out:
+        d logits[b, t, v] = (sum_j g[b, t, j] [ids[b, t, j] = v] - softmax(logits[b, t] / T)[v] sum_j g[b, t, j]) / T
+    recomputed one chunk at a time. Second output: each token's top-`student_topk` ids (no
+    gradient), found in the same pass for the overlap diagnostic.
     """
 
     @staticmethod
@@ -57,24 +62,23 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
         chunk_tokens: int,
         student_topk: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        n, v = logits.shape
+        b, t, v = logits.shape
         dtype = _compute_dtype(logits.dtype)
         out = torch.empty(ids.shape, dtype=dtype, device=logits.device)
-        lse = torch.empty(n, dtype=dtype, device=logits.device)
-        top = torch.empty((n, student_topk), dtype=torch.long, device=logits.device)
-        for s in range(0, n, chunk_tokens):
-            e = min(s + chunk_tokens, n)
-            x = logits[s:e].to(dtype)
+        lse = torch.empty((b, t), dtype=dtype, device=logits.device)
+        top = torch.empty((b, t, student_topk), dtype=torch.long, device=logits.device)
+        for i, c in _chunks(b, t, chunk_tokens):
+            x = logits[i, c].to(dtype)
             if temperature != 1.0:
                 x = x / temperature
             # log_softmax is one fused pass, faster than torch.logsumexp (which materialises
             # x - max); the normaliser is then recovered from the gathered columns.
             logp = torch.log_softmax(x, dim=-1)
-            torch.gather(logp, -1, ids[s:e], out=out[s:e])
+            torch.gather(logp, -1, ids[i, c], out=out[i, c])
             del logp
-            lse[s:e] = _normaliser(x, ids[s:e], out[s:e])
+            lse[i, c] = _normaliser(x, ids[i, c], out[i, c])
             if student_topk:
-                top[s:e] = x.topk(min(student_topk, v), dim=-1, sorted=False).indices
+                top[i, c] = x.topk(min(student_topk, v), dim=-1, sorted=False).indices
         ctx.save_for_backward(logits, ids, lse)
         ctx.temperature = temperature
         ctx.chunk_tokens = chunk_tokens
@@ -90,27 +94,24 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
         chunk: int = ctx.chunk_tokens  # type: ignore[attr-defined]
         grad_out = grad_out.to(lse.dtype)
         neg_gsum = -grad_out.sum(dim=-1, keepdim=True)
-        grad = torch.empty_like(logits)
-        # Same dtype: build the chunk's gradient in place inside `grad` (no temporary at all).
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        # Same dtype: build each chunk's gradient in place inside `grad` (no temporary at all).
         in_place = logits.dtype == lse.dtype
-        for s in range(0, logits.shape[0], chunk):
-            e = min(s + chunk, logits.shape[0])
+        for i, c in _chunks(logits.shape[0], logits.shape[1], chunk):
             buf = (
-                grad[s:e]
-                if in_place
-                else torch.empty((e - s, logits.shape[1]), dtype=lse.dtype, device=logits.device)
+                grad[i, c] if in_place else torch.empty(grad[i, c].shape, dtype=lse.dtype, device=grad.device)
             )
             if temperature != 1.0:
-                torch.div(logits[s:e], temperature, out=buf)
-                buf.sub_(lse[s:e, None])
+                torch.div(logits[i, c], temperature, out=buf)
+                buf.sub_(lse[i, c, None])
             else:
-                torch.sub(logits[s:e], lse[s:e, None], out=buf)
-            buf.exp_().mul_(neg_gsum[s:e])
-            buf.scatter_add_(-1, ids[s:e], grad_out[s:e])
+                torch.sub(logits[i, c], lse[i, c, None], out=buf)
+            buf.exp_().mul_(neg_gsum[i, c])
+            buf.scatter_add_(-1, ids[i, c], grad_out[i, c])
             if temperature != 1.0:
                 buf.div_(temperature)
             if not in_place:
-                grad[s:e].copy_(buf)
+                grad[i, c].copy_(buf)
         return grad, None, None, None, None
 
 
@@ -121,16 +122,23 @@ def gather_log_softmax(
     chunk_tokens: int | None = None,
     student_topk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log_softmax(logits / temperature) gathered at ids, without a full [N, V] log-softmax.
+    """log_softmax(logits / temperature) gathered at ids, without a full log-softmax over V.
 
-    logits [N, V] (any float dtype), ids [N, J] int64. Returns (log-probs [N, J] in float32 or
-    float64, student top-`student_topk` ids [N, student_topk] or an empty [N, 0] tensor).
+    logits [N, V] or [B, T, V] (any float dtype, views welcome), ids [N, J] or [B, T, J]. Returns
+    (log-probs [.., J] in float32, or float64 for float64 logits; the student's top-`student_topk`
+    ids [.., student_topk], empty when 0).
     """
-    if logits.dim() != 2 or ids.dim() != 2 or ids.shape[0] != logits.shape[0]:
+    if logits.dim() not in (2, 3) or ids.dim() != logits.dim() or ids.shape[:-1] != logits.shape[:-1]:
         raise ValueError(
-            f"expected logits [N, V] and ids [N, J], got {tuple(logits.shape)}, {tuple(ids.shape)}"
+            f"expected logits [.., V] and ids [.., J] (2 or 3 dims), got {tuple(logits.shape)}, {tuple(ids.shape)}"
         )
     chunk = chunk_tokens or chunk_tokens_for(logits.shape[-1])
-    return ChunkedGatherLogSoftmax.apply(
-        logits, ids.long(), float(temperature), int(chunk), int(student_topk)
+    flat = logits.dim() == 2
+    out, top = ChunkedGatherLogSoftmax.apply(
+        logits.unsqueeze(0) if flat else logits,
+        (ids.unsqueeze(0) if flat else ids).long(),
+        float(temperature),
+        int(chunk),
+        int(student_topk),
     )
+    return (out.squeeze(0), top.squeeze(0)) if flat else (out, top)

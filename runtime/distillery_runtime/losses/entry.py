@@ -39,33 +39,43 @@ def distillation_loss(
     Tokens where the teacher has nothing (token log-prob not finite for the sampled-token modes,
     all top-k entries -inf for the top-k modes) are dropped from the mask: they add nothing.
     """
-    b, t, v = student_logits.shape
+    if (
+        student_logits.dim() != 3
+        or response_ids.shape != student_logits.shape[:2]
+        or mask.shape != response_ids.shape
+    ):
+        raise ValueError(
+            f"expected student_logits [B, T, V], response_ids and mask [B, T]; got {tuple(student_logits.shape)}, "
+            f"{tuple(response_ids.shape)}, {tuple(mask.shape)}"
+        )
     mask = mask.bool()
     use_task = config.task_reward_coef > 0.0
     if use_task and task_advantages is None:
         raise ValueError("task_reward_coef > 0 needs task_advantages")
 
     # One pass over the vocabulary: column 0 is the sampled token, then the teacher's top-k.
-    ids = response_ids.reshape(b * t, 1)
+    ids = response_ids.long().unsqueeze(-1)
     k = 0
     if config.uses_topk:
         if teacher.topk_ids is None or teacher.topk_logprobs is None:
             raise ValueError(f"loss mode {config.mode!r} needs teacher topk_ids and topk_logprobs")
         k = teacher.topk_ids.shape[-1]
-        ids = torch.cat([ids, teacher.topk_ids.reshape(b * t, k)], dim=-1)
-    flat = student_logits.reshape(b * t, v)
+        ids = torch.cat([ids, teacher.topk_ids.long()], dim=-1)
     if _shift_invariant(config, use_task):
         # The loss renormalises over the top-k, so it does not depend on the log-normaliser and
         # neither does its gradient: take the exact log-probs without autograd (for the values and
         # the metrics) and route the gradient through a plain gather of the logits, whose backward
         # is the gradient tensor itself - no softmax over V in backward.
         with torch.no_grad():
-            logp, student_top_ids = gather_log_softmax(flat, ids, config.temperature, config.chunk_tokens, k)
-        raw = flat.gather(-1, ids).to(logp.dtype) / config.temperature
+            logp, student_top_ids = gather_log_softmax(
+                student_logits, ids, config.temperature, config.chunk_tokens, k
+            )
+        raw = student_logits.gather(-1, ids).to(logp.dtype) / config.temperature
         logp = logp + (raw - raw.detach())
     else:
-        logp, student_top_ids = gather_log_softmax(flat, ids, config.temperature, config.chunk_tokens, k)
-    logp = logp.reshape(b, t, 1 + k)
+        logp, student_top_ids = gather_log_softmax(
+            student_logits, ids, config.temperature, config.chunk_tokens, k
+        )
     student_token = logp[..., 0]
 
     if config.uses_topk:
@@ -128,7 +138,7 @@ def distillation_loss(
                 inputs.teacher_topk,
                 inputs.topk_valid,
                 teacher.topk_ids,
-                student_top_ids.reshape(b, t, k),
+                student_top_ids,
                 counted,
             )
         )
