@@ -1,0 +1,19 @@
+"""Bundled synthetic tasks a tiny model learns on CPU in minutes: the quick-start and the benchmarks.
+
+`resolve_uri("synthetic://addition/teacher")` (and `/student`, `/train`, `/eval`) gives a local path,
+preparing the task once (cached). `score_answer` is the task's exact-match check and
+`model_accuracy` a model directory's held-out accuracy under greedy decoding.
+"""
+
+from distillery_runtime.tasks.addition import score_answer
+from distillery_runtime.tasks.uri import SCHEME, is_synthetic, parse_uri, resolve_uri
+
+
+def model_accuracy(model_dir, rows, **kw):  # type: ignore[no-untyped-def]
+    """Held-out accuracy of a saved model (lazy import: torch/transformers load only when needed)."""
+    from distillery_runtime.tasks.evaluate import model_accuracy as _impl
+
+    return _impl(model_dir, rows, **kw)
+
+
+__all__ = ["SCHEME", "is_synthetic", "model_accuracy", "parse_uri", "resolve_uri", "score_answer"]

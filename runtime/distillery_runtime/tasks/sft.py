@@ -1,0 +1,83 @@
+"""Supervised fine-tuning of a causal LM on (prompt, response) pairs: the preparation step's trainer.
+
+Used to train the synthetic task's teacher and the student's weak start, and by the quality benchmark
+as the off-policy baseline (SFT on teacher-generated answers). The loss covers the response tokens and
+EOS only; prompts are context.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+IGNORE = -100
+
+
+def encode_batch(
+    tokenizer: PreTrainedTokenizerBase, pairs: Sequence[tuple[str, str]]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded input ids, attention mask and labels (-100 outside response + EOS)."""
+    seqs, label_seqs = [], []
+    for prompt, response in pairs:
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        r = [*tokenizer(response, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+        seqs.append(p + r)
+        label_seqs.append([IGNORE] * len(p) + r)
+    width = max(len(s) for s in seqs)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+    labels = torch.tensor([s + [IGNORE] * (width - len(s)) for s in label_seqs])
+    return ids, mask, labels
+
+
+def sft_loss(
+    model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labelled positions."""
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=IGNORE
+    )
+
+
+def train_sft(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    batches: Callable[[int], Sequence[tuple[str, str]]],
+    *,
+    steps: int,
+    lr: float,
+    warmup: int = 50,
+    weight_decay: float = 0.0,
+    on_step: Callable[[int, float], bool | None] | None = None,
+) -> PreTrainedModel:
+    """AdamW with linear warmup and cosine decay; `batches(step)` gives that step's pairs.
+
+    `on_step(step, loss)` is called after each update (1-based step); returning True stops training
+    early (the quality benchmark stops when a target accuracy is reached).
+    """
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    for step in range(steps):
+        ids, mask, labels = encode_batch(tokenizer, batches(step))
+        loss = sft_loss(model, ids, mask, labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if on_step is not None and on_step(step + 1, loss.item()):
+            break
+    return model.eval()

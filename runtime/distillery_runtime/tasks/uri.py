@@ -1,0 +1,37 @@
+"""Resolve `synthetic://<task>/<artefact>` strings (model and data paths in a job spec) to local paths.
+
+`synthetic://addition/teacher` and `.../student` are model directories (transformers + vLLM),
+`.../train` and `.../eval` are jsonl datasets. The first resolution prepares the task (cached).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SCHEME = "synthetic://"
+ARTEFACTS = {"teacher": "teacher", "student": "student", "train": "train.jsonl", "eval": "eval.jsonl"}
+TASKS = ("addition",)
+
+
+def is_synthetic(uri: str) -> bool:
+    return uri.startswith(SCHEME)
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    """(task, artefact) of a synthetic URI; ValueError names what is allowed."""
+    if not is_synthetic(uri):
+        raise ValueError(f"{uri!r} is not a {SCHEME} URI")
+    task, _, artefact = uri[len(SCHEME) :].strip("/").partition("/")
+    if task not in TASKS:
+        raise ValueError(f"unknown synthetic task {task!r} in {uri!r}; known: {', '.join(TASKS)}")
+    if artefact not in ARTEFACTS:
+        raise ValueError(f"unknown artefact {artefact!r} in {uri!r}; known: {', '.join(ARTEFACTS)}")
+    return task, artefact
+
+
+def resolve_uri(uri: str) -> Path:
+    """The local path behind a synthetic URI, preparing the task on first use."""
+    from distillery_runtime.tasks.prepare import prepare_addition
+
+    _task, artefact = parse_uri(uri)
+    return prepare_addition() / ARTEFACTS[artefact]
