@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import pytest
-
-from distillery_runtime.tasks.addition import Problem, is_held_out, little_endian, sample_problems, score_answer
+from distillery_runtime.tasks.addition import (
+    Problem,
+    is_held_out,
+    little_endian,
+    sample_problems,
+    score_answer,
+)
 
 
 def decode(text: str) -> int:
     return int(text[::-1])
 
 
-@pytest.mark.parametrize(("value", "width", "text"), [(582, 4, "2850"), (0, 3, "000"), (7, 3, "700"), (1998, 4, "8991")])
+@pytest.mark.parametrize(
+    ("value", "width", "text"), [(582, 4, "2850"), (0, 3, "000"), (7, 3, "700"), (1998, 4, "8991")]
+)
 def test_little_endian(value, width, text):
     assert little_endian(value, width) == text
 
@@ -48,7 +55,13 @@ def test_asking_for_more_held_out_problems_than_exist_fails():
 
 @pytest.mark.parametrize(
     ("response", "answer", "ok"),
-    [("2850", "2850", True), (" 2850\n", "2850", True), ("2851", "2850", False), ("28500", "2850", False), ("", "2850", False)],
+    [
+        ("2850", "2850", True),
+        (" 2850\n", "2850", True),
+        ("2851", "2850", False),
+        ("28500", "2850", False),
+        ("", "2850", False),
+    ],
 )
 def test_score_answer(response, answer, ok):
     assert score_answer(response, answer) is ok

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from transformers import AutoTokenizer
-
 from distillery_runtime.tasks.addition import ALPHABET
 from distillery_runtime.tasks.tokenizer import build_char_tokenizer
+from transformers import AutoTokenizer
 
 
 def test_one_token_per_character_and_round_trip(tmp_path):

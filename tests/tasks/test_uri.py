@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from distillery_runtime.tasks import is_synthetic, parse_uri
 
 
