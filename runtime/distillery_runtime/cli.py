@@ -147,6 +147,7 @@ async def _run(config: RuntimeConfig, in_cluster: bool, args: argparse.Namespace
         stop=stop,
         metrics=metrics,
         status=status,
+        on_event=lambda message: print(message, flush=True),
     )
     loop = Loop(config, options)  # data and tokenizer problems surface here, before any process starts
     check_teacher_tokenizers(config, loop.tokenizer)

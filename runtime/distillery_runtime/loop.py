@@ -17,6 +17,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -338,7 +339,7 @@ class Loop:
             "time/teacher_s": rolled["teacher_s"],
             "time/train_s": t_sync - t_train,
             "time/sync_s": finished - t_sync,
-            "samples_per_teacher": {},
+            "samples_per_teacher": dict(Counter(s.teacher for s in samples)),
             "metrics": train_metrics,
             "time": time.time(),
         }
@@ -346,7 +347,6 @@ class Loop:
     def _publish(self, c: Components, record: dict[str, Any]) -> None:
         stats = c.scoring.take_stats()
         self.metrics.record_retries(c.scoring.retries())
-        record["samples_per_teacher"] = {name: n for name, n in stats.samples.items()}
         self.records.append(record)
         self.metrics_file.write(record)
         self.metrics.record_step(record, dict(stats.seconds))

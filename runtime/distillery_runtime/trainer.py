@@ -273,7 +273,9 @@ class Trainer:
 
     def gradients(self) -> dict[str, torch.Tensor]:
         """The last step's gradients after all-reduce and clipping (what the optimizer applied)."""
-        return {n: p.grad.detach().cpu().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+        return {
+            n: p.grad.detach().cpu().clone() for n, p in self.model.named_parameters() if p.grad is not None
+        }
 
     @torch.no_grad()
     def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:

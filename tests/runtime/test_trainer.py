@@ -5,37 +5,12 @@ The data-parallel test runs real Ray actors joined by torch.distributed (gloo on
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from distillery_runtime.losses import LossConfig
-from distillery_runtime.samples import TrainSample
 from distillery_runtime.trainer import Trainer, TrainerSettings, step_normalizer
 
-
-def make_samples(n: int, vocab: int, k: int, seed: int = 0) -> list[TrainSample]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        p, r = 3 + i % 3, 2 + (i * 2) % 5
-        logits = torch.randn(r, vocab, generator=g) * 2
-        logp = torch.log_softmax(logits, -1)
-        top = logp.topk(k, -1)
-        response = torch.randint(4, vocab, (r,), generator=g)
-        mask = np.ones(r, bool)
-        mask[-1] = i % 2 == 0  # some positions the teacher did not score
-        out.append(
-            TrainSample(
-                prompt_ids=torch.randint(4, vocab, (p,), generator=g).tolist(),
-                response_ids=response.tolist(),
-                old_logprobs=None,
-                topk_ids=top.indices.numpy().astype(np.int32),
-                topk_logprobs=top.values.numpy().astype(np.float32),
-                token_logprobs=logp.gather(-1, response[:, None])[:, 0].numpy(),
-                teacher_mask=mask,
-            )
-        )
-    return out
+from tests.runtime.helpers import make_samples
 
 
 def settings(

@@ -1,0 +1,171 @@
+"""`distillery run` end to end, as a user runs it: real Ray, real vLLM engines, real checkpoints.
+
+- validation errors: all printed, before any work;
+- a standalone teacher (our teacher server on loopback) with one-step-off rollout, stopped by Ctrl-C
+  (checkpoint + report);
+- SIGKILL mid-step, resume: the same steps and the same losses as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from transformers import AutoModelForCausalLM
+
+from tests.runtime.conftest import distillery_command, manifest, run_env
+
+
+def read_records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def wait_for_step(process: subprocess.Popen, metrics: Path, step: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(r["step"] >= step for r in read_records(metrics)):
+            return
+        if process.poll() is not None:
+            out = process.stdout.read().decode(errors="replace") if process.stdout else ""
+            raise AssertionError(f"run exited with {process.returncode} before step {step}:\n{out[-4000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen:
+    # Own session: a SIGKILL of the whole group is what a node or pod failure does to the run.
+    return subprocess.Popen(
+        distillery_command(*args),
+        cwd=cwd,
+        env=run_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    out, _ = process.communicate(timeout=timeout)
+    return process.returncode, out.decode(errors="replace")
+
+
+def test_invalid_manifest_reports_every_problem_before_any_work(job_files, write_manifest, tmp_path):
+    doc = manifest(job_files, name="bad")
+    doc["spec"]["loss"] = {"mode": "jsd", "topK": 0}
+    doc["spec"]["teachers"][0]["placement"] = "external"  # external without an endpoint
+    doc["spec"]["schedule"]["microBatchSize"] = 0
+    out_dir = tmp_path / "out"
+    result = subprocess.run(
+        distillery_command(str(write_manifest(doc)), "-o", str(out_dir)),
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    for path in ("spec.loss.topK", "spec.teachers[0].endpoint", "spec.schedule.microBatchSize"):
+        assert path in result.stderr
+    assert not out_dir.exists()  # nothing was started or written
+
+
+def test_overlong_prompts_fail_before_any_process_starts(job_files, write_manifest, tmp_path):
+    doc = manifest(job_files, name="long")
+    doc["spec"]["data"]["maxPromptTokens"] = 3
+    result = subprocess.run(
+        distillery_command(str(write_manifest(doc)), "-o", str(tmp_path / "o")),
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "longer than data.maxPromptTokens=3" in result.stderr and "row 0" in result.stderr
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_standalone_teacher_with_one_step_off_stops_cleanly_on_ctrl_c(job_files, write_manifest, tmp_path):
+    doc = manifest(
+        job_files,
+        name="standalone",
+        teachers=[
+            {
+                "name": "teacher",
+                "model": str(job_files.teacher),
+                "placement": "standalone",
+                "inference": {"dtype": "float32"},
+            }
+        ],
+        loss={"mode": "k3"},
+        schedule={
+            "steps": 6,
+            "promptsPerStep": 4,
+            "microBatchSize": 4,
+            "checkpointEvery": 0,
+            "evalEvery": 1,
+            "oneStepOff": True,
+        },
+    )
+    path, out = write_manifest(doc), tmp_path / "out"
+    process = start([str(path), "-o", str(out), "--no-progress"], tmp_path)
+    wait_for_step(process, out / "metrics.jsonl", 2)
+    os.kill(process.pid, signal.SIGINT)  # Ctrl-C: finish the step, checkpoint, report
+    code, log = finish(process)
+    assert code == 130, log
+    records = read_records(out / "metrics.jsonl")
+    stopped_at = records[-1]["step"]
+    assert [r["step"] for r in records] == list(range(1, stopped_at + 1)) and 2 <= stopped_at < 6
+    assert (out / "checkpoints" / f"step-{stopped_at:08d}" / "COMPLETE").exists(), log
+    assert (out / "report.md").exists() and "(stopped)" in (out / "report.md").read_text()
+    # One-step-off: step 1 trains on samples of the initial weights, step 2 on samples drawn while
+    # step 1 trained - one optimizer step old.
+    assert records[0]["staleness"] == 0 and records[1]["staleness"] == 1
+    assert all(r["samples_per_teacher"] == {"teacher": 8} for r in records)
+    assert all(r["time/rollout_s"] > 0 and r["time/train_s"] > 0 and r["time/sync_s"] > 0 for r in records)
+    evals = read_records(out / "eval.jsonl")
+    assert evals[0]["step"] == 0 and all(0.0 <= e["eval_accuracy"] <= 1.0 for e in evals)
+    report = (out / "report.md").read_text()
+    assert "Held-out accuracy" in report and "| rollout | teacher | train | sync | step |" in report
+    for png in ("loss.png", "kl.png", "eval_accuracy.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The checkpointed student is a Hugging Face checkpoint.
+    AutoModelForCausalLM.from_pretrained(out / "checkpoints" / f"step-{stopped_at:08d}" / "model")
+
+
+@pytest.mark.slow
+def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(job_files, write_manifest, tmp_path):
+    doc = manifest(
+        job_files,
+        name="killme",
+        schedule={"steps": 5, "promptsPerStep": 4, "microBatchSize": 2, "checkpointEvery": 2},
+    )
+    path = write_manifest(doc)
+
+    reference = tmp_path / "reference"
+    code, log = finish(start([str(path), "-o", str(reference), "--no-progress"], tmp_path))
+    assert code == 0, log
+
+    out = tmp_path / "interrupted"
+    process = start([str(path), "-o", str(out), "--no-progress"], tmp_path)
+    wait_for_step(process, out / "metrics.jsonl", 3)
+    time.sleep(0.05)  # inside step 4
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    assert max(r["step"] for r in read_records(out / "metrics.jsonl")) < 5
+
+    code, log = finish(start([str(path), "-o", str(out), "--no-progress", "--resume"], tmp_path))
+    assert code == 0, log
+    assert "resuming from" in log and "step-00000002" in log
+
+    expected, got = read_records(reference / "metrics.jsonl"), read_records(out / "metrics.jsonl")
+    assert [r["step"] for r in got] == [1, 2, 3, 4, 5]
+    for a, b in zip(expected, got, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-7), (a["step"], a["loss"], b["loss"])
+        assert b["response_tokens"] == a["response_tokens"]
