@@ -80,8 +80,8 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
             if student_topk:
                 top[i, c] = x.topk(min(student_topk, v), dim=-1, sorted=False).indices
         ctx.save_for_backward(logits, ids, lse)
-        ctx.temperature = temperature
-        ctx.chunk_tokens = chunk_tokens
+        ctx.temperature = temperature  # type: ignore[attr-defined]
+        ctx.chunk_tokens = chunk_tokens  # type: ignore[attr-defined]
         ctx.mark_non_differentiable(top)
         return out, top
 
