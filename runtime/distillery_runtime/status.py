@@ -49,7 +49,7 @@ class StatusReporter:
     def __init__(self, namespace: str, name: str, *, api: Any = None, min_interval: float = 10.0) -> None:
         self.namespace, self.name = namespace, name
         self.min_interval = min_interval
-        self._last = 0.0
+        self._last = float("-inf")
         self._eval: float | None = None
         if api is None:
             from kubernetes import client, config
