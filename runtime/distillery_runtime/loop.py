@@ -278,12 +278,15 @@ class Loop:
             if one_step_off and step < self.total and not self.options.stop.is_set():
                 pending = asyncio.create_task(self.rollout_and_score(c, step + 1))
             else:
-                await c.scoring.sleep()
+                # Nothing samples or scores while the student trains: colocated engines free the device
+                # (vLLM sleep mode on GPU; a no-op on CPU, where vLLM has none).
+                await asyncio.gather(c.scoring.sleep(), c.rollout.sleep.remote())
             samples = self.train_samples(rolled)
             t_train = time.perf_counter()
             train_metrics = await self.train(c, samples)
             self.version += 1
             t_sync = time.perf_counter()
+            await c.rollout.wake_up.remote()
             await self.sync(c)
             finished = time.perf_counter()
             self.step_done, self.position = step, step * self.spec.schedule.prompts_per_step

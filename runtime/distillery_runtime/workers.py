@@ -7,7 +7,6 @@ the new weights go from trainer rank 0 to the rollout actor as an ObjectRef, nev
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -48,8 +47,9 @@ class TrainerWorker:
 
     def rendezvous(self) -> str:
         """rank 0: the tcp:// address the group initialises on."""
-        host = socket.gethostbyname(socket.gethostname()) if os.environ.get("RAY_CLUSTER") else "127.0.0.1"
-        return f"tcp://{host}:{free_port()}"
+        import ray
+
+        return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
 
     def init_group(self, init_method: str) -> bool:
         import torch.distributed as dist

@@ -169,3 +169,43 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(job_files, wr
     for a, b in zip(expected, got, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-7), (a["step"], a["loss"], b["loss"])
         assert b["response_tokens"] == a["response_tokens"]
+
+
+async def test_waiting_for_teachers_is_bounded_and_names_the_missing_ones(job_files):
+    from distillery_runtime.local import TeachersNotReady, wait_for_teachers
+    from distillery_runtime.workers import free_port
+
+    from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
+    from distillery.validation import parse_job
+
+    job = parse_job(manifest(job_files))
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    teacher = ResolvedTeacher(
+        name="teacher", placement="external", protocol=TeacherProtocol.OPENAI, endpoints=[dead],
+        served_model_name="t", max_logprobs=4, max_model_len=64,
+    )  # fmt: skip
+    config = RuntimeConfig(job_name="tiny", spec=job.spec, teachers=[teacher])
+    started = time.monotonic()
+    with pytest.raises(
+        TeachersNotReady, match=r"teachers not ready after 2 s: teacher at http://127\.0\.0\.1"
+    ):
+        await wait_for_teachers(config, timeout=2.0, interval=0.2)
+    assert time.monotonic() - started < 10
+
+
+def test_load_config_reads_a_manifest_or_a_resolved_cluster_config(job_files, write_manifest, tmp_path):
+    from distillery_runtime.cli import load_config
+
+    from distillery.runtime_config import resolve_runtime_config
+    from distillery.validation import parse_job
+
+    path = write_manifest(manifest(job_files, name="both"))
+    local_config, in_cluster = load_config(str(path))
+    assert not in_cluster and local_config.status_target is None and local_config.job_name == "both"
+
+    resolved = resolve_runtime_config(parse_job(manifest(job_files, name="both")), "team-a", in_cluster=True)
+    json_path = tmp_path / "runtime-config.json"
+    json_path.write_text(resolved.model_dump_json(by_alias=True))
+    cluster_config, in_cluster = load_config(str(json_path))
+    assert in_cluster and cluster_config.status_target.namespace == "team-a"
+    assert cluster_config.teachers[0].protocol.value == "in_process"
