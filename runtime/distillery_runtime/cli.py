@@ -151,6 +151,8 @@ async def _run(config: RuntimeConfig, in_cluster: bool, args: argparse.Namespace
     )
     loop = Loop(config, options)  # data and tokenizer problems surface here, before any process starts
     check_teacher_tokenizers(config, loop.tokenizer)
+    for note in loop.notes:
+        print(f"data: {note}", flush=True)
     loop.restore()
     progress = Progress(loop.total, loop.step_done, plain=args.no_progress or not sys.stdout.isatty())
     options.on_step, options.on_event = progress.step, progress.event
@@ -182,6 +184,9 @@ async def _run(config: RuntimeConfig, in_cluster: bool, args: argparse.Namespace
         "teachers": ", ".join(f"{t.name} ({t.placement.value})" for t in config.spec.teachers),
         "rollout engine": config.spec.student.rollout.engine.value,
         "last checkpoint": result.last_checkpoint,
+        "prompts": f"{len(loop.train_data.records)} train"
+        + (f", {len(loop.eval_data.records)} eval" if loop.eval_data else "")
+        + (f"; {'; '.join(loop.notes)}" if loop.notes else ""),
     }
     report = write_report(
         out_dir, job_name=config.job_name, records=result.records, evals=result.evals, summary=summary

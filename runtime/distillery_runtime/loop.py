@@ -113,6 +113,12 @@ class Loop:
         self.eval_file = JsonlWriter(out / "eval.jsonl")
         self.metrics = options.metrics or RuntimeMetrics()
         self.metrics.total_steps.set(self.total)
+        for prepared in (self.train_data, self.eval_data):
+            if prepared is not None and prepared.truncated:
+                self.metrics.truncated.inc(prepared.truncated)
+        self.notes = [
+            f"{p.source}: {note}" for p in (self.train_data, self.eval_data) if p for note in p.notes
+        ]
         self.records: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []
         self.step_done = 0
