@@ -113,6 +113,8 @@ class _OperatorScenario:
 
     def __init__(self, tmp_path: Path, metrics_port: int) -> None:
         self.tmp_path, self.metrics_port = tmp_path, metrics_port
+        self.operator_up = threading.Event()
+        self.go = threading.Event()
         self.done = threading.Event()
         self.stop: asyncio.Event | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -124,6 +126,10 @@ class _OperatorScenario:
         self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
         try:
             async with scenario_operator(self.tmp_path, metrics_port=self.metrics_port) as cluster:
+                self.operator_up.set()
+                # Counters that appear and move between two scrapes show no rate: the scenario starts
+                # once Prometheus scrapes the operator.
+                await asyncio.to_thread(self.go.wait, 60)
                 # A burst of API errors over a few seconds (backoff 0.05 s doubling to 0.5 s), so that
                 # several scrapes see the error counter grow.
                 self.outcome = await drive(cluster, flaky_failures=12)
@@ -133,8 +139,18 @@ class _OperatorScenario:
             self.error = error
             self.done.set()
 
-    def start(self, timeout: float = 120) -> dict[str, Any]:
+    def start(self, prometheus: Prometheus, timeout: float = 120) -> dict[str, Any]:
         self.thread.start()
+        if not self.operator_up.wait(60):
+            raise AssertionError(f"the operator did not start: {self.error!r}")
+        prometheus.wait_for(
+            lambda: any(
+                t["labels"]["job"] == "distillery-operator" and t["health"] == "up"
+                for t in prometheus.targets()
+            ),
+            what="a scrape of the operator",
+        )
+        self.go.set()
         self.done.wait(timeout)
         if self.error is not None:
             raise self.error
@@ -143,6 +159,7 @@ class _OperatorScenario:
         return self.outcome
 
     def close(self) -> None:
+        self.go.set()
         if self.loop is not None and self.stop is not None:
             self.loop.call_soon_threadsafe(self.stop.set)
         self.thread.join(30)
@@ -168,7 +185,7 @@ def running_stack(workdir: Path) -> Iterator[Stack]:
     scenario = _OperatorScenario(workdir, operator_port)
     try:
         with run_prometheus(workdir, targets, [rules]) as prometheus:
-            outcome = scenario.start()
+            outcome = scenario.start(prometheus)
             # Past the stalled window and a few evaluations, with every target scraped.
             time.sleep(RULE_VALUES["prometheusRule"]["jobStalledSeconds"] + 2)
             prometheus.wait_for(

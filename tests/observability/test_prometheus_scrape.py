@@ -138,7 +138,13 @@ def test_every_alert_expression_returns_series(stack: Stack) -> None:
     rules = rule_expressions(stack)
     assert {name for name, _ in rules} == ALERTS
     empty = [name for name, expr in rules if not stack.prometheus.query(expr)]
-    assert empty == []
+    # On failure, show the raw series the empty expressions were computed from.
+    raw = {}
+    for name, expr in rules:
+        if name in empty:
+            names = "|".join(re.findall(r"distillery_\w+", expr))
+            raw[name] = stack.prometheus.query(f'{{__name__=~"{names}"}}[1m]')
+    assert empty == [], raw
 
 
 def _firing(stack: Stack) -> dict[str, list[dict[str, Any]]]:
