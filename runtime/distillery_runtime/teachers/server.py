@@ -17,7 +17,8 @@ serve`); the model may also be given positionally. Routes:
 Both APIs share the one `AsyncLLM` engine of the process: the compact endpoint submits its
 requests with `detokenize=False` and receives the engine core's top-k tensors as arrays
 (`engine_scoring`), so at large K it skips the per-entry Python objects and text decoding that
-limit the OpenAI endpoint. The route is added by wrapping vLLM's `build_app` before calling
+limit the OpenAI endpoint; on CPU the top-k selection itself is replaced by an exact
+faster one (`fast_topk`, `DISTILLERY_FAST_TOPK=0` disables it). The route is added by wrapping vLLM's `build_app` before calling
 vLLM's own `run_server`, so start-up, flags, shutdown and signals behave exactly like `vllm
 serve`. The `__main__` guard matters: vLLM starts its engine process with spawn.
 """
@@ -32,6 +33,7 @@ from fastapi.responses import ORJSONResponse, Response
 
 from distillery_runtime.teachers.dense import check_sample, check_top_k
 from distillery_runtime.teachers.engine_scoring import install_tensor_logprobs, score_sequences
+from distillery_runtime.teachers.fast_topk import install_fast_topk
 from distillery_runtime.teachers.types import ScoreRequest, TeacherError
 from distillery_runtime.teachers.wire import (
     INFO_PATH,
@@ -43,6 +45,10 @@ from distillery_runtime.teachers.wire import (
 )
 
 router = APIRouter()
+
+# At import, not in main(): vLLM's engine and worker processes are spawned and re-import this
+# module as `__mp_main__`, so the worker that runs the sampler gets the faster top-k too.
+FAST_TOPK = install_fast_topk()
 
 
 def _limits(engine) -> tuple[int, int]:  # type: ignore[no-untyped-def]
@@ -60,6 +66,7 @@ async def info(request: Request) -> ORJSONResponse:
             "max_model_len": max_model_len,
             "max_logprobs": max_logprobs,
             "format": "DSC1",
+            "fast_topk": FAST_TOPK,
         }
     )
 
