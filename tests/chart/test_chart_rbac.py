@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from chart.helm_chart import CHART, SCENARIOS, by_kind, render_objects
 from chart.operator_scenario import NAMESPACE, drive, operator_requests, scenario_operator
-from operator_harness import verbs_used
+from operator_harness import load_example, running_cluster, verbs_used
 
 Grant = tuple[str, str]
 """(verb, "group:resource") with the core group spelt "core", as `verbs_used` reports requests."""
@@ -103,3 +103,40 @@ def test_namespaced_binding_covers_the_scenario_namespace() -> None:
         rb for rb in by_kind(objects, "RoleBinding") if rb["metadata"]["name"] == "distillery-operator"
     ]
     assert [rb["metadata"]["namespace"] for rb in bindings] == [NAMESPACE]
+
+
+def runtime_role_grants() -> set[Grant]:
+    (role,) = [r for r in by_kind(render_objects(), "Role") if r["metadata"]["name"] == "distillery-runtime"]
+    return {
+        (verb, f"{group or 'core'}:{resource}")
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+async def test_runtime_role_covers_the_trainers_status_reports(tmp_path: Path) -> None:
+    # The trainer's real status reporter (kubernetes client) against the emulated API server.
+    import asyncio
+
+    import kubernetes
+    from distillery_runtime.status import StatusReporter
+
+    async with running_cluster(tmp_path, namespace=NAMESPACE) as cluster:
+        job = load_example("external-teacher.yaml")
+        await cluster.create(job)
+        name = job["metadata"]["name"]
+        configuration = kubernetes.client.Configuration(host=str(cluster.emulator.url).rstrip("/"))
+        api = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(configuration))
+        reporter = StatusReporter(NAMESPACE, name, api=api, min_interval=0)
+        record = {"step": 3, "loss": 0.5, "kl": 0.1, "tokens_per_s": 100.0}
+        await asyncio.to_thread(reporter.progress, record, 10)
+        await asyncio.to_thread(reporter.checkpoint, 3, "/checkpoints/step-3")
+        status = cluster.status(name)
+        # The filter drops the test's own requests (creating the job); the reporter's remain.
+        requests = operator_requests(cluster.emulator.api_requests())
+    assert status["progress"]["step"] == 3 and status["lastCheckpoint"]["step"] == 3
+    used = verbs_used(requests)
+    assert used == {("patch", "distillery.io:distillationjobs/status")}
+    assert used <= runtime_role_grants()
