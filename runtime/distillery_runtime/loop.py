@@ -217,20 +217,23 @@ class Loop:
             requests = plan.generation_requests(
                 records, step, spec.student.rollout.samples_per_prompt, spec.schedule.seed
             )
+            wanted = [r.sample_id for r in requests]
             stream = c.rollout.stream.options(num_returns="streaming").remote(requests, self.sampling)
             async for ref in stream:
                 submit(await ref)
         else:
-            for sample in plan.dataset_samples(
+            dataset = plan.dataset_samples(
                 records, step, spec.student.rollout.samples_per_prompt, self.version
-            ):
+            )
+            wanted = [s.sample_id for s in dataset]
+            for sample in dataset:
                 submit(sample)
         rollout_done = time.perf_counter()
         scored = await asyncio.gather(*scoring_tasks)
         done = time.perf_counter()
         # Samples stream out in completion order; train in request order so a run is reproducible.
-        order = {s.sample_id: i for i, s in enumerate(samples)}
-        ranked = sorted(range(len(samples)), key=lambda i: _slot(samples[i].sample_id, order))
+        position = {sample_id: i for i, sample_id in enumerate(wanted)}
+        ranked = sorted(range(len(samples)), key=lambda i: position[samples[i].sample_id])
         return {
             "samples": [samples[i] for i in ranked],
             "scored": [scored[i] for i in ranked],
@@ -409,15 +412,6 @@ class Loop:
         if self.options.status is not None:
             self.options.status.eval_accuracy(accuracy)
         return accuracy
-
-
-def _slot(sample_id: str, order: dict[str, int]) -> tuple[int, int]:
-    """Request order of a sample id `s{step}-p{row}-{j}`; unknown shapes keep arrival order."""
-    try:
-        _, prompt, j = sample_id.split("-")
-        return int(prompt[1:]), int(j)
-    except ValueError:
-        return order[sample_id], 0
 
 
 def _combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
