@@ -92,7 +92,7 @@ def test_train_sample_takes_the_teachers_row():
 def test_lr_schedule_warmup_then_cosine():
     f = [lr_factor(s, warmup_steps=2, total_steps=10, min_lr_ratio=0.1) for s in range(10)]
     assert f[0] == 0.5 and f[1] == 1.0 and f[2] == 1.0
-    assert all(a >= b for a, b in itertools.pairwise(f))
+    assert all(a >= b for a, b in itertools.pairwise(f[2:]))
     assert lr_factor(10, warmup_steps=2, total_steps=10, min_lr_ratio=0.1) == pytest.approx(0.1)
 
 
