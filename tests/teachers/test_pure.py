@@ -170,3 +170,56 @@ def test_tokenizer_compat() -> None:
     other = build_tokenizer(["completely different words here"] * 50 + texts[:3], 300)
     with pytest.raises(TokenizerMismatchError, match=r"id \d+: student '.*' vs teacher '.*'"):
         check_tokenizer_compat(student, other, teacher_name="math-teacher")
+
+
+def test_vocab_padding_is_allowed(tmp_path) -> None:
+    # same tokenizer, embedding tables of different sizes (as Qwen2.5 152064 vs 151936)
+    from distillery_runtime.models import save_tiny_model
+    from transformers import AutoTokenizer
+
+    tok = build_tokenizer(["1+1=2", "the teacher"] * 20, 300)
+    a = save_tiny_model(tmp_path / "a", tokenizer=tok, hidden=32, layers=1, heads=2)
+    b = save_tiny_model(
+        tmp_path / "b", tokenizer=tok, hidden=32, layers=1, heads=2, model_vocab_size=len(tok) + 64
+    )
+    check_tokenizer_compat(AutoTokenizer.from_pretrained(a), AutoTokenizer.from_pretrained(b))
+
+
+async def test_headless_service_addresses_become_replicas() -> None:
+    from distillery_runtime.teachers.http import EndpointPool
+
+    pool = EndpointPool(["http://localhost:8123/"], resolve_dns=True)
+    await pool.refresh()
+    urls = {e.url for e in pool.endpoints}
+    assert "http://127.0.0.1:8123" in urls
+    assert all(e.host_header == "localhost:8123" for e in pool.endpoints)
+    plain = EndpointPool(["http://10.0.0.7:8000"], resolve_dns=True)
+    await plain.refresh()
+    assert [e.url for e in plain.endpoints] == ["http://10.0.0.7:8000"]
+
+
+def test_fast_topk_is_exact() -> None:
+    import torch
+    from distillery_runtime.teachers.fast_topk import MIN_K, cpu_topk, install_fast_topk
+    from vllm.v1.sample.sampler import Sampler
+
+    torch.manual_seed(0)
+    # bf16-rounded logits make exact ties common, as in a bf16 model
+    x = torch.log_softmax((torch.randn(200, 3000) * 3).bfloat16().float(), -1)
+    tokens = torch.randint(0, 3000, (200,))
+    for k in (MIN_K, 64):
+        values, indices = cpu_topk(x, k)
+        want_v, _ = torch.topk(x, k)
+        assert torch.equal(values, want_v)
+        assert torch.equal(x.gather(1, indices), values)  # the ids really hold those values
+    before = {k: Sampler.gather_logprobs(x, k, tokens) for k in (1, 8, 64)}
+    assert install_fast_topk()
+    try:
+        for k, want in before.items():
+            got = Sampler.gather_logprobs(x, k, tokens)
+            assert torch.equal(got.logprobs, want.logprobs)
+            assert torch.equal(got.selected_token_ranks, want.selected_token_ranks)
+            assert torch.equal(got.logprob_token_ids[:, 0], want.logprob_token_ids[:, 0])
+            assert got.logprob_token_ids.dtype == want.logprob_token_ids.dtype
+    finally:
+        Sampler.gather_logprobs = staticmethod(Sampler.gather_logprobs.__wrapped__)  # restore for other tests

@@ -63,5 +63,6 @@ def install_fast_topk() -> bool:
         )
 
     gather_logprobs._distillery_fast_topk = True  # type: ignore[attr-defined]
+    gather_logprobs.__wrapped__ = original  # type: ignore[attr-defined]
     Sampler.gather_logprobs = staticmethod(gather_logprobs)  # type: ignore[method-assign,assignment]
     return True
