@@ -223,3 +223,27 @@ def test_fast_topk_is_exact() -> None:
             assert got.logprob_token_ids.dtype == want.logprob_token_ids.dtype
     finally:
         Sampler.gather_logprobs = staticmethod(Sampler.gather_logprobs.__wrapped__)  # restore for other tests
+
+
+def test_teacher_survives_a_new_event_loop() -> None:
+    # a trainer may restart its loop; pooled state must follow the running loop, not break
+    import asyncio
+
+    from distillery_runtime.teachers import TeacherUnavailableError
+    from distillery_runtime.teachers.http import EndpointPool, HttpTransport
+
+    transport = HttpTransport(
+        EndpointPool(["http://127.0.0.1:9"]), RetryPolicy(total_timeout=0.3, base_delay=0.01)
+    )
+
+    async def call() -> str:
+        try:
+            await transport.request("GET", "/health")
+        except TeacherUnavailableError as exc:
+            return str(exc)
+        finally:
+            await transport.close()
+        return "answered"
+
+    for _ in range(2):
+        assert "http://127.0.0.1:9" in asyncio.run(call())

@@ -71,6 +71,7 @@ class EndpointPool:
     _resolved_at: float = -1e18
     _turn: int = 0
     _slots: asyncio.Condition | None = None
+    _slots_loop: asyncio.AbstractEventLoop | None = None
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -106,7 +107,9 @@ class EndpointPool:
     async def acquire(self) -> Endpoint:
         """Wait for a free slot on any replica, then take the least loaded one. Choosing when
         a slot frees (not when the request arrives) sends a backlog to the fast replicas."""
-        self._slots = self._slots or asyncio.Condition()
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots_loop is not loop:
+            self._slots, self._slots_loop = asyncio.Condition(), loop
         async with self._slots:
             while True:
                 free = [e for e in self.endpoints if e.outstanding < self.concurrency]
@@ -134,19 +137,24 @@ class HttpTransport:
         self.policy = policy or RetryPolicy()
         self.name = name
         self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._rng = random.Random()
 
     def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
+        loop = asyncio.get_running_loop()
+        # a session belongs to the loop that made it; a teacher reused from another loop
+        # (tests with per-test loops, a restarted trainer loop) gets a fresh one
+        if self._session is None or self._session.closed or self._loop is not loop:
+            self._loop = loop
             total = max(1, self.pool.concurrency * max(1, len(self.pool.urls)) * 4)
             connector = aiohttp.TCPConnector(limit=total, limit_per_host=0, keepalive_timeout=30)
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self._session
 
     async def close(self) -> None:
-        if self._session is not None:
+        if self._session is not None and self._loop is asyncio.get_running_loop():
             await self._session.close()
-            self._session = None
+        self._session = None
 
     async def request(
         self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
