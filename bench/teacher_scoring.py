@@ -161,6 +161,11 @@ def main() -> None:
         "--model-dir", type=Path, default=None, help="existing model dir (default: build a tiny one)"
     )
     ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument(
+        "--no-fast-topk",
+        action="store_true",
+        help="serve with vLLM's own torch.topk (DISTILLERY_FAST_TOPK=0)",
+    )
     args = ap.parse_args()
     # SIGTERM runs the `finally` below, so the teacher server is not left behind
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -175,8 +180,10 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     vocab = len(AutoTokenizer.from_pretrained(model_dir))
+    env = cpu_env(cache)
+    env["DISTILLERY_FAST_TOPK"] = "0" if args.no_fast_topk else "1"
     server = start_teacher_server(model_dir, name="bench", max_model_len=SEQ_LEN + 8, max_logprobs=64,
-                                  log_path=work / "server.log", env=cpu_env(cache))  # fmt: skip
+                                  log_path=work / "server.log", env=env)  # fmt: skip
     try:
         print(f"teacher server {server.url}, model {model_dir} (vocab {vocab}), {N_SEQ} x {SEQ_LEN} tokens")
         results = asyncio.run(run(server.url, "bench", vocab, repeats))
@@ -199,6 +206,7 @@ def main() -> None:
         "bench": "teacher_scoring",
         "tokens": N_SEQ * SEQ_LEN,
         "repeats": repeats,
+        "fast_topk": not args.no_fast_topk,
         "tok_per_s": {str(k): {m: round(v) for m, v in r.items()} for k, r in results.items()},
         "k64_a_over_d": round(r64["a_ours_openai"] / r64["d_openai_ceiling"], 3),
         "k64_b_over_c": round(r64["b_ours_compact"] / r64["c_peer_requests"], 2),
