@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import socket
@@ -113,8 +114,13 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+@functools.cache
+def _template() -> str:
+    return json.dumps(yaml.safe_load((ROOT / "examples" / "gkd.yaml").read_text()))
+
+
 def job_manifest(index: int) -> dict[str, Any]:
-    doc = yaml.safe_load((ROOT / "examples" / "gkd.yaml").read_text())
+    doc = json.loads(_template())
     doc["metadata"] = {"name": f"job-{index:05d}", "namespace": NAMESPACE}
     return doc
 

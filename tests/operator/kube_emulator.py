@@ -59,6 +59,9 @@ class Emulator(kmock.KubernetesEmulator):
     write_latency: float = 0.0
     """Seconds each create/patch/delete takes (a slow API server: makes kill-mid-reconcile tests certain)."""
     faults: dict[tuple[str, str], list[int]] = attrs.field(factory=dict)
+    request_log: list[rendering.Request] = attrs.field(factory=list, init=False)
+    """Every request received, in order (see `_handle` for why kmock's own log is kept short)."""
+    _inflight: dict[int, rendering.Request] = attrs.field(factory=dict, init=False)
     """Injected failures: (action, resource path like 'apps/v1/deployments[/status]') -> HTTP codes to answer
     with, one per matching request, before serving normally again."""
     _versions: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
@@ -145,6 +148,17 @@ class Emulator(kmock.KubernetesEmulator):
         return codes.pop(0) if codes else None
 
     async def _handle(self, request: rendering.Request) -> Any:
+        # kmock dispatches a request by scanning its whole request log through every reaction filter,
+        # O(requests) per request; its log keeps only the requests in flight, the full log is ours.
+        self.request_log.append(request)
+        self._inflight[id(request)] = request
+        self._requests[:] = [r for r in self._requests if id(r) in self._inflight]
+        try:
+            return await self._handle_tracked(request)
+        finally:
+            self._inflight.pop(id(request), None)
+
+    async def _handle_tracked(self, request: rendering.Request) -> Any:
         if request.resource is not None:
             if self.write_latency and request.action in (
                 enums.action.CREATE,
@@ -260,5 +274,5 @@ class Emulator(kmock.KubernetesEmulator):
             assert resp.status < 300, await resp.text()
 
     def api_requests(self) -> list[rendering.Request]:
-        """Every request the server received, in order (kmock's request log)."""
-        return list(self)
+        """Every request the server received, in order."""
+        return list(self.request_log)
