@@ -107,6 +107,19 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
+async def quiet(cluster: Cluster, seconds: float = 0.5, timeout: float = 20.0) -> int:
+    """Waits until the API server has received no request for `seconds`; returns the log length."""
+    deadline = time.monotonic() + timeout
+    count = len(cluster.emulator.request_log)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(seconds)
+        now = len(cluster.emulator.request_log)
+        if now == count:
+            return now
+        count = now
+    raise AssertionError(f"the API server did not go quiet within {timeout}s")
+
+
 def write_kubeconfig(path: Path, url: str, namespace: str) -> Path:
     config = {
         "apiVersion": "v1",

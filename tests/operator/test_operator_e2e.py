@@ -25,6 +25,7 @@ from operator_harness import (
     REPO,
     Cluster,
     load_example,
+    quiet,
     running_operator,
     spawn_operator,
     verbs_used,
@@ -131,6 +132,7 @@ async def test_lifecycle_with_kubectl(operator: Cluster) -> None:
     assert out == "Succeeded"
 
     # Level-triggered and idempotent: more events change nothing once converged.
+    await quiet(c)
     before = len(writes(c))
     await c.play_rayjob(f"{MOPD}-trainer", "SUCCEEDED", "Complete")  # KubeRay repeats itself
     await c.emulator.play(
@@ -352,9 +354,10 @@ async def test_idle_jobs_cost_no_api_writes(cluster: Cluster) -> None:
     async with running_operator(c, settings):
         for index in range(3):
             await c.create(load_example("gkd.yaml", name=f"idle-{index}"))
-        await wait_for(lambda: all(phase(c, f"idle-{i}") for i in range(3)), what="phases")
-        await asyncio.sleep(0.5)
-        before = len(c.emulator.api_requests())
+        await wait_for(
+            lambda: all(phase(c, f"idle-{i}") == "StartingTeachers" for i in range(3)), what="phases"
+        )
+        before = await quiet(c)
         await asyncio.sleep(1.0)  # about ten safety-net resyncs per job
         after = c.emulator.api_requests()[before:]
         assert [(r.method, str(r.url.path)) for r in after] == []
