@@ -317,3 +317,15 @@ def test_child_summaries_are_small() -> None:
     for (kind, _), obj in world.objects.items():
         child = SUMMARIZERS[kind](obj)
         assert isinstance(child, Child) and child.owner_uid == "uid-1" and child.spec_hash
+
+
+def test_a_job_name_that_cannot_name_a_service_is_invalid() -> None:
+    body = job_body("gkd.yaml")
+    body["metadata"]["name"] = "7b-distill"
+    world = World(body)
+    assert world.step().actions == []
+    assert world.body["status"]["phase"] == "Invalid"
+    assert world.condition("Valid")["message"].startswith("metadata.name: must start with a letter")
+    colocated = job_body("colocated-teacher.yaml")
+    colocated["metadata"]["name"] = "7b-colocated"  # no Service: any DNS-1123 name works
+    assert [a.kind for a in World(colocated).step().actions] == ["ConfigMap", "RayJob"]
