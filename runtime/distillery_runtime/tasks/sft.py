@@ -53,6 +53,7 @@ def train_sft(
     lr: float,
     warmup: int = 50,
     weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.98),
     on_step: Callable[[int, float], bool | None] | None = None,
 ) -> PreTrainedModel:
     """AdamW with linear warmup and cosine decay; `batches(step)` gives that step's pairs.
@@ -61,7 +62,7 @@ def train_sft(
     early (the quality benchmark stops when a target accuracy is reached).
     """
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
 
     def schedule(step: int) -> float:
         if step < warmup:

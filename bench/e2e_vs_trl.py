@@ -1,0 +1,453 @@
+"""Distillery vs TRL on the same on-policy distillation, in one invocation, on this machine.
+
+    .venv/bin/pip install -r bench/requirements-trl.txt     # TRL is the benchmark's, not the runtime's
+    python bench/e2e_vs_trl.py --quick                      # a few minutes of steps per system
+    python bench/e2e_vs_trl.py                              # more steps, 3 alternating repeats
+
+Systems, all from the same student initialisation, teacher, prompts, prompts per step, max new
+tokens, sampling temperature, learning rate and schedule, with reverse KL as the loss:
+- distillery: `distillery run` (vLLM CPU rollout, teacher as a loopback vLLM teacher server, Ray
+  trainer), loss `reverse_kl_topk` over the teacher's top-k (k = the whole 16-token vocabulary on
+  the addition task, 16 of 1,031 on the speed task);
+- trl-gkd: `trl.experimental.gkd.GKDTrainer`, lmbda=1 (always on-policy), beta=1 (reverse KL, full
+  vocabulary), HF generate;
+- trl-distill: `trl.DistillationTrainer`, beta=1 (reverse KL), HF generate.
+
+Two parts:
+1. speed: randomly initialised tiny Llamas (`distillery_runtime.models.tiny`) that rarely emit EOS, so
+   every sample is ~max-new-tokens long and generation is a real share of each step; seconds per step
+   (median and spread, first step excluded: warm-up) and peak memory of each system's process tree.
+2. learning: the bundled synthetic addition task; held-out accuracy over steps, the training and wall
+   seconds to reach an accuracy threshold, the final accuracy, and peak memory.
+Runs alternate between systems (repeat r starts with system r mod 3). Each system runs in its own
+process tree, measured the same way (RSS of the tree, sampled every 0.2 s). The last line is a JSON
+summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEMS = ("distillery", "trl-gkd", "trl-distill")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One comparison: what every system is given."""
+
+    name: str
+    student: str
+    teacher: str
+    train: str
+    eval: str | None
+    steps: int
+    prompts_per_step: int = 32
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    lr: float = 3e-4
+    warmup: int = 5
+    top_k: int = 16
+    eval_every: int = 0
+    eval_rows: int = 256
+
+
+# ------------------------------------------------------------------------------------------ measuring
+
+
+def tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    return total
+
+
+def run_measured(command: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[int, float, int]:
+    """(exit code, wall seconds, peak RSS of the process tree in bytes)."""
+    started = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        peak = 0
+        stop = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not stop.is_set():
+                peak = max(peak, tree_rss(proc.pid))
+                stop.wait(0.2)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        code = proc.wait()
+        stop.set()
+        sampler.join()
+    return code, time.monotonic() - started, peak
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
+
+
+# ------------------------------------------------------------------------------------------ distillery
+
+
+def distillery_manifest(s: Setting) -> dict:
+    spec: dict = {
+        "student": {
+            "model": s.student,
+            "precision": "float32",
+            "rollout": {"temperature": s.temperature, "maxNewTokens": s.max_new_tokens},
+            "optimizer": {"lr": s.lr, "warmupSteps": s.warmup},
+            "pool": {"workers": 1, "gpusPerWorker": 0},
+        },
+        "teachers": [
+            {
+                "name": "teacher",
+                "model": s.teacher,
+                "placement": "standalone",
+                "inference": {"dtype": "float32"},
+            }
+        ],
+        "data": {"train": {"path": s.train}, "maxPromptTokens": 64},
+        "loss": {"mode": "reverse_kl_topk", "topK": s.top_k},
+        "schedule": {
+            "steps": s.steps,
+            "promptsPerStep": s.prompts_per_step,
+            "microBatchSize": s.prompts_per_step,
+            "checkpointEvery": 0,
+        },
+    }
+    if s.eval:
+        spec["data"]["eval"] = {"path": s.eval}
+        spec["schedule"]["evalEvery"] = s.eval_every
+    return {
+        "apiVersion": "distillery.io/v1alpha1",
+        "kind": "DistillationJob",
+        "metadata": {"name": f"bench-{s.name}"},
+        "spec": spec,
+    }
+
+
+def run_distillery(s: Setting, out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "job.yaml").write_text(yaml.safe_dump(distillery_manifest(s)))
+    command = [
+        sys.executable,
+        "-m",
+        "distillery.cli",
+        "run",
+        str(out / "job.yaml"),
+        "-o",
+        str(out / "run"),
+        "--no-progress",
+    ]
+    code, wall, peak = run_measured(command, out / "log.txt")
+    if code != 0:
+        raise RuntimeError(f"distillery run failed ({code}); see {out / 'log.txt'}")
+    metrics = read_jsonl(out / "run" / "metrics.jsonl")
+    steps = [(r["step"], r["time/step_s"], r.get("generated_tokens", 0)) for r in metrics]
+    evals, seen = [], 0.0
+    t_first = metrics[0]["time"] - metrics[0]["time/step_s"] if metrics else 0.0
+    for e in read_jsonl(out / "run" / "eval.jsonl"):
+        train_s = sum(sec for step, sec, _ in steps if step <= e["step"])
+        evals.append({"step": e["step"], "accuracy": e["eval_accuracy"], "train_s": train_s})
+        seen += e["seconds"]
+    return {"steps": steps, "evals": evals, "wall_s": wall, "peak_rss": peak, "first_step_at": t_first}
+
+
+# ------------------------------------------------------------------------------------------ TRL (child)
+
+
+def trl_child(system: str, s: Setting, out: Path) -> None:
+    """Runs inside its own process: one TRL trainer on the setting, steps and evals written as jsonl."""
+    import torch
+    from datasets import Dataset
+    from distillery_runtime.tasks.evaluate import accuracy
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(s.student)
+    student = AutoModelForCausalLM.from_pretrained(s.student, dtype=torch.float32)
+    teacher = AutoModelForCausalLM.from_pretrained(s.teacher, dtype=torch.float32).eval()
+    rows = read_jsonl(Path(s.train))
+    eval_rows = read_jsonl(Path(s.eval))[: s.eval_rows] if s.eval else []
+    steps_file, evals_file = open(out / "steps.jsonl", "w"), open(out / "evals.jsonl", "w")  # noqa: SIM115
+
+    class Timer(TrainerCallback):
+        def __init__(self) -> None:
+            self.t0 = 0.0
+            self.train_s = 0.0
+
+        def on_step_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, model=None, **kw):  # type: ignore[no-untyped-def]
+            dt = time.perf_counter() - self.t0
+            self.train_s += dt
+            steps_file.write(
+                json.dumps({"step": state.global_step, "seconds": dt, "time": time.time()}) + "\n"
+            )
+            steps_file.flush()
+            if eval_rows and s.eval_every and state.global_step % s.eval_every == 0:
+                acc = accuracy(model, tokenizer, eval_rows, max_new_tokens=8)
+                model.train()
+                evals_file.write(
+                    json.dumps({"step": state.global_step, "accuracy": acc, "train_s": self.train_s}) + "\n"
+                )
+                evals_file.flush()
+
+    common = dict(
+        output_dir=str(out / "trainer"), per_device_train_batch_size=s.prompts_per_step, gradient_accumulation_steps=1,
+        max_steps=s.steps, learning_rate=s.lr, lr_scheduler_type="cosine", warmup_steps=s.warmup,
+        max_grad_norm=1.0, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
+        save_strategy="no", logging_steps=1, seed=0, dataloader_num_workers=0, disable_tqdm=True,
+    )  # fmt: skip
+    if eval_rows:
+        acc0 = accuracy(student, tokenizer, eval_rows, max_new_tokens=8)
+        evals_file.write(json.dumps({"step": 0, "accuracy": acc0, "train_s": 0.0}) + "\n")
+    if system == "trl-gkd":
+        from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+        data = Dataset.from_list(
+            [
+                {
+                    "messages": [
+                        {"role": "user", "content": r["prompt"]},
+                        {"role": "assistant", "content": r.get("response", "")},
+                    ]
+                }
+                for r in rows
+            ]
+        )
+        args = GKDConfig(
+            **common,
+            lmbda=1.0,
+            beta=1.0,
+            temperature=s.temperature,
+            max_new_tokens=s.max_new_tokens,
+            disable_dropout=True,
+        )
+        trainer = GKDTrainer(
+            model=student,
+            teacher_model=teacher,
+            args=args,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=[Timer()],
+        )
+    else:
+        from trl import DistillationConfig, DistillationTrainer
+
+        data = Dataset.from_list([{"prompt": r["prompt"]} for r in rows])
+        args = DistillationConfig(
+            **common,
+            beta=1.0,
+            temperature=s.temperature,
+            max_completion_length=s.max_new_tokens,
+            disable_dropout=True,
+        )
+        trainer = DistillationTrainer(
+            model=student,
+            teacher_model=teacher,
+            args=args,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=[Timer()],
+        )
+    trainer.train()
+    steps_file.close()
+    evals_file.close()
+
+
+def run_trl(system: str, s: Setting, out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "setting.json").write_text(json.dumps(asdict(s)))
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        system,
+        "--setting",
+        str(out / "setting.json"),
+        "--out",
+        str(out),
+    ]
+    code, wall, peak = run_measured(command, out / "log.txt")
+    if code != 0:
+        raise RuntimeError(f"{system} failed ({code}); see {out / 'log.txt'}")
+    steps = [(r["step"], r["seconds"], 0) for r in read_jsonl(out / "steps.jsonl")]
+    return {"steps": steps, "evals": read_jsonl(out / "evals.jsonl"), "wall_s": wall, "peak_rss": peak}
+
+
+# ------------------------------------------------------------------------------------------ settings
+
+
+def speed_setting(out: Path, steps: int) -> Setting:
+    """Random tiny Llamas (student 0.4M, teacher 1.6M parameters) and 512 short prompts."""
+    import torch
+    from distillery_runtime.models.tiny import build_tokenizer, default_texts, save_tiny_model
+
+    root = out / "speed-models"
+    if not (root / "train.jsonl").exists():
+        tok = build_tokenizer(vocab_size=1031)
+        save_tiny_model(
+            root / "student", tokenizer=tok, hidden=128, layers=2, heads=2, seed=1, dtype=torch.float32
+        )
+        save_tiny_model(
+            root / "teacher", tokenizer=tok, hidden=256, layers=2, heads=4, seed=2, dtype=torch.float32
+        )
+        prompts = [" ".join(t.split()[:6]) for t in default_texts(512, seed=3)]
+        (root / "train.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return Setting(
+        "speed", str(root / "student"), str(root / "teacher"), str(root / "train.jsonl"), None, steps
+    )
+
+
+def learning_setting(steps: int, eval_every: int) -> Setting:
+    from distillery_runtime.tasks import resolve_uri
+
+    task = resolve_uri("synthetic://addition/teacher").parent
+    return Setting(
+        "addition", str(task / "student"), str(task / "teacher"), str(task / "train.jsonl"), str(task / "eval.jsonl"),
+        steps, eval_every=eval_every, eval_rows=512,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def step_stats(runs: list[dict]) -> dict:
+    times = [sec for run in runs for step, sec, _ in run["steps"] if step > 1]
+    if not times:
+        return {"median_s": None, "p10_s": None, "p90_s": None}
+    q = statistics.quantiles(times, n=10) if len(times) > 1 else [times[0]] * 9
+    return {"median_s": statistics.median(times), "p10_s": q[0], "p90_s": q[-1], "n": len(times)}
+
+
+def reach(evals: list[dict], threshold: float) -> dict | None:
+    for e in evals:
+        if e["accuracy"] >= threshold:
+            return e
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--parts", nargs="*", default=["speed", "learning"], choices=["speed", "learning"])
+    parser.add_argument("--systems", nargs="*", default=list(SYSTEMS), choices=SYSTEMS)
+    parser.add_argument(
+        "--threshold", type=float, default=0.8, help="held-out accuracy for time-to-threshold"
+    )
+    parser.add_argument("--output", type=Path, default=ROOT / "runs" / "bench-e2e")
+    parser.add_argument("--child", choices=SYSTEMS[1:], help=argparse.SUPPRESS)
+    parser.add_argument("--setting", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        trl_child(args.child, Setting(**json.loads(args.setting.read_text())), args.out)
+        return 0
+
+    repeats = 1 if args.quick else 3
+    speed_steps, learn_steps, eval_every = (8, 40, 5) if args.quick else (16, 80, 5)
+    args.output.mkdir(parents=True, exist_ok=True)
+    settings = []
+    if "speed" in args.parts:
+        settings.append(speed_setting(args.output, speed_steps))
+    if "learning" in args.parts:
+        settings.append(learning_setting(learn_steps, eval_every))
+
+    results: dict[str, dict[str, list[dict]]] = {}
+    for s in settings:
+        results[s.name] = {system: [] for system in args.systems}
+        n_rep = repeats if s.name == "speed" else 1
+        for r in range(n_rep):
+            order = args.systems[r % len(args.systems) :] + args.systems[: r % len(args.systems)]
+            for system in order:
+                print(f"[{s.name}] repeat {r + 1}/{n_rep}: {system} ...", file=sys.stderr, flush=True)
+                out = args.output / s.name / f"{system}-{r}"
+                run = run_distillery(s, out) if system == "distillery" else run_trl(system, s, out)
+                results[s.name][system].append(run)
+
+    summary: dict = {
+        "bench": "e2e_vs_trl",
+        "cpu_cores": os.cpu_count(),
+        "mode": "quick" if args.quick else "full",
+    }
+    for s in settings:
+        print(
+            f"\n[{s.name}] {s.prompts_per_step} prompts/step, max {s.max_new_tokens} new tokens, temperature {s.temperature}, "
+            f"{s.steps} steps, lr {s.lr}, loss reverse KL (distillery: reverse_kl_topk k={s.top_k}; TRL: beta=1, full vocab)"
+        )
+        print(
+            f"{'system':<12} {'median s/step':>13} {'p10-p90 s':>13} {'steps/s':>8} {'peak RSS GiB':>12} {'wall s':>7}",
+            end="",
+        )
+        print(f" {'final acc':>9} {'steps to thr':>12} {'train s to thr':>14}" if s.eval else "")
+        part: dict = {"setting": asdict(s), "systems": {}}
+        for system, runs in results[s.name].items():
+            st = step_stats(runs)
+            peak = max(r["peak_rss"] for r in runs) / 2**30
+            wall = statistics.median(r["wall_s"] for r in runs)
+            row = {
+                **st,
+                "steps_per_s": (1 / st["median_s"]) if st["median_s"] else None,
+                "peak_rss_gib": peak,
+                "wall_s": wall,
+            }
+            line = f"{system:<12} {st['median_s'] or 0:>13.3f} {st['p10_s'] or 0:>6.3f}-{st['p90_s'] or 0:<6.3f} {row['steps_per_s'] or 0:>8.2f} {peak:>12.2f} {wall:>7.0f}"
+            if s.eval:
+                evals = runs[0]["evals"]
+                hit = reach(evals, args.threshold)
+                row.update(
+                    final_accuracy=evals[-1]["accuracy"] if evals else None, start_accuracy=evals[0]["accuracy"] if evals else None,
+                    steps_to_threshold=hit["step"] if hit else None, train_s_to_threshold=hit["train_s"] if hit else None,
+                    curve=[(e["step"], e["accuracy"]) for e in evals],
+                )  # fmt: skip
+                thr_steps = str(hit["step"]) if hit else "-"
+                thr_secs = f"{hit['train_s']:.1f}" if hit else "-"
+                line += f" {row['final_accuracy'] or 0:>9.3f} {thr_steps:>12} {thr_secs:>14}"
+            print(line)
+            part["systems"][system] = row
+        d = part["systems"].get("distillery", {})
+        for system in ("trl-gkd", "trl-distill"):
+            t = part["systems"].get(system)
+            if d.get("median_s") and t and t.get("median_s"):
+                part[f"speedup_vs_{system}"] = t["median_s"] / d["median_s"]
+            if s.eval and t and d.get("train_s_to_threshold") and t.get("train_s_to_threshold"):
+                part[f"time_to_threshold_ratio_vs_{system}"] = (
+                    d["train_s_to_threshold"] / t["train_s_to_threshold"]
+                )
+        if s.eval:
+            part["threshold"] = args.threshold
+        summary[s.name] = part
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,235 @@
+"""Quality benchmark: how many steps (and seconds) the student needs to reach 90% of the teacher's
+held-out accuracy, with on-policy distillation (each loss mode, run by `distillery run`) versus
+supervised fine-tuning on teacher-generated answers (off-policy distillation), from the same start.
+
+    python bench/quality.py --quick      # k3 and forward_kl_topk vs SFT (~15 min on 2 cores)
+    python bench/quality.py              # every loss mode vs SFT
+
+The task is the bundled synthetic addition (`synthetic://addition/*`, prepared and cached on first
+use). Each on-policy run is a real `distillery run` of examples/local-addition.yaml with only the loss
+(and the step budget) changed: vLLM CPU rollout, the teacher as a loopback vLLM teacher server, Ray,
+the same trainer as in a cluster. The SFT baseline uses the same prompts per step, optimizer,
+learning rate and schedule, on the teacher's greedy answers to the same training prompts. "Steps to
+target" is the first evaluation at or above the target; "train s" sums the step times up to it
+(start-up and evaluation excluded). The last line is a JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "local-addition.yaml"
+
+# Loss blocks per mode; everything else comes from the example. k1 is a reward, so it needs the
+# policy-gradient objective; the top-k modes read the teacher's top 8 log-probs per position.
+LOSSES: dict[str, dict] = {
+    "k3": {"mode": "k3"},
+    "forward_kl_topk": {"mode": "forward_kl_topk", "topK": 8},
+    "reverse_kl_topk": {"mode": "reverse_kl_topk", "topK": 8},
+    "jsd": {"mode": "jsd", "topK": 8, "beta": 0.5},
+    "k2": {"mode": "k2"},
+    "abs": {"mode": "abs"},
+    "k1_pg": {"mode": "k1", "objective": "policy_gradient"},
+}
+QUICK = ("k3", "forward_kl_topk")
+
+
+@dataclass
+class Curve:
+    """One method's held-out accuracy over steps, and the step time up to each evaluation."""
+
+    method: str
+    points: list[tuple[int, float, float]] = field(default_factory=list)
+    """(step, accuracy, training seconds so far)."""
+    wall_s: float = 0.0
+    note: str = ""
+
+    def reach(self, target: float) -> tuple[int, float] | None:
+        for step, acc, seconds in self.points:
+            if acc >= target:
+                return step, seconds
+        return None
+
+
+def job_manifest(loss: dict, *, steps: int, eval_every: int, name: str) -> dict:
+    """The example manifest with another loss and step budget."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc = copy.deepcopy(doc)
+    doc["metadata"]["name"] = name
+    doc["spec"]["loss"] = loss
+    doc["spec"]["schedule"]["steps"] = steps
+    doc["spec"]["schedule"]["evalEvery"] = eval_every
+    return doc
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
+
+
+def run_distillery(doc: dict, out_dir: Path, method: str) -> Curve:
+    """`distillery run` on `doc` in a subprocess; the curve from its eval.jsonl and metrics.jsonl."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = out_dir / "job.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    command = [
+        sys.executable,
+        "-m",
+        "distillery.cli",
+        "run",
+        str(manifest),
+        "-o",
+        str(out_dir / "run"),
+        "--no-progress",
+    ]
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    wall = time.monotonic() - started
+    (out_dir / "run.log").write_text(result.stdout + result.stderr)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"{method}: distillery run exited {result.returncode}:\n{(result.stdout + result.stderr)[-3000:]}"
+        )
+    step_s = {r["step"]: r["time/step_s"] for r in read_jsonl(out_dir / "run" / "metrics.jsonl")}
+    curve = Curve(method, wall_s=wall)
+    for entry in read_jsonl(out_dir / "run" / "eval.jsonl"):
+        seconds = sum(s for step, s in step_s.items() if step <= entry["step"])
+        curve.points.append((entry["step"], entry["eval_accuracy"], seconds))
+    return curve
+
+
+def run_sft(task_dir: Path, *, steps: int, batch: int, lr: float, eval_every: int, target: float) -> Curve:
+    """SFT of the student on the teacher's greedy answers; stops at the target or after `steps`."""
+    import torch
+    from distillery_runtime.tasks.evaluate import accuracy, greedy_responses
+    from distillery_runtime.tasks.sft import train_sft
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(task_dir / "student")
+    teacher = AutoModelForCausalLM.from_pretrained(task_dir / "teacher", dtype=torch.float32).eval()
+    train = read_jsonl(task_dir / "train.jsonl")
+    evals = read_jsonl(task_dir / "eval.jsonl")
+    answers = greedy_responses(teacher, tokenizer, [r["prompt"] for r in train])
+    pairs = [(r["prompt"], a) for r, a in zip(train, answers, strict=True)]
+    student = AutoModelForCausalLM.from_pretrained(task_dir / "student", dtype=torch.float32)
+    curve = Curve("sft (teacher answers)")
+    curve.note = f"teacher answers correct on {sum(a == r['answer'] for r, a in zip(train, answers, strict=True))}/{len(train)} train prompts"
+    curve.points.append((0, accuracy(student, tokenizer, evals), 0.0))
+    train_s = 0.0
+    last = time.perf_counter()
+
+    def on_step(step: int, _loss: float) -> bool:
+        nonlocal train_s, last
+        train_s += time.perf_counter() - last
+        done = False
+        if step % eval_every == 0:
+            acc = accuracy(student, tokenizer, evals)
+            student.train()
+            curve.points.append((step, acc, train_s))
+            done = acc >= target
+        last = time.perf_counter()
+        return done
+
+    def batches(step: int) -> list[tuple[str, str]]:
+        start = (step * batch) % len(pairs)
+        return (pairs + pairs)[start : start + batch]
+
+    train_sft(student, tokenizer, batches, steps=steps, lr=lr, warmup=0, betas=(0.9, 0.999), on_step=on_step)
+    curve.wall_s = time.monotonic() - started
+    return curve
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)} vs SFT")
+    parser.add_argument("--modes", nargs="*", choices=sorted(LOSSES), help="loss modes to run (default: all)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="on-policy step budget (default: the example's)"
+    )
+    parser.add_argument(
+        "--sft-steps", type=int, default=None, help="SFT step budget (default: 10x on-policy)"
+    )
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--output", type=Path, default=ROOT / "runs" / "bench-quality")
+    args = parser.parse_args(argv)
+
+    from distillery_runtime.tasks import resolve_uri
+    from distillery_runtime.tasks.evaluate import model_accuracy
+
+    task_dir = resolve_uri("synthetic://addition/teacher").parent
+    evals = read_jsonl(task_dir / "eval.jsonl")
+    teacher_acc = model_accuracy(task_dir / "teacher", evals)
+    target = 0.9 * teacher_acc
+    example = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    steps = args.steps or example["schedule"]["steps"]
+    batch = example["schedule"]["promptsPerStep"]
+    lr = example["student"]["optimizer"]["lr"]
+    modes = args.modes or (list(QUICK) if args.quick else list(LOSSES))
+
+    curves: list[Curve] = []
+    for mode in modes:
+        print(f"on-policy {mode}: distillery run, {steps} steps ...", file=sys.stderr, flush=True)
+        doc = job_manifest(
+            LOSSES[mode], steps=steps, eval_every=args.eval_every, name=f"quality-{mode.replace('_', '-')}"
+        )
+        curves.append(run_distillery(doc, args.output / mode, f"opd {mode}"))
+    sft_steps = args.sft_steps or 10 * steps
+    print(f"SFT on teacher answers: up to {sft_steps} steps ...", file=sys.stderr, flush=True)
+    curves.append(
+        run_sft(task_dir, steps=sft_steps, batch=batch, lr=lr, eval_every=args.eval_every, target=target)
+    )
+
+    print(
+        f"\nSynthetic addition (3 digits), {os.cpu_count()} CPU cores; teacher held-out accuracy {teacher_acc:.3f}, "
+        f"target 90% of it = {target:.3f}; {batch} prompts per step, lr {lr}"
+    )
+    print(
+        f"{'method':<24} {'start acc':>9} {'final acc':>9} {'steps to target':>15} {'train s to target':>17} {'wall s':>8}"
+    )
+    summary: dict = {}
+    for c in curves:
+        reached = c.reach(target)
+        start_acc, final_acc = c.points[0][1], c.points[-1][1]
+        steps_txt = str(reached[0]) if reached else f">{c.points[-1][0]}"
+        secs_txt = f"{reached[1]:.1f}" if reached else "-"
+        print(
+            f"{c.method:<24} {start_acc:>9.3f} {final_acc:>9.3f} {steps_txt:>15} {secs_txt:>17} {c.wall_s:>8.0f}"
+        )
+        summary[c.method] = {
+            "start_accuracy": start_acc, "final_accuracy": final_acc,
+            "steps_to_target": reached[0] if reached else None,
+            "train_seconds_to_target": reached[1] if reached else None,
+            "wall_seconds": round(c.wall_s, 1), "curve": c.points, "note": c.note,
+        }  # fmt: skip
+    for c in curves:
+        if c.note:
+            print(f"note: {c.method}: {c.note}")
+    sft = summary[curves[-1].method]["steps_to_target"]
+    opd_best = min(
+        (v["steps_to_target"] for k, v in summary.items() if k.startswith("opd") and v["steps_to_target"]),
+        default=None,
+    )
+    ratio = (sft / opd_best) if sft and opd_best else None
+    print(json.dumps({
+        "bench": "quality", "task": "synthetic://addition", "cpu_cores": os.cpu_count(),
+        "teacher_accuracy": teacher_acc, "target": target, "prompts_per_step": batch,
+        "sft_steps_over_best_opd_steps": ratio, "results": summary,
+    }))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
