@@ -22,7 +22,7 @@ def test_gradcheck_float64(temperature: float, chunk: int) -> None:
     logits, ids = _inputs()
     logits.requires_grad_(True)
     assert torch.autograd.gradcheck(
-        lambda x: ChunkedGatherLogSoftmax.apply(x[None], ids[None], temperature, chunk, 0)[0],
+        lambda x: ChunkedGatherLogSoftmax.apply(x[None], ids[None], temperature, chunk, 0, None)[0],
         (logits,),
         eps=1e-6,
         atol=1e-8,
@@ -86,3 +86,12 @@ def test_gradcheck_float64_on_a_shifted_batch_view(chunk: int) -> None:
 
     assert torch.autograd.gradcheck(fn, (full,), eps=1e-6, atol=1e-8)
     torch.testing.assert_close(fn(full), F.log_softmax(full[:, 1:5] / 0.9, -1).gather(-1, ids))
+
+
+def test_student_topk_only_on_selected_rows() -> None:
+    logits, ids = _inputs(dtype=torch.float32, n=6, v=40, seed=5)
+    rows = torch.tensor([True, False, False, True, False, True])
+    _, top = gather_log_softmax(logits, ids, chunk_tokens=4, student_topk=3, topk_rows=rows)
+    assert (top[~rows] == -1).all()
+    expected = logits[rows].topk(3, dim=-1).indices
+    assert torch.equal(top[rows].sort(-1).values, expected.sort(-1).values)

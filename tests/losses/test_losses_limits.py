@@ -316,3 +316,15 @@ def test_config_from_api_model_keeps_the_api_defaults() -> None:
     cfg = LossConfig.from_api(api)
     assert (cfg.mode, cfg.top_k, cfg.beta, cfg.add_tail, cfg.temperature) == ("jsd", 16, 0.3, True, 0.9)
     assert cfg.loss_max_clamp == 10.0 and cfg.log_prob_min_clamp == -10.0 and cfg.reduction == "token_mean"
+
+
+def test_overlap_is_measured_on_an_even_sample_of_counted_tokens() -> None:
+    from distillery_runtime.losses.diagnostics import overlap_sample
+
+    counted = torch.zeros(3, 40, dtype=torch.bool)
+    counted[:, 5:35] = True
+    counted[1, 20:] = False
+    picked = overlap_sample(counted, limit=10)
+    assert picked.sum() == 10 and not (picked & ~counted).any()
+    assert picked[0].any() and picked[2].any()  # spread over the batch, not the first 10
+    assert torch.equal(overlap_sample(counted, limit=1000), counted)

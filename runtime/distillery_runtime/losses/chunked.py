@@ -50,7 +50,7 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
     the per-token log-normaliser lse = logsumexp(logits / T). Backward, with g = grad of out:
         d logits[b, t, v] = (sum_j g[b, t, j] [ids[b, t, j] = v] - softmax(logits[b, t] / T)[v] sum_j g[b, t, j]) / T
     recomputed one chunk at a time. Second output: each token's top-`student_topk` ids (no
-    gradient), found in the same pass for the overlap diagnostic.
+    gradient), found in the same pass for the overlap diagnostic, on the rows topk_rows selects.
     """
 
     @staticmethod
@@ -61,12 +61,13 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
         temperature: float,
         chunk_tokens: int,
         student_topk: int,
+        topk_rows: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         b, t, v = logits.shape
         dtype = _compute_dtype(logits.dtype)
         out = torch.empty(ids.shape, dtype=dtype, device=logits.device)
         lse = torch.empty((b, t), dtype=dtype, device=logits.device)
-        top = torch.empty((b, t, student_topk), dtype=torch.long, device=logits.device)
+        top = torch.full((b, t, student_topk), -1, dtype=torch.long, device=logits.device)
         for i, c in _chunks(b, t, chunk_tokens):
             x = logits[i, c].to(dtype)
             if temperature != 1.0:
@@ -78,7 +79,12 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
             del logp
             lse[i, c] = _normaliser(x, ids[i, c], out[i, c])
             if student_topk:
-                top[i, c] = x.topk(min(student_topk, v), dim=-1, sorted=False).indices
+                kk = min(student_topk, v)
+                if topk_rows is None:
+                    top[i, c] = x.topk(kk, dim=-1, sorted=False).indices
+                elif bool(topk_rows[i, c].any()):
+                    rows = topk_rows[i, c]
+                    top[i, c][rows] = x[rows].topk(kk, dim=-1, sorted=False).indices
         ctx.save_for_backward(logits, ids, lse)
         ctx.temperature = temperature  # type: ignore[attr-defined]
         ctx.chunk_tokens = chunk_tokens  # type: ignore[attr-defined]
@@ -112,7 +118,7 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
                 buf.div_(temperature)
             if not in_place:
                 grad[i, c].copy_(buf)
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def gather_log_softmax(
@@ -121,12 +127,14 @@ def gather_log_softmax(
     temperature: float = 1.0,
     chunk_tokens: int | None = None,
     student_topk: int = 0,
+    topk_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log_softmax(logits / temperature) gathered at ids, without a full log-softmax over V.
 
     logits [N, V] or [B, T, V] (any float dtype, views welcome), ids [N, J] or [B, T, J]. Returns
     (log-probs [.., J] in float32, or float64 for float64 logits; the student's top-`student_topk`
-    ids [.., student_topk], empty when 0).
+    ids [.., student_topk], empty when 0; with topk_rows (bool [..]) only those rows get them,
+    the others hold -1: a top-k over V costs about as much as the log-softmax itself).
     """
     if logits.dim() not in (2, 3) or ids.dim() != logits.dim() or ids.shape[:-1] != logits.shape[:-1]:
         raise ValueError(
@@ -140,5 +148,6 @@ def gather_log_softmax(
         float(temperature),
         int(chunk),
         int(student_topk),
+        None if topk_rows is None else (topk_rows.unsqueeze(0) if flat else topk_rows),
     )
     return (out.squeeze(0), top.squeeze(0)) if flat else (out, top)

@@ -7,6 +7,23 @@ import torch
 from .estimators import k3
 from .reduction import masked_mean
 
+# The overlap needs the student's own top-k over V, which costs about as much as the
+# log-softmax; it is measured on up to this many counted tokens per call, evenly spaced.
+OVERLAP_SAMPLE_TOKENS = 256
+
+
+def overlap_sample(counted: torch.Tensor, limit: int = OVERLAP_SAMPLE_TOKENS) -> torch.Tensor:
+    """Bool mask of the tokens the overlap is measured on: all counted ones up to `limit`,
+    else `limit` of them evenly spaced."""
+    flat = counted.flatten()
+    where = flat.nonzero().squeeze(-1)
+    if where.numel() <= limit:
+        return counted
+    pick = where[torch.linspace(0, where.numel() - 1, limit, device=where.device).long()]
+    chosen = torch.zeros_like(flat)
+    chosen[pick] = True
+    return chosen.view_as(counted)
+
 
 def topk_metrics(
     student_topk: torch.Tensor,
@@ -15,9 +32,10 @@ def topk_metrics(
     teacher_ids: torch.Tensor,
     student_top_ids: torch.Tensor,
     mask: torch.Tensor,
+    overlap_mask: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Means over masked tokens of: teacher and student probability mass on the teacher's top-k,
-    and overlap = |teacher top-k ∩ student top-k| / (valid teacher entries)."""
+    and (over overlap_mask, default mask) overlap = |teacher top-k ∩ student top-k| / (valid teacher entries)."""
     zero = torch.zeros((), dtype=student_topk.dtype, device=student_topk.device)
     s_mass = torch.where(valid, student_topk.detach().exp(), zero).sum(-1)
     t_mass = torch.where(valid, teacher_topk.to(student_topk.dtype).exp(), zero).sum(-1)
@@ -32,7 +50,7 @@ def topk_metrics(
     return {
         "distill/student_topk_mass": masked_mean(s_mass, mask),
         "distill/teacher_topk_mass": masked_mean(t_mass, mask),
-        "distill/topk_overlap": masked_mean(overlap, mask),
+        "distill/topk_overlap": masked_mean(overlap, mask if overlap_mask is None else overlap_mask),
     }
 
 

@@ -12,7 +12,7 @@ import torch
 
 from .chunked import gather_log_softmax
 from .config import LossConfig, LossOutput, TeacherTargets
-from .diagnostics import sampled_kl_metrics, token_loss_metrics, topk_metrics
+from .diagnostics import overlap_sample, sampled_kl_metrics, token_loss_metrics, topk_metrics
 from .estimators import clamp_token_loss
 from .policy_gradient import ppo_clipped_token_loss
 from .reduction import masked, masked_mean, reduce_tokens
@@ -53,14 +53,26 @@ def distillation_loss(
     if use_task and task_advantages is None:
         raise ValueError("task_reward_coef > 0 needs task_advantages")
 
-    # One pass over the vocabulary: column 0 is the sampled token, then the teacher's top-k.
-    ids = response_ids.long().unsqueeze(-1)
-    k = 0
+    # Which tokens count: the caller's mask, less the positions the teacher has nothing for.
     if config.uses_topk:
         if teacher.topk_ids is None or teacher.topk_logprobs is None:
             raise ValueError(f"loss mode {config.mode!r} needs teacher topk_ids and topk_logprobs")
+        valid = torch.isfinite(teacher.topk_logprobs)
+        row_ok = valid.any(dim=-1)
+    else:
+        if teacher.token_logprobs is None:
+            raise ValueError(f"loss mode {config.mode!r} needs the teacher's token_logprobs")
+        row_ok = torch.isfinite(teacher.token_logprobs)
+    counted = mask & row_ok
+
+    # One pass over the vocabulary: column 0 is the sampled token, then the teacher's top-k.
+    ids = response_ids.long().unsqueeze(-1)
+    k, overlap_rows = 0, None
+    if config.uses_topk:
+        assert teacher.topk_ids is not None
         k = teacher.topk_ids.shape[-1]
         ids = torch.cat([ids, teacher.topk_ids.long()], dim=-1)
+        overlap_rows = overlap_sample(counted)
     if _shift_invariant(config, use_task):
         # The loss renormalises over the top-k, so it does not depend on the log-normaliser and
         # neither does its gradient: take the exact log-probs without autograd (for the values and
@@ -68,29 +80,21 @@ def distillation_loss(
         # is the gradient tensor itself - no softmax over V in backward.
         with torch.no_grad():
             logp, student_top_ids = gather_log_softmax(
-                student_logits, ids, config.temperature, config.chunk_tokens, k
+                student_logits, ids, config.temperature, config.chunk_tokens, k, overlap_rows
             )
         raw = student_logits.gather(-1, ids).to(logp.dtype) / config.temperature
         logp = logp + (raw - raw.detach())
     else:
         logp, student_top_ids = gather_log_softmax(
-            student_logits, ids, config.temperature, config.chunk_tokens, k
+            student_logits, ids, config.temperature, config.chunk_tokens, k, overlap_rows
         )
     student_token = logp[..., 0]
-
     if config.uses_topk:
-        assert teacher.topk_logprobs is not None and teacher.topk_ids is not None
-        valid = torch.isfinite(teacher.topk_logprobs)
-        row_ok = valid.any(dim=-1)
         inputs = TokenInputs(
             student_token, teacher.token_logprobs, logp[..., 1:], teacher.topk_logprobs, valid
         )
     else:
-        if teacher.token_logprobs is None:
-            raise ValueError(f"loss mode {config.mode!r} needs the teacher's token_logprobs")
-        row_ok = torch.isfinite(teacher.token_logprobs)
         inputs = TokenInputs(student_token, teacher.token_logprobs)
-    counted = mask & row_ok
 
     token_loss = clamp_token_loss(get_token_loss_fn(config.mode)(inputs, config), config.loss_max_clamp)
     token_loss = masked(token_loss, counted)
@@ -140,6 +144,7 @@ def distillation_loss(
                 teacher.topk_ids,
                 student_top_ids,
                 counted,
+                overlap_rows,
             )
         )
     if teacher.token_logprobs is not None:
