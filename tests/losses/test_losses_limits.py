@@ -42,7 +42,7 @@ TOPK_CONFIGS = [
 ALL_CONFIGS = [LossConfig(mode="k2"), LossConfig(mode="k3"), LossConfig(mode="abs"), *TOPK_CONFIGS]
 
 
-def _pair(b=2, t=5, v=30, seed=0, temperature=1.0):
+def _pair(b=2, t=5, v=30, seed=0):
     g = torch.Generator().manual_seed(seed)
     s = torch.randn(b, t, v, generator=g, dtype=torch.float64) * 2
     te = s + torch.randn(b, t, v, generator=g, dtype=torch.float64)
