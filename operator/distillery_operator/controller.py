@@ -85,6 +85,8 @@ class Controller:
         self._written: dict[JobKey, _Written] = {}
         self._created: dict[tuple[JobKey, str, str], float] = {}
         self._workers: list[asyncio.Task[None]] = []
+        for phase in Phase:  # every phase is a series from the start, at 0
+            metrics.JOBS.labels(phase=phase.value)
         self.ready = asyncio.Event()
         self._event_context: contextvars.Context | None = None
 
@@ -156,18 +158,21 @@ class Controller:
     def _forget(self, key: JobKey) -> None:
         self.prober.forget(key)
         self.queue.drop(key)
-        self.phases.pop(key, None)
+        self._set_phase(key, None)
         self._written.pop(key, None)
         for created in [c for c in self._created if c[0] == key]:
             del self._created[created]
-        self._update_phase_gauge()
 
-    def _update_phase_gauge(self) -> None:
-        counts = dict.fromkeys((p.value for p in Phase), 0)
-        for phase in self.phases.values():
-            counts[phase] = counts.get(phase, 0) + 1
-        for phase, count in counts.items():
-            metrics.JOBS.labels(phase=phase).set(count)
+    def _set_phase(self, key: JobKey, phase: str | None) -> None:
+        """Keeps the jobs-by-phase gauge by counting transitions (no scan of every job per reconcile)."""
+        old = self.phases.pop(key, None) if phase is None else self.phases.get(key)
+        if old == phase:
+            return
+        if old is not None:
+            metrics.JOBS.labels(phase=old).dec()
+        if phase is not None:
+            self.phases[key] = phase
+            metrics.JOBS.labels(phase=phase).inc()
 
     def _as_seen(self, key: JobKey, body: dict[str, Any]) -> dict[str, Any]:
         """The job with the status we wrote, while the watch has not delivered our write yet."""
@@ -191,8 +196,7 @@ class Controller:
         self.prober.sync(key, decision.external)
         error = await self._act(key, decision)
         wrote_status = await self._write_status(key, body, decision, error)
-        self.phases[key] = decision.phase.value
-        self._update_phase_gauge()
+        self._set_phase(key, decision.phase.value)
         if error is not None:
             raise error[1]
         if decision.phase == Phase.INVALID:

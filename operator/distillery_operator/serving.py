@@ -1,7 +1,7 @@
 """The operator's own HTTP endpoints: /metrics on the metrics port, /healthz and /readyz on the health port.
 
-/healthz answers while the event loop runs; /readyz once kopf has listed everything and the reconcile
-workers run (so a rollout of a new operator version waits until it can act).
+/healthz answers while the event loop runs; /readyz once kopf's startup is done and the reconcile workers
+run (so a rollout of a new operator version waits until it can act).
 """
 
 from __future__ import annotations

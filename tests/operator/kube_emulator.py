@@ -251,6 +251,13 @@ class Emulator(kmock.KubernetesEmulator):
             return None
         return copy.deepcopy(self._objects[key].last.raw)
 
+    def peek(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored object itself (no copy: do not modify it), or None; cheap enough to poll thousands."""
+        key = (kmock.resource(resource), namespace, name)
+        if key not in self._objects or self._objects[key].deleted:
+            return None
+        return self._objects[key].last.raw
+
     def object_names(self, resource: str, namespace: str) -> list[str]:
         wanted = kmock.resource(resource)
         return sorted(

@@ -437,3 +437,35 @@ async def test_rbac_pairs_are_what_the_chart_grants(operator: Cluster) -> None:
         ("create", "core:events"),
     }
     assert ("patch", "distillery.io:distillationjobs") not in pairs  # no finalizers, no annotations
+
+
+async def test_a_deleted_or_edited_child_is_put_back(operator: Cluster) -> None:
+    c = operator
+    await c.create(load_example("gkd.yaml"))
+    deployment = "gkd-jsd-teacher-teacher"
+    await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, "gkd-jsd-trainer"), what="RayJob")
+    first_uid = c.emulator.obj(DEPLOYMENTS, c.namespace, deployment)["metadata"]["uid"]
+
+    await c.delete(DEPLOYMENTS, deployment)  # someone deletes the teacher
+    await wait_for(
+        lambda: (
+            (c.emulator.obj(DEPLOYMENTS, c.namespace, deployment) or {}).get("metadata", {}).get("uid")
+            not in (None, first_uid)
+        ),
+        what="the Deployment recreated",
+    )
+    # Someone edits its image: the operator restores what it rendered.
+    original = c.emulator.obj(DEPLOYMENTS, c.namespace, deployment)["spec"]["template"]["spec"]["containers"]
+    edited = [{**original[0], "image": "someone/else:latest"}]
+    patch = {
+        "metadata": {"annotations": {"distillery.io/spec-hash": "edited"}},
+        "spec": {"template": {"spec": {"containers": edited}}},
+    }
+    await c.emulator.play(DEPLOYMENTS, c.namespace, deployment, patch, subresource="")
+    await wait_for(
+        lambda: (
+            c.emulator.obj(DEPLOYMENTS, c.namespace, deployment)["spec"]["template"]["spec"]["containers"]
+            == original
+        ),
+        what="the edit reverted",
+    )
