@@ -9,7 +9,8 @@ one engine) with a tiny local model; 32 sequences x 256 tokens; K = 1, 8, 32, 64
      Python dicts and top-k picked per position by rank (as ms-swift's client does)
   d  ceiling of the OpenAI path: the same requests as (a), answers read but not parsed
 
-Tokens/s = scored tokens (prompt + response) / wall time, best of `--repeats`. Targets at
+Tokens/s = scored tokens (prompt + response) / wall time; every cell is timed once per round
+(`--repeats` rounds, 3 by default, 1 with `--quick`) and the best round is kept. Targets at
 K=64: a within 10% of d; b >= 5x c; b(K=64) within 25% of b(K=1).
 
     python bench/teacher_scoring.py [--quick] [--model-dir DIR]
@@ -107,41 +108,31 @@ async def ceiling(teacher: OpenAITeacher, samples: list[ScoreRequest], k: int) -
     return sum(await asyncio.gather(*(one(s) for s in samples)))
 
 
-async def timed_round_robin(fns: dict, repeats: int) -> dict[str, float]:  # type: ignore[type-arg]
-    """Best tokens/s per method; methods alternate within each round so that load changes on a
-    shared machine hit all of them alike (best-of approximates the unloaded speed)."""
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            await fn()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return {name: N_SEQ * SEQ_LEN / t for name, t in best.items()}
-
-
 async def run(url: str, model: str, vocab: int, repeats: int) -> dict[int, dict[str, float]]:
     samples = make_samples(vocab)
     a = OpenAITeacher([url], model, concurrency=8)
     b = CompactTeacher([url], name=model, concurrency=4, batch_size=8)
-    results: dict[int, dict[str, float]] = {}
+    methods = {
+        "a_ours_openai": lambda k: a.score(samples, k),
+        "b_ours_compact": lambda k: b.score(samples, k),
+        "c_peer_requests": lambda k: asyncio.to_thread(peer_score, url, model, samples, k),
+        "d_openai_ceiling": lambda k: ceiling(a, samples, k),
+    }
+    best = {k: dict.fromkeys(methods, float("inf")) for k in KS}
     try:
-        for k in KS:
-            await a.score(samples[:4], k)  # warm-up per K
+        for k in KS:  # warm-up
+            await a.score(samples[:4], k)
             await b.score(samples[:4], k)
-            row = await timed_round_robin(
-                {
-                    "a_ours_openai": lambda k=k: a.score(samples, k),
-                    "b_ours_compact": lambda k=k: b.score(samples, k),
-                    "c_peer_requests": lambda k=k: asyncio.to_thread(peer_score, url, model, samples, k),
-                    "d_openai_ceiling": lambda k=k: ceiling(a, samples, k),
-                },
-                repeats,
-            )
-            results[k] = row
-            print(
-                f"K={k:<3} " + "  ".join(f"{name}={v:>9,.0f}" for name, v in row.items()) + "  tok/s",
-                flush=True,
-            )
+        # Every (K, method) cell is timed once per round and the best round is kept: on a shared
+        # machine, load changes then hit all cells alike instead of whichever K ran during a spike.
+        for round_ in range(repeats):
+            for k in KS:
+                for name, fn in methods.items():
+                    t0 = time.perf_counter()
+                    await fn(k)
+                    best[k][name] = min(best[k][name], time.perf_counter() - t0)
+            print(f"round {round_ + 1}/{repeats} done", flush=True)
+        results = {k: {m: N_SEQ * SEQ_LEN / t for m, t in row.items()} for k, row in best.items()}
         # consistency: the compact endpoint and the JSON path give the same numbers
         sa, sb = await a.score(samples[:4], 8), await b.score(samples[:4], 8)
         assert np.array_equal(sa.token_logprobs, sb.token_logprobs) and np.array_equal(
