@@ -320,7 +320,9 @@ def speed_setting(out: Path, steps: int) -> Setting:
         save_tiny_model(
             root / "teacher", tokenizer=tok, hidden=256, layers=2, heads=4, seed=2, dtype=torch.float32
         )
-        prompts = [" ".join(t.split()[:6]) for t in default_texts(512, seed=3)]
+        prompts = [
+            " ".join(t.split()[:6]) for t in default_texts(512, seed=3)[:512]
+        ]  # the last text is string.printable
         (root / "train.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     return Setting(
         "speed", str(root / "student"), str(root / "teacher"), str(root / "train.jsonl"), None, steps
@@ -397,7 +399,10 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "e2e_vs_trl",
         "cpu_cores": os.cpu_count(),
         "mode": "quick" if args.quick else "full",
+        "load_average_at_end": os.getloadavg(),
     }
+    # Other work on the machine slows every system; the load says how busy it was.
+    print(f"\n{os.cpu_count()} CPU cores; load average (1, 5, 15 min) at the end: {os.getloadavg()}")
     for s in settings:
         print(
             f"\n[{s.name}] {s.prompts_per_step} prompts/step, max {s.max_new_tokens} new tokens, temperature {s.temperature}, "

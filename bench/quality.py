@@ -110,7 +110,9 @@ def run_distillery(doc: dict, out_dir: Path, method: str) -> Curve:
     return curve
 
 
-def run_sft(task_dir: Path, *, steps: int, batch: int, lr: float, eval_every: int, target: float) -> Curve:
+def run_sft(
+    task_dir: Path, *, steps: int, batch: int, lr: float, warmup: int, eval_every: int, target: float
+) -> Curve:
     """SFT of the student on the teacher's greedy answers; stops at the target or after `steps`."""
     import torch
     from distillery_runtime.tasks.evaluate import accuracy, greedy_responses
@@ -147,7 +149,9 @@ def run_sft(task_dir: Path, *, steps: int, batch: int, lr: float, eval_every: in
         start = (step * batch) % len(pairs)
         return (pairs + pairs)[start : start + batch]
 
-    train_sft(student, tokenizer, batches, steps=steps, lr=lr, warmup=0, betas=(0.9, 0.999), on_step=on_step)
+    train_sft(
+        student, tokenizer, batches, steps=steps, lr=lr, warmup=warmup, betas=(0.9, 0.999), on_step=on_step
+    )
     curve.wall_s = time.monotonic() - started
     return curve
 
@@ -177,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or example["schedule"]["steps"]
     batch = example["schedule"]["promptsPerStep"]
     lr = example["student"]["optimizer"]["lr"]
+    warmup = example["student"]["optimizer"].get("warmupSteps", 0)
     modes = args.modes or (list(QUICK) if args.quick else list(LOSSES))
 
     curves: list[Curve] = []
@@ -189,11 +194,19 @@ def main(argv: list[str] | None = None) -> int:
     sft_steps = args.sft_steps or 10 * steps
     print(f"SFT on teacher answers: up to {sft_steps} steps ...", file=sys.stderr, flush=True)
     curves.append(
-        run_sft(task_dir, steps=sft_steps, batch=batch, lr=lr, eval_every=args.eval_every, target=target)
+        run_sft(
+            task_dir,
+            steps=sft_steps,
+            batch=batch,
+            lr=lr,
+            warmup=warmup,
+            eval_every=args.eval_every,
+            target=target,
+        )
     )
 
     print(
-        f"\nSynthetic addition (3 digits), {os.cpu_count()} CPU cores; teacher held-out accuracy {teacher_acc:.3f}, "
+        f"\nSynthetic addition (3 digits), {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f}); teacher held-out accuracy {teacher_acc:.3f}, "
         f"target 90% of it = {target:.3f}; {batch} prompts per step, lr {lr}"
     )
     print(
@@ -225,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = (sft / opd_best) if sft and opd_best else None
     print(json.dumps({
         "bench": "quality", "task": "synthetic://addition", "cpu_cores": os.cpu_count(),
+                "load_average_at_end": os.getloadavg(),
         "teacher_accuracy": teacher_acc, "target": target, "prompts_per_step": batch,
         "sft_steps_over_best_opd_steps": ratio, "results": summary,
     }))  # fmt: skip
