@@ -68,23 +68,35 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
         out = torch.empty(ids.shape, dtype=dtype, device=logits.device)
         lse = torch.empty((b, t), dtype=dtype, device=logits.device)
         top = torch.full((b, t, student_topk), -1, dtype=torch.long, device=logits.device)
+        # Two chunk buffers reused across chunks: a fresh [chunk, V] allocation per chunk is a
+        # fresh mmap on CPU, and its page faults cost as much as the log-softmax itself.
+        rows = min(chunk_tokens, t)
+        logp_buf = torch.empty((rows, v), dtype=dtype, device=logits.device)
+        convert = logits.dtype != dtype or temperature != 1.0
+        x_buf = torch.empty((rows, v), dtype=dtype, device=logits.device) if convert else None
         for i, c in _chunks(b, t, chunk_tokens):
-            x = logits[i, c].to(dtype)
-            if temperature != 1.0:
-                x = x / temperature
-            # log_softmax is one fused pass, faster than torch.logsumexp (which materialises
-            # x - max); the normaliser is then recovered from the gathered columns.
-            logp = torch.log_softmax(x, dim=-1)
+            x = logits[i, c]
+            if x_buf is not None:
+                xb = x_buf[: x.shape[0]]
+                if temperature != 1.0:
+                    torch.div(x, temperature, out=xb)
+                else:
+                    xb.copy_(x)
+                x = xb
+            logp = logp_buf[: x.shape[0]]
+            # The fused log-softmax kernel (one pass, faster than torch.logsumexp, which
+            # materialises x - max), written into the reused buffer; the normaliser is then
+            # recovered from the gathered columns.
+            torch.ops.aten._log_softmax.out(x, -1, False, out=logp)
             torch.gather(logp, -1, ids[i, c], out=out[i, c])
-            del logp
             lse[i, c] = _normaliser(x, ids[i, c], out[i, c])
             if student_topk:
                 kk = min(student_topk, v)
                 if topk_rows is None:
                     top[i, c] = x.topk(kk, dim=-1, sorted=False).indices
                 elif bool(topk_rows[i, c].any()):
-                    rows = topk_rows[i, c]
-                    top[i, c][rows] = x[rows].topk(kk, dim=-1, sorted=False).indices
+                    sel = topk_rows[i, c]
+                    top[i, c][sel] = x[sel].topk(kk, dim=-1, sorted=False).indices
         ctx.save_for_backward(logits, ids, lse)
         ctx.temperature = temperature  # type: ignore[attr-defined]
         ctx.chunk_tokens = chunk_tokens  # type: ignore[attr-defined]
@@ -103,10 +115,15 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         # Same dtype: build each chunk's gradient in place inside `grad` (no temporary at all).
         in_place = logits.dtype == lse.dtype
-        for i, c in _chunks(logits.shape[0], logits.shape[1], chunk):
-            buf = (
-                grad[i, c] if in_place else torch.empty(grad[i, c].shape, dtype=lse.dtype, device=grad.device)
+        tmp = (
+            None
+            if in_place
+            else torch.empty(
+                (min(chunk, logits.shape[1]), logits.shape[2]), dtype=lse.dtype, device=grad.device
             )
+        )
+        for i, c in _chunks(logits.shape[0], logits.shape[1], chunk):
+            buf = grad[i, c] if tmp is None else tmp[: c.stop - c.start]
             if temperature != 1.0:
                 torch.div(logits[i, c], temperature, out=buf)
                 buf.sub_(lse[i, c, None])
