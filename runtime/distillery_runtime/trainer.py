@@ -144,7 +144,7 @@ class Trainer:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.compute_dtype = resolve_precision(settings.precision, self.device)
         torch.manual_seed(settings.seed)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)  # type: ignore[arg-type]
         self.model.train()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -222,7 +222,7 @@ class Trainer:
                 weighted_sums[name] = weighted_sums.get(name, 0.0) + add
         self._all_reduce_gradients()
         grad_norm = self._clip()
-        lr = self.scheduler.get_last_lr()[0]
+        lr = float(self.scheduler.get_last_lr()[0])
         self.optimizer.step()
         self.scheduler.step()
         self.version += 1
