@@ -139,6 +139,8 @@ class HttpTransport:
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rng = random.Random()
+        self.retries = 0
+        """Attempts retried so far (read by the runtime's teacher_retries_total metric)."""
 
     def _get_session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -191,6 +193,7 @@ class HttpTransport:
                     f"teacher {self.name}: no answer from {list(self.pool.urls)} within "
                     f"{self.policy.total_timeout:.1f} s ({attempt} attempts); last error: {last}"
                 )
+            self.retries += 1
             await asyncio.sleep(delay)
 
     async def _attempt(
