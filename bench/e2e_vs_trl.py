@@ -121,7 +121,7 @@ def distillery_manifest(s: Setting) -> dict:
             "model": s.student,
             "precision": "float32",
             "rollout": {"temperature": s.temperature, "maxNewTokens": s.max_new_tokens},
-            "optimizer": {"lr": s.lr, "warmupSteps": s.warmup},
+            "optimizer": {"lr": s.lr, "warmupSteps": s.warmup, "minLrRatio": 1.0},
             "pool": {"workers": 1, "gpusPerWorker": 0},
         },
         "teachers": [
@@ -132,7 +132,7 @@ def distillery_manifest(s: Setting) -> dict:
                 "inference": {"dtype": "float32"},
             }
         ],
-        "data": {"train": {"path": s.train}, "maxPromptTokens": 64},
+        "data": {"train": {"path": s.train}, "maxPromptTokens": 16 if s.eval else 64},
         "loss": {"mode": "reverse_kl_topk", "topK": s.top_k},
         "schedule": {
             "steps": s.steps,
@@ -222,7 +222,7 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
 
     common = dict(
         output_dir=str(out / "trainer"), per_device_train_batch_size=s.prompts_per_step, gradient_accumulation_steps=1,
-        max_steps=s.steps, learning_rate=s.lr, lr_scheduler_type="cosine", warmup_steps=s.warmup,
+        max_steps=s.steps, learning_rate=s.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=s.warmup,
         max_grad_norm=1.0, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
         save_strategy="no", logging_steps=1, seed=0, dataloader_num_workers=0, disable_tqdm=True,
     )  # fmt: skip
@@ -335,7 +335,7 @@ def learning_setting(steps: int, eval_every: int) -> Setting:
     task = resolve_uri("synthetic://addition/teacher").parent
     return Setting(
         "addition", str(task / "student"), str(task / "teacher"), str(task / "train.jsonl"), str(task / "eval.jsonl"),
-        steps, eval_every=eval_every, eval_rows=512,
+        steps, max_new_tokens=32, eval_every=eval_every, eval_rows=512,
     )  # fmt: skip
 
 
@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     repeats = 1 if args.quick else 3
-    speed_steps, learn_steps, eval_every = (8, 40, 5) if args.quick else (16, 80, 5)
+    speed_steps, learn_steps, eval_every = (8, 50, 5) if args.quick else (16, 100, 5)
     args.output.mkdir(parents=True, exist_ok=True)
     settings = []
     if "speed" in args.parts:
@@ -392,7 +392,11 @@ def main(argv: list[str] | None = None) -> int:
             for system in order:
                 print(f"[{s.name}] repeat {r + 1}/{n_rep}: {system} ...", file=sys.stderr, flush=True)
                 out = args.output / s.name / f"{system}-{r}"
-                run = run_distillery(s, out) if system == "distillery" else run_trl(system, s, out)
+                try:
+                    run = run_distillery(s, out) if system == "distillery" else run_trl(system, s, out)
+                except RuntimeError as error:  # one system failing must not lose the others' numbers
+                    print(f"  {error}", file=sys.stderr, flush=True)
+                    continue
                 results[s.name][system].append(run)
 
     summary: dict = {
@@ -415,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f" {'final acc':>9} {'steps to thr':>12} {'train s to thr':>14}" if s.eval else "")
         part: dict = {"setting": asdict(s), "systems": {}}
         for system, runs in results[s.name].items():
+            if not runs:
+                print(f"{system:<12} failed (see its log.txt)")
+                part["systems"][system] = {"failed": True}
+                continue
             st = step_stats(runs)
             peak = max(r["peak_rss"] for r in runs) / 2**30
             wall = statistics.median(r["wall_s"] for r in runs)

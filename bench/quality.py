@@ -70,6 +70,9 @@ def job_manifest(loss: dict, *, steps: int, eval_every: int, name: str) -> dict:
     doc["spec"]["loss"] = loss
     doc["spec"]["schedule"]["steps"] = steps
     doc["spec"]["schedule"]["evalEvery"] = eval_every
+    # A constant learning rate after warm-up (here and in the SFT baseline): with the example's cosine
+    # decay, a method's step budget would set its learning rate, and steps-to-target would compare schedules.
+    doc["spec"]["student"]["optimizer"]["minLrRatio"] = 1.0
     return doc
 
 
@@ -150,7 +153,15 @@ def run_sft(
         return (pairs + pairs)[start : start + batch]
 
     train_sft(
-        student, tokenizer, batches, steps=steps, lr=lr, warmup=warmup, betas=(0.9, 0.999), on_step=on_step
+        student,
+        tokenizer,
+        batches,
+        steps=steps,
+        lr=lr,
+        warmup=warmup,
+        betas=(0.9, 0.999),
+        min_lr_ratio=1.0,
+        on_step=on_step,
     )
     curve.wall_s = time.monotonic() - started
     return curve
@@ -160,13 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)} vs SFT")
     parser.add_argument("--modes", nargs="*", choices=sorted(LOSSES), help="loss modes to run (default: all)")
-    parser.add_argument(
-        "--steps", type=int, default=None, help="on-policy step budget (default: the example's)"
-    )
-    parser.add_argument(
-        "--sft-steps", type=int, default=None, help="SFT step budget (default: 10x on-policy)"
-    )
-    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=150, help="on-policy step budget")
+    parser.add_argument("--sft-steps", type=int, default=None, help="SFT step budget (default: 4x on-policy)")
+    parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "bench-quality")
     args = parser.parse_args(argv)
 
@@ -178,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     teacher_acc = model_accuracy(task_dir / "teacher", evals)
     target = 0.9 * teacher_acc
     example = yaml.safe_load(EXAMPLE.read_text())["spec"]
-    steps = args.steps or example["schedule"]["steps"]
+    steps = args.steps
     batch = example["schedule"]["promptsPerStep"]
     lr = example["student"]["optimizer"]["lr"]
     warmup = example["student"]["optimizer"].get("warmupSteps", 0)
@@ -191,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             LOSSES[mode], steps=steps, eval_every=args.eval_every, name=f"quality-{mode.replace('_', '-')}"
         )
         curves.append(run_distillery(doc, args.output / mode, f"opd {mode}"))
-    sft_steps = args.sft_steps or 10 * steps
+    sft_steps = args.sft_steps or 4 * steps
     print(f"SFT on teacher answers: up to {sft_steps} steps ...", file=sys.stderr, flush=True)
     curves.append(
         run_sft(

@@ -54,9 +54,10 @@ def train_sft(
     warmup: int = 50,
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.98),
+    min_lr_ratio: float = 0.0,
     on_step: Callable[[int, float], bool | None] | None = None,
 ) -> PreTrainedModel:
-    """AdamW with linear warmup and cosine decay; `batches(step)` gives that step's pairs.
+    """AdamW with linear warmup and cosine decay to `min_lr_ratio` x lr; `batches(step)` gives that step's pairs.
 
     `on_step(step, loss)` is called after each update (1-based step); returning True stops training
     early (the quality benchmark stops when a target accuracy is reached).
@@ -68,7 +69,7 @@ def train_sft(
         if step < warmup:
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, steps - warmup)
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     for step in range(steps):
