@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import kmock
 import pytest
 from aiohttp import web
 
@@ -334,10 +335,16 @@ async def test_api_errors_are_retried_and_shown(operator: Cluster) -> None:
     c.emulator.faults[("create", "apps/v1/deployments")] = [422, 500]
     c.emulator.faults[("update", f"{DJ}/status")] = [503]
     await c.create(load_example("gkd.yaml"))
-    await wait_for(
-        lambda: "API error" in (c.status("gkd-jsd").get("message") or ""), what="the error in the status"
+
+    # The error is in the status between two retries (0.1 s apart): look for it in the job's history.
+    def messages() -> list[str]:
+        job = c.emulator.objects[kmock.resource(DJ), c.namespace, "gkd-jsd"]
+        return [str((v.get("status") or {}).get("message") or "") for v in job.history if v is not None]
+
+    errors = await wait_for(
+        lambda: [m for m in messages() if "API error" in m], what="the error in the status"
     )
-    assert "create Deployment/gkd-jsd-teacher-teacher" in c.status("gkd-jsd")["message"]
+    assert "create Deployment/gkd-jsd-teacher-teacher" in errors[0]
     await wait_for(
         lambda: c.emulator.obj(DEPLOYMENTS, c.namespace, "gkd-jsd-teacher-teacher"), what="retried"
     )
