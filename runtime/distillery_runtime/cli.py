@@ -191,6 +191,13 @@ async def _run(config: RuntimeConfig, in_cluster: bool, args: argparse.Namespace
     report = write_report(
         out_dir, job_name=config.job_name, records=result.records, evals=result.evals, summary=summary
     )
+    if result.evals:
+        first, last = result.evals[0], result.evals[-1]
+        print(
+            f"held-out accuracy: {first['eval_accuracy']:.1%} (step {first['step']}) -> "
+            f"{last['eval_accuracy']:.1%} (step {last['step']})",
+            flush=True,
+        )
     print(f"report: {report}", flush=True)
     return EXIT_INTERRUPTED if result.stopped else EXIT_OK
 
