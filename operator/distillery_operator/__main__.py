@@ -4,4 +4,5 @@ import sys
 
 from distillery.cli import main
 
-sys.exit(main(["operator", *sys.argv[1:]]))
+if __name__ == "__main__":
+    sys.exit(main(["operator", *sys.argv[1:]]))
