@@ -8,9 +8,10 @@ grad) and teacher top-k targets are built first; then the resident set size (RSS
 bytes of the gradient (which any implementation must hold): the memory a loss costs beyond
 logits + gradient. Big CPU tensors are mmap-ed by glibc and returned on free, so RSS follows
 the live tensors. Time: best of the repeats of forward + backward, after a warm-up on 16 tokens (the peak is
-that of the first full-size run), as wall time and as process CPU time (all threads): the target
-is checked on CPU time, which other jobs on a shared machine disturb far less than the wall clock
-(the 1-minute load average is recorded in the summary).
+that of the first full-size run), as wall time and as process CPU time. The target is checked
+on CPU time with one torch thread per case (--threads 1, OpenMP waits passive): on a shared
+machine the wall clock mostly measures the neighbours, and with several threads idle OpenMP
+workers spin and count as CPU time. The 1-minute load average is recorded in the summary.
 
 Implementations:
   ours  - distillery_runtime.losses.distillation_loss (the trainer's entry point, metrics included)
@@ -75,8 +76,10 @@ def _jsd_renormalized(s, t, beta: float):
     return beta * (t.exp() * (t - m)).sum(-1) + (1 - beta) * (s.exp() * (s - m)).sum(-1)
 
 
-def child(loss: str, impl: str, n: int, v: int, k: int, repeats: int) -> dict:
+def child(loss: str, impl: str, n: int, v: int, k: int, repeats: int, threads: int) -> dict:
     import torch
+
+    torch.set_num_threads(threads)
 
     sys.path[:0] = [str(ROOT / "runtime"), str(ROOT)]
     from distillery_runtime.losses import LossConfig, TeacherTargets, distillation_loss
@@ -168,13 +171,16 @@ def main() -> None:
     ap.add_argument("--topk", type=int, default=64)
     ap.add_argument("--repeats", type=int, help="forward+backward runs per process (best time kept)")
     ap.add_argument("--rounds", type=int, help="fresh processes per case, interleaved (default 2; quick 1)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per case (default 1, see above)")
     ap.add_argument("--child", nargs=2, metavar=("LOSS", "IMPL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     n = args.tokens or (1024 if args.quick else 4096)
     repeats = args.repeats or (2 if args.quick else 3)
     rounds = args.rounds or (1 if args.quick else 2)
     if args.child:
-        print(json.dumps(child(args.child[0], args.child[1], n, args.vocab, args.topk, repeats)))
+        print(
+            json.dumps(child(args.child[0], args.child[1], n, args.vocab, args.topk, repeats, args.threads))
+        )
         return
 
     # Rounds interleave the cases (A B C.. A B C..) so that a load change on a shared machine hits
@@ -183,8 +189,10 @@ def main() -> None:
     for _ in range(rounds):
         for loss, impl in CASES:
             cmd = [sys.executable, __file__, "--child", loss, impl, "--tokens", str(n), "--vocab", str(args.vocab),
-                   "--topk", str(args.topk), "--repeats", str(repeats)]  # fmt: skip
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                   "--topk", str(args.topk), "--repeats", str(repeats), "--threads", str(args.threads)]  # fmt: skip
+            # Passive OpenMP waits: spinning idle workers would be counted as CPU time.
+            env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
             if proc.returncode != 0:
                 sys.exit(f"case {loss}/{impl} failed:\n{proc.stderr[-3000:]}")
             r = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -205,7 +213,7 @@ def main() -> None:
         f"{'wall/naive':>12}{'cpu/naive':>11}{'equal':>7}"
     )
     summary: dict = {"bench": "loss_memory", "tokens": n, "vocab": args.vocab, "topk": args.topk,
-                     "rounds": rounds, "repeats": repeats, "loadavg_1m": os.getloadavg()[0], "cpus": os.cpu_count()}  # fmt: skip
+                     "rounds": rounds, "repeats": repeats, "threads": args.threads, "loadavg_1m": os.getloadavg()[0], "cpus": os.cpu_count()}  # fmt: skip
     ok = True
     for loss, impl in CASES:
         r, ref = results[(loss, impl)], results[(loss, "naive")]

@@ -74,6 +74,7 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
         logp_buf = torch.empty((rows, v), dtype=dtype, device=logits.device)
         convert = logits.dtype != dtype or temperature != 1.0
         x_buf = torch.empty((rows, v), dtype=dtype, device=logits.device) if convert else None
+        sel_buf: torch.Tensor | None = None
         for i, c in _chunks(b, t, chunk_tokens):
             x = logits[i, c]
             if x_buf is not None:
@@ -94,9 +95,16 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
                 kk = min(student_topk, v)
                 if topk_rows is None:
                     top[i, c] = x.topk(kk, dim=-1, sorted=False).indices
-                elif bool(topk_rows[i, c].any()):
-                    sel = topk_rows[i, c]
-                    top[i, c][sel] = x[sel].topk(kk, dim=-1, sorted=False).indices
+                else:
+                    picked = topk_rows[i, c].nonzero().flatten()
+                    if picked.numel():
+                        # Copy the picked rows into a reused buffer (batched top-k, no fresh mmap).
+                        if sel_buf is None:
+                            sel_buf = torch.empty((rows, v), dtype=dtype, device=logits.device)
+                        sel = sel_buf[: picked.numel()]
+                        for j, r in enumerate(picked.tolist()):  # at most a few dozen rows
+                            sel[j].copy_(x[r])
+                        top[i, c.start + picked] = sel.topk(kk, dim=-1, sorted=False).indices
         ctx.save_for_backward(logits, ids, lse)
         ctx.temperature = temperature  # type: ignore[attr-defined]
         ctx.chunk_tokens = chunk_tokens  # type: ignore[attr-defined]
