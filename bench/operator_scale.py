@@ -10,7 +10,7 @@ handler that creates the children and a `@kopf.timer` that polls them (GET) to r
 with a 30 s timer. The operator runs as a separate process (`python -m distillery_operator`), the emulator
 in this process (tests/operator/kube_emulator.py).
 
-    python bench/operator_scale.py --quick      # N = 50, 20 s idle window
+    python bench/operator_scale.py --quick      # N = 50, 35 s idle window (longer than the peer's timer)
     python bench/operator_scale.py              # N = 100, 500, 1000, 60 s idle window
 The last line printed is a JSON summary.
 """
@@ -265,7 +265,7 @@ async def main_async(args: argparse.Namespace) -> None:
     sizes = (
         [int(s) for s in args.sizes.split(",")] if args.sizes else ([50] if args.quick else [100, 500, 1000])
     )
-    idle = args.idle_seconds if args.idle_seconds is not None else (20.0 if args.quick else 60.0)
+    idle = args.idle_seconds if args.idle_seconds is not None else (35.0 if args.quick else 60.0)
     impls = ["distillery"] + ([] if args.no_peer else ["kopf-timer"])
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
