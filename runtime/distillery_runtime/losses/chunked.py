@@ -68,7 +68,7 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
         out = torch.empty(ids.shape, dtype=dtype, device=logits.device)
         lse = torch.empty((b, t), dtype=dtype, device=logits.device)
         top = torch.full((b, t, student_topk), -1, dtype=torch.long, device=logits.device)
-        # Two chunk buffers reused across chunks: a fresh [chunk, V] allocation per chunk is a
+        # Chunk buffers reused across chunks: a fresh [chunk, V] allocation per chunk is a
         # fresh mmap on CPU, and its page faults cost as much as the log-softmax itself.
         rows = min(chunk_tokens, t)
         logp_buf = torch.empty((rows, v), dtype=dtype, device=logits.device)
