@@ -92,7 +92,7 @@ class Cluster:
 
 
 async def wait_for(
-    predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition", interval: float = 0.02
+    predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition", interval: float = 0.02
 ) -> Any:
     """Polls until `predicate()` is truthy; fails with `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
