@@ -177,7 +177,7 @@ async def running_operator(
     thread = threading.Thread(target=main, name="operator", daemon=True)
     thread.start()
     try:
-        await wait_for(lambda: ready.is_set() or errors, timeout=10, what="the operator to start")
+        await wait_for(lambda: ready.is_set() or errors, timeout=30, what="the operator to start")
         if errors:
             raise errors[0]
         yield thread
