@@ -142,8 +142,9 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
     scaled_to_zero = suspend or terminal is not None
 
     teachers: list[dict[str, Any]] = []
+    failing: set[str] = set()
     if job is not None:
-        teachers = teacher_statuses(job, observed, trainer, scaled_to_zero=scaled_to_zero)
+        teachers, failing = teacher_statuses(job, observed, trainer, scaled_to_zero=scaled_to_zero)
         ctx = RenderContext(
             namespace=meta.namespace or "", owner_uid=meta.uid, teachers_scaled_to_zero=scaled_to_zero
         )
@@ -173,6 +174,7 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         suspend=suspend,
         trainer=trainer,
         teachers=teachers,
+        failing_teachers=failing,
         terminal=terminal,
     )
     generation = meta.generation

@@ -87,17 +87,23 @@ def _reason(text: str, fallback: str) -> str:
 
 def teacher_statuses(
     job: DistillationJob, observed: Observed, trainer: Trainer, *, scaled_to_zero: bool
-) -> list[dict[str, Any]]:
-    out = []
+) -> tuple[list[dict[str, Any]], set[str]]:
+    """The TeacherStatus of each teacher, and the names of those failing (not merely starting)."""
+    statuses: list[dict[str, Any]] = []
+    failing: set[str] = set()
     for teacher in job.spec.teachers:
-        out.append(_teacher_status(job, teacher, observed, trainer, scaled_to_zero))
-    return out
+        status, failed = _teacher_status(job, teacher, observed, trainer, scaled_to_zero)
+        statuses.append(status)
+        if failed:
+            failing.add(teacher.name)
+    return statuses, failing
 
 
 def _teacher_status(
     job: DistillationJob, teacher: Teacher, observed: Observed, trainer: Trainer, scaled_to_zero: bool
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], bool]:
     status: dict[str, Any] = {"name": teacher.name, "placement": teacher.placement.value}
+    failing = False
     if teacher.placement == Placement.STANDALONE:
         name = naming.teacher_name(job.metadata.name, teacher.name)
         desired = 0 if scaled_to_zero else teacher.replicas
@@ -113,6 +119,7 @@ def _teacher_status(
             status["message"] = "Deployment not created yet"
         elif deployment.state.get("failure"):
             status["message"] = str(deployment.state["failure"])
+            failing = not status["ready"]
         elif desired == 0:
             status["message"] = "scaled to zero"
         else:
@@ -121,22 +128,11 @@ def _teacher_status(
         health = observed.external.get(teacher.name)
         status.update(endpoint=teacher.endpoint, ready=bool(health and health.ok))
         status["message"] = health.message if health else "not checked yet"
+        failing = health is not None and not health.ok
     else:
         running = trainer.state == "running"
         status.update(ready=running, message="runs inside the trainer on the student's GPUs")
-    return status
-
-
-def _failing(teacher: Mapping[str, Any]) -> bool:
-    """A teacher that is not merely starting: unreachable or its Deployment reports a failure."""
-    if teacher["placement"] == Placement.EXTERNAL.value:
-        return not teacher["ready"] and teacher.get("message") != "not checked yet"
-    msg = teacher.get("message") or ""
-    return (
-        teacher["placement"] == Placement.STANDALONE.value
-        and not teacher["ready"]
-        and ("deadline" in msg or "failure" in msg.lower())
-    )
+    return status, failing
 
 
 @dataclass(frozen=True)
@@ -155,6 +151,7 @@ def derive_conditions(
     suspend: bool,
     trainer: Trainer,
     teachers: Sequence[Mapping[str, Any]],
+    failing_teachers: set[str],
     terminal: Phase | None,
 ) -> list[Cond]:
     conds: list[Cond] = []
@@ -182,7 +179,7 @@ def derive_conditions(
         return conds
 
     ready = [t for t in teachers if t["ready"]]
-    failing = [t for t in teachers if _failing(t)]
+    failing = [t for t in teachers if t["name"] in failing_teachers]
     summary = f"{len(ready)}/{len(teachers)} teachers ready"
     if terminal is not None:
         conds.append(Cond(ConditionType.TEACHERS_READY, False, "JobFinished", "teachers scaled to zero"))
