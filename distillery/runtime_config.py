@@ -18,6 +18,8 @@ CONFIG_KEY = "runtime-config.json"
 CONFIG_MOUNT_DIR = "/etc/distillery"
 TEACHER_PORT = 8000
 """The port of a standalone teacher's server (OpenAI API and the compact scoring endpoint)."""
+RUNTIME_METRICS_PORT = 9100
+"""The port of the trainer's Prometheus metrics (the head pod's `runtime-metrics` port)."""
 
 
 class TeacherProtocol(StrEnum):
@@ -57,7 +59,7 @@ class RuntimeConfig(ApiModel):
     spec: DistillationJobSpec
     teachers: list[ResolvedTeacher]
     status_target: StatusTarget | None = None
-    metrics_port: int = 9100
+    metrics_port: int = RUNTIME_METRICS_PORT
 
 
 def teacher_service_name(job_name: str, teacher_name: str) -> str:

@@ -18,7 +18,13 @@ import orjson
 import yaml
 
 from distillery.api import API_VERSION, KIND, DistillationJob, Placement, Teacher
-from distillery.runtime_config import CONFIG_KEY, CONFIG_MOUNT_DIR, TEACHER_PORT, resolve_runtime_config
+from distillery.runtime_config import (
+    CONFIG_KEY,
+    CONFIG_MOUNT_DIR,
+    RUNTIME_METRICS_PORT,
+    TEACHER_PORT,
+    resolve_runtime_config,
+)
 from distillery.validation import load_jobs
 from distillery_operator import naming
 
@@ -302,6 +308,10 @@ def _ray_pod_template(job: DistillationJob, container_name: str, *, worker: bool
         "env": env,
         "volumeMounts": mounts,
     }
+    if not worker:
+        # The driver (`distillery run`) serves the runtime's Prometheus metrics; the chart's PodMonitor
+        # scrapes this port by name.
+        container["ports"] = [{"name": "runtime-metrics", "containerPort": RUNTIME_METRICS_PORT}]
     if worker:
         container["resources"] = _resources(
             pool.gpus_per_worker, pool.gpu_resource, pool.resources.requests, pool.resources.limits

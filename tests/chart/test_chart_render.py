@@ -293,11 +293,6 @@ def test_pod_monitor_selects_the_trainer_pods() -> None:
     assert "distillery.io/job" in head["metadata"]["labels"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the operator's trainer pods do not declare the runtime's metrics port yet: the PodMonitor finds "
-    "no target until the head container has ports: [{name: runtime-metrics, containerPort: 9100}]",
-)
 def test_trainer_declares_the_metrics_port_the_pod_monitor_scrapes() -> None:
     from distillery.runtime_config import RuntimeConfig
 
