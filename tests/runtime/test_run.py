@@ -141,11 +141,14 @@ def test_standalone_teacher_with_one_step_off_stops_cleanly_on_ctrl_c(job_files,
 
 @pytest.mark.slow
 def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(job_files, write_manifest, tmp_path):
+    # lambda = 0.5: steps 2 and 5 train on the dataset's responses (the coin is fixed by seed and step).
     doc = manifest(
         job_files,
         name="killme",
+        loss={"mode": "forward_kl_topk", "topK": 4, "onPolicyFraction": 0.5},
         schedule={"steps": 5, "promptsPerStep": 4, "microBatchSize": 2, "checkpointEvery": 2},
     )
+    doc["spec"]["data"]["responseField"] = "response"
     path = write_manifest(doc)
 
     reference = tmp_path / "reference"
@@ -166,6 +169,8 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(job_files, wr
 
     expected, got = read_records(reference / "metrics.jsonl"), read_records(out / "metrics.jsonl")
     assert [r["step"] for r in got] == [1, 2, 3, 4, 5]
+    assert [r["on_policy"] for r in got] == [True, False, True, True, False]
+    assert all(r["generated_tokens"] == 0 for r in got if not r["on_policy"])
     for a, b in zip(expected, got, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-7), (a["step"], a["loss"], b["loss"])
         assert b["response_tokens"] == a["response_tokens"]
