@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# The first test of the session prepares the task (minutes; many more on a loaded machine).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 def read_rows(path):

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# The first test of the session prepares the task (minutes; many more on a loaded machine).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -59,11 +59,15 @@ class AdditionRecipe:
     student_start: float = 0.15
     batch_size: int = 64
     lr: float = 1e-3
+    max_positions: int = 256
+    """Context length of the models: maxPromptTokens + maxNewTokens + 1 must fit (vLLM refuses more)."""
     teacher_check_every: int = 200
     student_check_every: int = 10
 
 
-def _llama(tokenizer: PreTrainedTokenizerFast, shape: ModelShape, seed: int) -> LlamaForCausalLM:
+def _llama(
+    tokenizer: PreTrainedTokenizerFast, shape: ModelShape, seed: int, max_positions: int
+) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     heads = shape.hidden // shape.head_dim
     config = LlamaConfig(
@@ -73,7 +77,7 @@ def _llama(tokenizer: PreTrainedTokenizerFast, shape: ModelShape, seed: int) -> 
         num_hidden_layers=shape.layers,
         num_attention_heads=heads,
         num_key_value_heads=heads,
-        max_position_embeddings=64,
+        max_position_embeddings=max_positions,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -167,7 +171,12 @@ def build_addition(out: Path, recipe: AdditionRecipe, log: Callable[[str], None]
         ),
     ):
         started = time.monotonic()
-        model = _llama(tokenizer, shape, seed=recipe.seed + (0 if role == "teacher" else 1))
+        model = _llama(
+            tokenizer,
+            shape,
+            seed=recipe.seed + (0 if role == "teacher" else 1),
+            max_positions=recipe.max_positions,
+        )
         steps, dev_acc = _train_until(
             model,
             tokenizer,
