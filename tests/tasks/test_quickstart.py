@@ -34,6 +34,7 @@ def test_local_addition_example_improves_held_out_accuracy(prepared_task, tmp_pa
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
     start, final = evals[0], evals[-1]
+    print("held-out accuracy by step:", [(e["step"], e["eval_accuracy"]) for e in evals])  # shown with -rP
     assert start["step"] == 0 and final["step"] == 80
     manifest = json.loads((prepared_task / "manifest.json").read_text())
     assert start["eval_accuracy"] == pytest.approx(
