@@ -112,6 +112,9 @@ def _with_object_default(original: dict[str, Any], out: dict[str, Any]) -> dict[
 
 
 def _finish(out: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(out.get("description"), str):
+        # Attribute docstrings wrap at the code's line length; kubectl explain re-wraps them itself.
+        out["description"] = " ".join(out["description"].split())
     if out.get("additionalProperties") is False:
         # Structural schemas may not combine properties with additionalProperties: false; the API
         # server's strict field validation (kubectl's default) reports unknown fields instead.

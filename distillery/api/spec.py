@@ -105,6 +105,10 @@ class Rollout(ApiModel):
     """Responses sampled per prompt."""
     memory_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     """Fraction of each GPU's memory the rollout engine may take (vLLM gpu_memory_utilization)."""
+    enforce_eager: bool | None = None
+    """vLLM engine only. true: run eagerly (no torch.compile, no CUDA graphs): faster start, slower steps.
+    false: compile (and capture CUDA graphs on GPU). Unset: compiled on GPU, eager on CPU, where compiling
+    costs ~10 s of start-up that small local jobs do not win back."""
 
 
 class Optimizer(ApiModel):

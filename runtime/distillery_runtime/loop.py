@@ -474,6 +474,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
             max_len,
             spec.schedule.seed,
             spec.student.rollout.memory_fraction,
+            spec.student.rollout.enforce_eager,
         )
     )
     colocated_actors: dict[str, Any] = {}

@@ -99,7 +99,14 @@ class RolloutWorker:
     """The student's rollout engine (vLLM or transformers) in its own process."""
 
     def __init__(
-        self, kind: str, model_dir: str, dtype: str, max_model_len: int, seed: int, memory_fraction: float
+        self,
+        kind: str,
+        model_dir: str,
+        dtype: str,
+        max_model_len: int,
+        seed: int,
+        memory_fraction: float,
+        enforce_eager: bool | None = None,
     ) -> None:
         from distillery_runtime.rollout import build_engine
 
@@ -110,6 +117,7 @@ class RolloutWorker:
             max_model_len=max_model_len,
             seed=seed,
             memory_fraction=memory_fraction,
+            enforce_eager=enforce_eager,
         )
 
     def stream(self, requests: Sequence[Any], sampling: Any) -> Iterator[RolloutSample]:

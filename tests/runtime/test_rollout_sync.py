@@ -1,5 +1,6 @@
 """Weight sync: after an optimizer step and an update, the rollout engine's log-probs of a fixed sequence
-equal the trainer's. Real engines: vLLM (CPU build, in-process) and the transformers fallback."""
+equal the trainer's. Real engines: vLLM (CPU build, in-process; eager and torch.compiled, whose graphs must
+see weights reloaded in place) and the transformers fallback."""
 
 from __future__ import annotations
 
@@ -18,13 +19,21 @@ RESPONSE = [11, 30, 8, 21, 17, 6]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["vllm", "transformers"])
-def test_rollout_engine_follows_the_trainer(job_files, kind):
+@pytest.mark.parametrize(
+    ("kind", "enforce_eager"),
+    [("vllm", True), ("vllm", False), ("transformers", None)],
+    ids=["vllm", "vllm-compiled", "transformers"],
+)
+def test_rollout_engine_follows_the_trainer(job_files, kind, enforce_eager):
     settings = TrainerSettings(
         lr=5e-2, precision="float32", micro_batch_size=4, loss=LossConfig(mode="forward_kl_topk", top_k=4)
     )
     trainer = Trainer(str(job_files.student), settings, device="cpu")
-    engine = build_engine(kind, str(job_files.student), dtype=torch.float32, max_model_len=64)
+    engine = build_engine(
+        kind, str(job_files.student), dtype=torch.float32, max_model_len=64, enforce_eager=enforce_eager
+    )
+    if kind == "vllm":
+        assert engine.enforce_eager is enforce_eager
     try:
         _check_sync(trainer, engine, settings)
     finally:

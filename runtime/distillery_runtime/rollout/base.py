@@ -63,13 +63,19 @@ def build_engine(
     max_model_len: int,
     seed: int = 0,
     memory_fraction: float = 0.5,
+    enforce_eager: bool | None = None,
 ) -> RolloutEngine:
     """The engine named by `student.rollout.engine` (vllm or transformers)."""
     if kind == "vllm":
         from distillery_runtime.rollout.vllm_engine import VllmRolloutEngine
 
         return VllmRolloutEngine(
-            model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed, memory_fraction=memory_fraction
+            model_dir,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            memory_fraction=memory_fraction,
+            enforce_eager=enforce_eager,
         )
     if kind == "transformers":
         from distillery_runtime.rollout.hf_engine import TransformersRolloutEngine

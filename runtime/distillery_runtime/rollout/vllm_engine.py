@@ -6,7 +6,8 @@ checkpoint-format names, so the Hugging Face state dict loads as is; it works on
 own `weight_loader`s are gone after vLLM's CPU weight processing). The prefix cache is reset after each
 update: cached KV blocks were computed with the old weights.
 
-On CPU the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, uni executor: ~3 s start);
+On CPU the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, uni executor: ~3 s start,
+~10 s more when compiled);
 sleep/wake are no-ops there (vLLM's CPU worker does not support sleep mode), on GPU they free the KV cache
 and weights while the trainer runs.
 """
@@ -37,6 +38,7 @@ class VllmRolloutEngine:
         max_model_len: int,
         seed: int = 0,
         memory_fraction: float = 0.5,
+        enforce_eager: bool | None = None,
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -47,11 +49,16 @@ class VllmRolloutEngine:
         if _on_gpu():
             kwargs["gpu_memory_utilization"] = memory_fraction
             kwargs["enable_sleep_mode"] = True
+        if enforce_eager is None:
+            # CUDA graphs are most of vLLM's decode speed on GPU; on CPU, compiling costs ~10 s of start-up
+            # and gains ~20-30% per decode step, which only longer jobs win back (student.rollout.enforceEager).
+            enforce_eager = not _on_gpu()
+        self.enforce_eager = enforce_eager
         self.llm = LLM(
             model=model_dir,
             dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
             max_model_len=max_model_len,
-            enforce_eager=True,
+            enforce_eager=enforce_eager,
             seed=seed,
             distributed_executor_backend="uni",
             max_logprobs=1,
