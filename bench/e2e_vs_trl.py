@@ -62,6 +62,11 @@ class Setting:
     top_k: int = 16
     eval_every: int = 0
     eval_rows: int = 256
+    enforce_eager: bool = True
+    """Distillery's rollout engine: eager, or torch.compiled (worth its ~10 s start-up on longer steps)."""
+    precision: str = "float32"
+    """float32, or bfloat16: both systems keep float32 master weights and compute in bf16 (Distillery:
+    bf16 rollout and teacher engines, autocast training; TRL: teacher in bf16, `bf16=True` autocast)."""
 
 
 # ------------------------------------------------------------------------------------------ measuring
@@ -119,8 +124,12 @@ def distillery_manifest(s: Setting) -> dict:
     spec: dict = {
         "student": {
             "model": s.student,
-            "precision": "float32",
-            "rollout": {"temperature": s.temperature, "maxNewTokens": s.max_new_tokens},
+            "precision": s.precision,
+            "rollout": {
+                "temperature": s.temperature,
+                "maxNewTokens": s.max_new_tokens,
+                "enforceEager": s.enforce_eager,
+            },
             "optimizer": {"lr": s.lr, "warmupSteps": s.warmup, "minLrRatio": 1.0},
             "pool": {"workers": 1, "gpusPerWorker": 0},
         },
@@ -129,7 +138,7 @@ def distillery_manifest(s: Setting) -> dict:
                 "name": "teacher",
                 "model": s.teacher,
                 "placement": "standalone",
-                "inference": {"dtype": "float32"},
+                "inference": {"dtype": s.precision},
             }
         ],
         "data": {"train": {"path": s.train}, "maxPromptTokens": 16 if s.eval else 64},
@@ -192,7 +201,8 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(s.student)
     student = AutoModelForCausalLM.from_pretrained(s.student, dtype=torch.float32)
-    teacher = AutoModelForCausalLM.from_pretrained(s.teacher, dtype=torch.float32).eval()
+    teacher_dtype = torch.bfloat16 if s.precision == "bfloat16" else torch.float32
+    teacher = AutoModelForCausalLM.from_pretrained(s.teacher, dtype=teacher_dtype).eval()
     rows = read_jsonl(Path(s.train))
     eval_rows = read_jsonl(Path(s.eval))[: s.eval_rows] if s.eval else []
     steps_file, evals_file = open(out / "steps.jsonl", "w"), open(out / "evals.jsonl", "w")  # noqa: SIM115
@@ -223,7 +233,7 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
     common = dict(
         output_dir=str(out / "trainer"), per_device_train_batch_size=s.prompts_per_step, gradient_accumulation_steps=1,
         max_steps=s.steps, learning_rate=s.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=s.warmup,
-        max_grad_norm=1.0, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
+        max_grad_norm=1.0, use_cpu=True, bf16=s.precision == "bfloat16", gradient_checkpointing=False, report_to="none",
         save_strategy="no", logging_steps=1, seed=0, dataloader_num_workers=0, disable_tqdm=True,
     )  # fmt: skip
     if eval_rows:
@@ -306,27 +316,38 @@ def run_trl(system: str, s: Setting, out: Path) -> dict:
 # ------------------------------------------------------------------------------------------ settings
 
 
-def speed_setting(out: Path, steps: int) -> Setting:
-    """Random tiny Llamas (student 0.4M, teacher 1.6M parameters) and 512 short prompts."""
+SPEED_MODELS = {
+    # name: (student hidden, layers, heads), (teacher hidden, layers, heads)
+    "tiny": ((128, 2, 2), (256, 2, 4)),  # 0.4M / 1.6M parameters: fixed per-step costs dominate
+    "small": ((512, 4, 8), (768, 6, 12)),  # 11.5M / 37M: the model's compute dominates
+    "medium": ((768, 6, 12), (1024, 8, 16)),  # 37M / 86M
+}
+
+
+def speed_setting(out: Path, steps: int, scale: str, precision: str = "float32") -> Setting:
+    """Random Llamas of the given scale (SPEED_MODELS) and 512 short prompts."""
     import torch
     from distillery_runtime.models.tiny import build_tokenizer, default_texts, save_tiny_model
 
-    root = out / "speed-models"
+    root = out / f"speed-models-{scale}"
     if not (root / "train.jsonl").exists():
         tok = build_tokenizer(vocab_size=1031)
-        save_tiny_model(
-            root / "student", tokenizer=tok, hidden=128, layers=2, heads=2, seed=1, dtype=torch.float32
-        )
-        save_tiny_model(
-            root / "teacher", tokenizer=tok, hidden=256, layers=2, heads=4, seed=2, dtype=torch.float32
-        )
+        for name, (hidden, layers, heads), seed in zip(
+            ("student", "teacher"), SPEED_MODELS[scale], (1, 2), strict=True
+        ):
+            save_tiny_model(
+                root / name, tokenizer=tok, hidden=hidden, layers=layers, heads=heads, seed=seed,
+                dtype=torch.float32,
+            )  # fmt: skip
         prompts = [
             " ".join(t.split()[:6]) for t in default_texts(512, seed=3)[:512]
         ]  # the last text is string.printable
         (root / "train.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    name = f"speed-{scale}" + ("-bf16" if precision == "bfloat16" else "")
     return Setting(
-        "speed", str(root / "student"), str(root / "teacher"), str(root / "train.jsonl"), None, steps
-    )
+        name, str(root / "student"), str(root / "teacher"), str(root / "train.jsonl"), None, steps,
+        enforce_eager=scale == "tiny", precision=precision,
+    )  # fmt: skip
 
 
 def learning_setting(steps: int, eval_every: int) -> Setting:
@@ -361,6 +382,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--parts", nargs="*", default=["speed", "learning"], choices=["speed", "learning"])
+    parser.add_argument(
+        "--scales",
+        nargs="*",
+        default=["small"],
+        choices=list(SPEED_MODELS),
+        help="model sizes of the speed part",
+    )
+    parser.add_argument(
+        "--precision", nargs="*", default=["float32"], choices=["float32", "bfloat16"],
+        help="compute precisions of the speed part (each system the same)",
+    )  # fmt: skip
     parser.add_argument("--systems", nargs="*", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument(
         "--threshold", type=float, default=0.6, help="held-out accuracy for time-to-threshold"
@@ -379,14 +411,18 @@ def main(argv: list[str] | None = None) -> int:
     args.output.mkdir(parents=True, exist_ok=True)
     settings = []
     if "speed" in args.parts:
-        settings.append(speed_setting(args.output, speed_steps))
+        settings.extend(
+            speed_setting(args.output, speed_steps, scale, precision)
+            for scale in args.scales
+            for precision in args.precision
+        )
     if "learning" in args.parts:
         settings.append(learning_setting(learn_steps, eval_every))
 
     results: dict[str, dict[str, list[dict]]] = {}
     for s in settings:
         results[s.name] = {system: [] for system in args.systems}
-        n_rep = repeats if s.name == "speed" else 1
+        n_rep = repeats if s.name.startswith("speed") else 1
         for r in range(n_rep):
             order = args.systems[r % len(args.systems) :] + args.systems[: r % len(args.systems)]
             for system in order:

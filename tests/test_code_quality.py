@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_ruff_clean() -> None:
@@ -36,6 +38,8 @@ def test_operator_does_not_import_ml_stacks() -> None:
         "bad = sorted(n for n in ('torch', 'vllm', 'ray', 'transformers') if n in sys.modules)\n"
         "print(','.join(bad))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "", f"operator imports {result.stdout.strip()}"

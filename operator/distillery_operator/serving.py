@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from distillery_operator.metrics import REGISTRY
 
 
 def metrics_app() -> web.Application:

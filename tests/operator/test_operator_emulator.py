@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distillery_operator.metrics import METRIC_NAMES
+from distillery_operator.metrics import METRIC_NAMES, REGISTRY
 from kube_emulator import CONFIGMAPS, DJ
 from operator_harness import Cluster, load_example
-from prometheus_client import REGISTRY, generate_latest
+from prometheus_client import generate_latest
 
 
 async def patch(cluster: Cluster, path: str, body: object, content_type: str) -> int:
@@ -89,3 +89,18 @@ def test_every_metric_name_is_exposed() -> None:
     text = generate_latest(REGISTRY).decode()
     for name in METRIC_NAMES:
         assert f"# HELP {name} " in text, name
+    assert "# HELP process_cpu_seconds_total " in text
+
+
+def test_metrics_endpoint_serves_only_the_operators_registry() -> None:
+    # A library that registers in prometheus-client's global registry (vLLM, Ray do) must not leak
+    # into the operator's /metrics, where the chart's alerts and promtool's lint apply.
+    from prometheus_client import REGISTRY as GLOBAL
+    from prometheus_client import Counter
+
+    foreign = Counter("some_library_events", "Registered globally by another library.", registry=GLOBAL)
+    try:
+        assert "some_library_events" in generate_latest(GLOBAL).decode()
+        assert "some_library_events" not in generate_latest(REGISTRY).decode()
+    finally:
+        GLOBAL.unregister(foreign)

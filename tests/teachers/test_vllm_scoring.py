@@ -110,3 +110,14 @@ async def test_empty_batch_and_score_one(kind, vllm_server, samples) -> None:
             np.testing.assert_allclose(one.token_logprobs[0], whole.token_logprobs[i, :t], atol=1e-5)
     finally:
         await teacher.close()
+
+
+def test_cpu_server_has_no_busy_polling_worker_process(vllm_server) -> None:
+    """On CPU the model runs inside the engine-core process: vLLM's separate worker process would
+    busy-poll a core for a second after every request, the core a small machine's trainer needs."""
+    import psutil
+
+    server = psutil.Process(vllm_server.handle.process.pid)
+    names = [p.name() for p in server.children(recursive=True)]
+    assert any("EngineCor" in n for n in names), names  # the engine core runs beside the API server
+    assert not any("Worker" in n for n in names), names

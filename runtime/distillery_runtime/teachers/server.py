@@ -25,6 +25,7 @@ serve`. The `__main__` guard matters: vLLM starts its engine process with spawn.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -112,6 +113,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     cli_env_setup()
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        # On CPU, vLLM's multiprocessing mode adds a worker process beside the engine core whose
+        # shared-memory reader busy-polls a whole core for 1 s after every request: on a small machine
+        # that is the core the student's trainer and rollout need. Without it the model runs inside the
+        # engine-core process (still separate from the API server, so serving stays responsive).
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     parser = make_arg_parser(
         FlexibleArgumentParser(description="Distillery teacher server (vLLM + compact scoring)")
     )
