@@ -14,9 +14,12 @@ tokens, sampling temperature, learning rate and schedule, with reverse KL as the
 - trl-distill: `trl.DistillationTrainer`, beta=1 (reverse KL), HF generate.
 
 Two parts:
-1. speed: randomly initialised tiny Llamas (`distillery_runtime.models.tiny`) that rarely emit EOS, so
+1. speed: randomly initialised Llamas (`distillery_runtime.models.tiny`) that rarely emit EOS, so
    every sample is ~max-new-tokens long and generation is a real share of each step; seconds per step
    (median and spread, first step excluded: warm-up) and peak memory of each system's process tree.
+   Settings (`--speed-settings`): tiny (0.4M student / 1.6M teacher: fixed per-step costs dominate),
+   small (11.5M / 37M), medium (37M / 86M), each in float32 or bfloat16 (`small:bfloat16`). Distillery
+   compiles its rollout engine (`enforceEager: false`) except at the tiny scale.
 2. learning: the bundled synthetic addition task; held-out accuracy over steps, the training and wall
    seconds to reach an accuracy threshold, the final accuracy, and peak memory.
 Runs alternate between systems (repeat r starts with system r mod 3). Each system runs in its own
@@ -87,9 +90,24 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-def run_measured(command: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[int, float, int]:
-    """(exit code, wall seconds, peak RSS of the process tree in bytes)."""
-    started = time.monotonic()
+def matmul_gflops(dtype: str = "float32", n: int = 2048, reps: int = 10) -> float:
+    """This machine's matmul throughput right now: shared machines vary by 1.5x between runs, so the
+    summary records it at the start and the end (compare runs by ratio, not by seconds)."""
+    import torch
+
+    a = torch.randn(n, n).to(getattr(torch, dtype))
+    a @ a  # warm-up
+    started = time.perf_counter()
+    for _ in range(reps):
+        a @ a
+    return reps * 2 * n**3 / (time.perf_counter() - started) / 1e9
+
+
+def run_measured(
+    command: list[str], log: Path, env: dict[str, str] | None = None
+) -> tuple[int, float, int, float]:
+    """(exit code, wall seconds, peak RSS of the process tree in bytes, start time as time.time())."""
+    started, started_at = time.monotonic(), time.time()
     with open(log, "w") as out:
         proc = subprocess.Popen(
             command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -108,7 +126,7 @@ def run_measured(command: list[str], log: Path, env: dict[str, str] | None = Non
         code = proc.wait()
         stop.set()
         sampler.join()
-    return code, time.monotonic() - started, peak
+    return code, time.monotonic() - started, peak, started_at
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -174,18 +192,20 @@ def run_distillery(s: Setting, out: Path) -> dict:
         str(out / "run"),
         "--no-progress",
     ]
-    code, wall, peak = run_measured(command, out / "log.txt")
+    code, wall, peak, started_at = run_measured(command, out / "log.txt")
     if code != 0:
         raise RuntimeError(f"distillery run failed ({code}); see {out / 'log.txt'}")
     metrics = read_jsonl(out / "run" / "metrics.jsonl")
     steps = [(r["step"], r["time/step_s"], r.get("generated_tokens", 0)) for r in metrics]
-    evals, seen = [], 0.0
-    t_first = metrics[0]["time"] - metrics[0]["time/step_s"] if metrics else 0.0
+    finished_at = {r["step"]: r["time"] for r in metrics}  # each step's record is written before its eval
+    evals = []
     for e in read_jsonl(out / "run" / "eval.jsonl"):
         train_s = sum(sec for step, sec, _ in steps if step <= e["step"])
-        evals.append({"step": e["step"], "accuracy": e["eval_accuracy"], "train_s": train_s})
-        seen += e["seconds"]
-    return {"steps": steps, "evals": evals, "wall_s": wall, "peak_rss": peak, "first_step_at": t_first}
+        entry = {"step": e["step"], "accuracy": e["eval_accuracy"], "train_s": train_s}
+        if e["step"] in finished_at:
+            entry["wall_s"] = finished_at[e["step"]] + e["seconds"] - started_at
+        evals.append(entry)
+    return {"steps": steps, "evals": evals, "wall_s": wall, "peak_rss": peak}
 
 
 # ------------------------------------------------------------------------------------------ TRL (child)
@@ -226,7 +246,15 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
                 acc = accuracy(model, tokenizer, eval_rows, max_new_tokens=8)
                 model.train()
                 evals_file.write(
-                    json.dumps({"step": state.global_step, "accuracy": acc, "train_s": self.train_s}) + "\n"
+                    json.dumps(
+                        {
+                            "step": state.global_step,
+                            "accuracy": acc,
+                            "train_s": self.train_s,
+                            "time": time.time(),
+                        }
+                    )
+                    + "\n"
                 )
                 evals_file.flush()
 
@@ -306,11 +334,15 @@ def run_trl(system: str, s: Setting, out: Path) -> dict:
         "--out",
         str(out),
     ]
-    code, wall, peak = run_measured(command, out / "log.txt")
+    code, wall, peak, started_at = run_measured(command, out / "log.txt")
     if code != 0:
         raise RuntimeError(f"{system} failed ({code}); see {out / 'log.txt'}")
     steps = [(r["step"], r["seconds"], 0) for r in read_jsonl(out / "steps.jsonl")]
-    return {"steps": steps, "evals": read_jsonl(out / "evals.jsonl"), "wall_s": wall, "peak_rss": peak}
+    evals = [
+        {**e, "wall_s": e["time"] - started_at} if "time" in e and e["step"] > 0 else e
+        for e in read_jsonl(out / "evals.jsonl")
+    ]
+    return {"steps": steps, "evals": evals, "wall_s": wall, "peak_rss": peak}
 
 
 # ------------------------------------------------------------------------------------------ settings
@@ -383,19 +415,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--parts", nargs="*", default=["speed", "learning"], choices=["speed", "learning"])
     parser.add_argument(
-        "--scales",
-        nargs="*",
-        default=["small"],
-        choices=list(SPEED_MODELS),
-        help="model sizes of the speed part",
-    )
-    parser.add_argument(
-        "--precision", nargs="*", default=["float32"], choices=["float32", "bfloat16"],
-        help="compute precisions of the speed part (each system the same)",
+        "--speed-settings", nargs="*", default=["tiny", "small", "small:bfloat16"], metavar="SCALE[:PRECISION]",
+        help=f"speed part: model scale ({', '.join(SPEED_MODELS)}) and precision (float32, bfloat16)",
     )  # fmt: skip
     parser.add_argument("--systems", nargs="*", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument(
-        "--threshold", type=float, default=0.6, help="held-out accuracy for time-to-threshold"
+        "--threshold", type=float, default=0.5, help="held-out accuracy for time-to-threshold"
     )
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "bench-e2e")
     parser.add_argument("--child", choices=SYSTEMS[1:], help=argparse.SUPPRESS)
@@ -407,18 +432,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     repeats = 1 if args.quick else 3
-    speed_steps, learn_steps, eval_every = (8, 50, 5) if args.quick else (16, 100, 5)
+    speed_steps, learn_steps, eval_every = (8, 100, 5) if args.quick else (16, 150, 5)
     args.output.mkdir(parents=True, exist_ok=True)
     settings = []
     if "speed" in args.parts:
-        settings.extend(
-            speed_setting(args.output, speed_steps, scale, precision)
-            for scale in args.scales
-            for precision in args.precision
-        )
+        for item in args.speed_settings:
+            scale, _, precision = item.partition(":")
+            if scale not in SPEED_MODELS or precision not in ("", "float32", "bfloat16"):
+                parser.error(
+                    f"--speed-settings {item}: expected SCALE[:float32|bfloat16], SCALE in {list(SPEED_MODELS)}"
+                )
+            settings.append(speed_setting(args.output, speed_steps, scale, precision or "float32"))
     if "learning" in args.parts:
         settings.append(learning_setting(learn_steps, eval_every))
 
+    machine_before = {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")}
     results: dict[str, dict[str, list[dict]]] = {}
     for s in settings:
         results[s.name] = {system: [] for system in args.systems}
@@ -440,9 +468,19 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_cores": os.cpu_count(),
         "mode": "quick" if args.quick else "full",
         "load_average_at_end": os.getloadavg(),
+        "matmul_gflops": {
+            "start": machine_before,
+            "end": {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")},
+        },
     }
     # Other work on the machine slows every system; the load says how busy it was.
     print(f"\n{os.cpu_count()} CPU cores; load average (1, 5, 15 min) at the end: {os.getloadavg()}")
+    flops = summary["matmul_gflops"]
+    print(
+        "matmul GFLOPS (2048^2, float32 / bfloat16): "
+        f"start {flops['start']['float32']:.0f} / {flops['start']['bfloat16']:.0f}, "
+        f"end {flops['end']['float32']:.0f} / {flops['end']['bfloat16']:.0f}"
+    )
     for s in settings:
         print(
             f"\n[{s.name}] {s.prompts_per_step} prompts/step, max {s.max_new_tokens} new tokens, temperature {s.temperature}, "
@@ -452,7 +490,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{'system':<12} {'median s/step':>13} {'p10-p90 s':>13} {'steps/s':>8} {'peak RSS GiB':>12} {'wall s':>7}",
             end="",
         )
-        print(f" {'final acc':>9} {'steps to thr':>12} {'train s to thr':>14}" if s.eval else "")
+        print(
+            f" {'final acc':>9} {'steps to thr':>12} {'train s to thr':>14} {'wall s to thr':>13}"
+            if s.eval
+            else ""
+        )
         part: dict = {"setting": asdict(s), "systems": {}}
         for system, runs in results[s.name].items():
             if not runs:
@@ -475,11 +517,13 @@ def main(argv: list[str] | None = None) -> int:
                 row.update(
                     final_accuracy=evals[-1]["accuracy"] if evals else None, start_accuracy=evals[0]["accuracy"] if evals else None,
                     steps_to_threshold=hit["step"] if hit else None, train_s_to_threshold=hit["train_s"] if hit else None,
+                    wall_s_to_threshold=hit.get("wall_s") if hit else None,
                     curve=[(e["step"], e["accuracy"]) for e in evals],
                 )  # fmt: skip
                 thr_steps = str(hit["step"]) if hit else "-"
                 thr_secs = f"{hit['train_s']:.1f}" if hit else "-"
-                line += f" {row['final_accuracy'] or 0:>9.3f} {thr_steps:>12} {thr_secs:>14}"
+                thr_wall = f"{hit['wall_s']:.1f}" if hit and "wall_s" in hit else "-"
+                line += f" {row['final_accuracy'] or 0:>9.3f} {thr_steps:>12} {thr_secs:>14} {thr_wall:>13}"
             print(line)
             part["systems"][system] = row
         d = part["systems"].get("distillery", {})
@@ -487,10 +531,10 @@ def main(argv: list[str] | None = None) -> int:
             t = part["systems"].get(system)
             if d.get("median_s") and t and t.get("median_s"):
                 part[f"speedup_vs_{system}"] = t["median_s"] / d["median_s"]
-            if s.eval and t and d.get("train_s_to_threshold") and t.get("train_s_to_threshold"):
-                part[f"time_to_threshold_ratio_vs_{system}"] = (
-                    d["train_s_to_threshold"] / t["train_s_to_threshold"]
-                )
+            for kind in ("train_s", "wall_s"):
+                key = f"{kind}_to_threshold"
+                if s.eval and t and d.get(key) and t.get(key):
+                    part[f"{key}_ratio_vs_{system}"] = d[key] / t[key]
         if s.eval:
             part["threshold"] = args.threshold
         summary[s.name] = part

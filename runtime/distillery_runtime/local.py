@@ -141,8 +141,11 @@ async def wait_for_teachers(
 
 
 def local_threads() -> int:
-    """CPU threads for each compute process of a local run: the cores this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """CPU threads for each compute process of a local run: what torch picks for this process (the
+    physical cores it may use, or OMP_NUM_THREADS)."""
+    import torch
+
+    return int(torch.get_num_threads())
 
 
 def init_ray(address: str | None) -> None:
@@ -167,7 +170,7 @@ def init_ray(address: str | None) -> None:
     # Ray gives every worker OMP_NUM_THREADS=1 (it assumes one CPU per task). Locally the trainer and the
     # rollout engine take turns on the machine's cores (and vLLM's CPU worker cannot raise its thread
     # count once bound), so each gets them all: 1.4x faster rollout and 2x faster training on 2 cores.
-    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(local_threads()))
+    env["OMP_NUM_THREADS"] = str(local_threads())
     ray.init(
         num_cpus=max(os.cpu_count() or 1, 4),
         include_dashboard=False,
