@@ -97,6 +97,13 @@ class Controller:
         self.queue.add(key)
         metrics.QUEUE_DEPTH.set(len(self.queue))
 
+    def child_seen(self, key: JobKey, kind: str, name: str) -> None:
+        """The watch showed a child (any event): its creation is confirmed, so from now on its absence is
+        a deletion to repair at once. Confirming it here, not in the next reconcile, matters when the
+        child is deleted before that reconcile runs: it would never be seen, and the create-grace window
+        would hold its re-creation back with nothing left to wake the job up."""
+        self._created.pop((key, kind, name), None)
+
     def job_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         if self._event_context is None:
             # kopf's Event poster is reachable from its per-object handlers' context only: keep a copy.

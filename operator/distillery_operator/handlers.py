@@ -77,7 +77,9 @@ def _event(kind: str):  # type: ignore[no-untyped-def]
     async def child_event(body: Any, memo: Any, **_: Any) -> None:
         owner = observe.owner_key(body)
         if owner is not None:
-            _controller(memo).enqueue(owner[0], kind)
+            controller = _controller(memo)
+            controller.child_seen(owner[0], kind, body.get("metadata", {}).get("name", ""))
+            controller.enqueue(owner[0], kind)
 
     child_event.__name__ = f"{kind.lower()}_event"
     return child_event
