@@ -318,6 +318,12 @@ def test_config_from_api_model_keeps_the_api_defaults() -> None:
     assert cfg.loss_max_clamp == 10.0 and cfg.log_prob_min_clamp == -10.0 and cfg.reduction == "token_mean"
 
 
+def test_config_from_api_zero_clamps_mean_none() -> None:
+    # The API documents 0 as "no clamp"; the runtime must not refuse a valid spec at start-up.
+    cfg = LossConfig.from_api(Loss.model_validate({"mode": "k2", "lossMaxClamp": 0, "logProbMinClamp": 0}))
+    assert cfg.loss_max_clamp is None and cfg.log_prob_min_clamp is None
+
+
 def test_overlap_is_measured_on_an_even_sample_of_counted_tokens() -> None:
     from distillery_runtime.losses.diagnostics import overlap_sample
 

@@ -81,6 +81,9 @@ class LossConfig:
             if hasattr(loss, f.name):
                 value = getattr(loss, f.name)
                 values[f.name] = value.value if hasattr(value, "value") else value
+        for clamp in ("loss_max_clamp", "log_prob_min_clamp"):
+            if values.get(clamp) == 0:
+                values[clamp] = None  # the API's "0 = none"
         values.update(overrides)
         return cls(**values)
 
