@@ -198,11 +198,8 @@ class Controller:
         if body.get("metadata", {}).get("deletionTimestamp"):
             return "unchanged"
         body = self._as_seen(key, body)
-        children = list(self.children_of(key))
-        for child in children:
-            # Seen by the watch: the creation is confirmed, and a later deletion must be repaired at once.
-            self._created.pop((key, child.kind, child.name), None)
-        observed = assemble(children, self.prober.health(key))
+        # Every child in the indexes came with a watch event, which already confirmed it (`child_seen`).
+        observed = assemble(list(self.children_of(key)), self.prober.health(key))
         decision = decide(body, observed, now_iso())
         self.prober.sync(key, decision.external)
         error = await self._act(key, decision)
