@@ -70,6 +70,8 @@ class Setting:
     precision: str = "float32"
     """float32, or bfloat16: both systems keep float32 master weights and compute in bf16 (Distillery:
     bf16 rollout and teacher engines, autocast training; TRL: teacher in bf16, `bf16=True` autocast)."""
+    device: str = "cpu"
+    """TRL's device (cpu or cuda); bench/gpu_breakdown.py runs TRL on a GPU."""
 
 
 # ------------------------------------------------------------------------------------------ measuring
@@ -226,6 +228,23 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
     rows = read_jsonl(Path(s.train))
     eval_rows = read_jsonl(Path(s.eval))[: s.eval_rows] if s.eval else []
     steps_file, evals_file = open(out / "steps.jsonl", "w"), open(out / "evals.jsonl", "w")  # noqa: SIM115
+    cuda = s.device == "cuda"
+    generate_s = [0.0]  # seconds inside HF generate: the rollout share of each step
+    from transformers.generation.utils import GenerationMixin
+
+    plain_generate = GenerationMixin.generate
+
+    def timed_generate(self, *a, **kw):  # type: ignore[no-untyped-def]
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        result = plain_generate(self, *a, **kw)
+        if cuda:
+            torch.cuda.synchronize()
+        generate_s[0] += time.perf_counter() - t0
+        return result
+
+    GenerationMixin.generate = timed_generate  # type: ignore[method-assign]
 
     class Timer(TrainerCallback):
         def __init__(self) -> None:
@@ -233,14 +252,23 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
             self.train_s = 0.0
 
         def on_step_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            if cuda:
+                torch.cuda.synchronize()
             self.t0 = time.perf_counter()
+            generate_s[0] = 0.0
 
         def on_step_end(self, args, state, control, model=None, **kw):  # type: ignore[no-untyped-def]
+            if cuda:
+                torch.cuda.synchronize()
             dt = time.perf_counter() - self.t0
             self.train_s += dt
-            steps_file.write(
-                json.dumps({"step": state.global_step, "seconds": dt, "time": time.time()}) + "\n"
-            )
+            record = {
+                "step": state.global_step,
+                "seconds": dt,
+                "generate_s": generate_s[0],
+                "time": time.time(),
+            }
+            steps_file.write(json.dumps(record) + "\n")
             steps_file.flush()
             if eval_rows and s.eval_every and state.global_step % s.eval_every == 0:
                 acc = accuracy(model, tokenizer, eval_rows, max_new_tokens=8)
@@ -261,7 +289,7 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
     common = dict(
         output_dir=str(out / "trainer"), per_device_train_batch_size=s.prompts_per_step, gradient_accumulation_steps=1,
         max_steps=s.steps, learning_rate=s.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=s.warmup,
-        max_grad_norm=1.0, use_cpu=True, bf16=s.precision == "bfloat16", gradient_checkpointing=False, report_to="none",
+        max_grad_norm=1.0, use_cpu=s.device == "cpu", bf16=s.precision == "bfloat16", gradient_checkpointing=False, report_to="none",
         save_strategy="no", logging_steps=1, seed=0, dataloader_num_workers=0, disable_tqdm=True,
     )  # fmt: skip
     if eval_rows:
@@ -337,12 +365,14 @@ def run_trl(system: str, s: Setting, out: Path) -> dict:
     code, wall, peak, started_at = run_measured(command, out / "log.txt")
     if code != 0:
         raise RuntimeError(f"{system} failed ({code}); see {out / 'log.txt'}")
-    steps = [(r["step"], r["seconds"], 0) for r in read_jsonl(out / "steps.jsonl")]
+    records = read_jsonl(out / "steps.jsonl")
+    steps = [(r["step"], r["seconds"], 0) for r in records]
     evals = [
         {**e, "wall_s": e["time"] - started_at} if "time" in e and e["step"] > 0 else e
         for e in read_jsonl(out / "evals.jsonl")
     ]
-    return {"steps": steps, "evals": evals, "wall_s": wall, "peak_rss": peak}
+    generate = [(r["step"], r.get("generate_s", 0.0)) for r in records]
+    return {"steps": steps, "generate_s": generate, "evals": evals, "wall_s": wall, "peak_rss": peak}
 
 
 # ------------------------------------------------------------------------------------------ settings
@@ -353,10 +383,15 @@ SPEED_MODELS = {
     "tiny": ((128, 2, 2), (256, 2, 4)),  # 0.4M / 1.6M parameters: fixed per-step costs dominate
     "small": ((512, 4, 8), (768, 6, 12)),  # 11.5M / 37M: the model's compute dominates
     "medium": ((768, 6, 12), (1024, 8, 16)),  # 37M / 86M
+    # GPU scales (bench/gpu_breakdown.py): far too slow to train on a 2-core CPU.
+    "large": ((1024, 12, 16), (1536, 16, 16)),  # 128M / 380M
+    "xl": ((2048, 16, 16), (2560, 24, 20)),  # 0.68B / 1.6B: about Qwen2.5-0.5B / 1.5B
 }
 
 
-def speed_setting(out: Path, steps: int, scale: str, precision: str = "float32") -> Setting:
+def speed_setting(
+    out: Path, steps: int, scale: str, precision: str = "float32", device: str = "cpu"
+) -> Setting:
     """Random Llamas of the given scale (SPEED_MODELS) and 512 short prompts."""
     import torch
     from distillery_runtime.models.tiny import build_tokenizer, default_texts, save_tiny_model
@@ -378,7 +413,7 @@ def speed_setting(out: Path, steps: int, scale: str, precision: str = "float32")
     name = f"speed-{scale}" + ("-bf16" if precision == "bfloat16" else "")
     return Setting(
         name, str(root / "student"), str(root / "teacher"), str(root / "train.jsonl"), None, steps,
-        enforce_eager=scale == "tiny", precision=precision,
+        enforce_eager=scale == "tiny", precision=precision, device=device,
     )  # fmt: skip
 
 
