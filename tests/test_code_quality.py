@@ -22,6 +22,11 @@ def test_ruff_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_ruff_formatted() -> None:
+    result = _run("ruff", "format", "--check", "--quiet", ".")
+    assert result.returncode == 0, "run `ruff format .`:\n" + result.stdout + result.stderr
+
+
 @pytest.mark.slow
 def test_mypy_api_and_operator() -> None:
     result = _run("mypy", "--no-error-summary", "-p", "distillery", "-p", "distillery_operator")

@@ -79,7 +79,9 @@ def targets(*queries: tuple[str, str], instant: bool = False) -> list[dict[str, 
     return out
 
 
-def timeseries(title: str, desc: str, unit: str, *queries: tuple[str, str], stack: bool = False) -> dict[str, Any]:
+def timeseries(
+    title: str, desc: str, unit: str, *queries: tuple[str, str], stack: bool = False
+) -> dict[str, Any]:
     custom = {
         "drawStyle": "line", "lineWidth": 1, "fillOpacity": 60 if stack else 10, "showPoints": "never",
         "stacking": {"mode": "normal" if stack else "none", "group": "A"},
@@ -95,7 +97,9 @@ def timeseries(title: str, desc: str, unit: str, *queries: tuple[str, str], stac
     }  # fmt: skip
 
 
-def stat(title: str, desc: str, unit: str, expr: str, legend: str = "", red_above: float | None = None) -> dict[str, Any]:
+def stat(
+    title: str, desc: str, unit: str, expr: str, legend: str = "", red_above: float | None = None
+) -> dict[str, Any]:
     steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
     if red_above is not None:
         steps.append({"color": "red", "value": red_above})
@@ -122,7 +126,9 @@ def table(title: str, desc: str, *queries: tuple[str, str]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def dashboard(uid: str, title: str, desc: str, variables: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
+def dashboard(
+    uid: str, title: str, desc: str, variables: list[dict[str, Any]], layout: Layout
+) -> dict[str, Any]:
     return {
         "uid": uid, "title": title, "description": desc, "tags": ["distillery"], "editable": True,
         "graphTooltip": 1, "schemaVersion": 39, "version": 1, "refresh": "30s", "timezone": "browser",
@@ -325,7 +331,9 @@ def job_dashboard() -> dict[str, Any]:
     )  # fmt: skip
     variables = [
         query_var("namespace", "Namespace", "label_values(distillery_runtime_step, namespace)"),
-        query_var("job", "Job", 'label_values(distillery_runtime_step{namespace=~"$namespace"}, distillery_job)'),
+        query_var(
+            "job", "Job", 'label_values(distillery_runtime_step{namespace=~"$namespace"}, distillery_job)'
+        ),
     ]
     return dashboard(
         "distillery-job", "Distillery / Job",
