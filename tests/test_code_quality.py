@@ -1,4 +1,4 @@
-"""The repository stays ruff-clean, and the API and operator packages type-check with mypy."""
+"""The repository stays ruff-clean and formatted, and the API, operator and runtime packages type-check with mypy."""
 
 from __future__ import annotations
 
@@ -28,8 +28,17 @@ def test_ruff_formatted() -> None:
 
 
 @pytest.mark.slow
-def test_mypy_api_and_operator() -> None:
-    result = _run("mypy", "--no-error-summary", "-p", "distillery", "-p", "distillery_operator")
+def test_mypy_api_operator_and_runtime() -> None:
+    result = _run(
+        "mypy",
+        "--no-error-summary",
+        "-p",
+        "distillery",
+        "-p",
+        "distillery_operator",
+        "-p",
+        "distillery_runtime",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

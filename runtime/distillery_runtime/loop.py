@@ -180,7 +180,7 @@ class Loop:
         return TrainerSettings(
             lr=opt.lr,
             weight_decay=opt.weight_decay,
-            betas=tuple(opt.betas),
+            betas=opt.betas,
             grad_clip=opt.grad_clip,
             warmup_steps=opt.warmup_steps,
             total_steps=self.total,
@@ -255,8 +255,12 @@ class Loop:
     def _reward(self, sample: RolloutSample) -> float:
         if sample.answer is None:
             return 0.0
-        text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
-        return 1.0 if exact_match(text, sample.answer) else 0.0
+        return 1.0 if exact_match(self._text(sample.response_ids), sample.answer) else 0.0
+
+    def _text(self, ids: list[int]) -> str:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        assert isinstance(text, str)  # one sequence of ids decodes to one string
+        return text
 
     async def train(self, c: Components, samples: list[TrainSample]) -> dict[str, float]:
         normalizer = step_normalizer(samples, self.loss)
@@ -394,10 +398,7 @@ class Loop:
         greedy = SamplingSettings(max_new_tokens=self.sampling.max_new_tokens, greedy=True)
         started = time.perf_counter()
         outputs = await c.rollout.generate.remote(requests, greedy)
-        correct = sum(
-            exact_match(self.tokenizer.decode(o.response_ids, skip_special_tokens=True), o.answer or "")
-            for o in outputs
-        )
+        correct = sum(exact_match(self._text(o.response_ids), o.answer or "") for o in outputs)
         accuracy = correct / len(outputs)
         entry = {
             "step": step,
@@ -458,13 +459,14 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     trainer_cls = ray.remote(workers.TrainerWorker).options(
         **workers.actor_options("trainer", gpus_per_worker=gpus, colocated_teachers=len(colocated))
     )
-    trainers = [trainer_cls.remote(loop.model_dir, settings, rank, world) for rank in range(world)]
+    # Actor handles: Ray's stubs type them as the worker class, whose methods have no `.remote`.
+    trainers: list[Any] = [trainer_cls.remote(loop.model_dir, settings, rank, world) for rank in range(world)]
     if world > 1:
         address = await trainers[0].rendezvous.remote()
         await asyncio.gather(*(t.init_group.remote(address) for t in trainers))
     dtype = rollout_dtype(spec)
     max_len = spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens + 1
-    rollout = (
+    rollout: Any = (
         ray.remote(workers.RolloutWorker)
         .options(**workers.actor_options("rollout", gpus_per_worker=gpus, colocated_teachers=len(colocated)))
         .remote(

@@ -22,7 +22,8 @@ class TransformersRolloutEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' decorated `to`
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos

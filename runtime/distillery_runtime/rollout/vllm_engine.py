@@ -86,6 +86,7 @@ class VllmRolloutEngine:
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
     ) -> Iterator[RolloutSample]:
+        from vllm import RequestOutput
         from vllm.inputs import TokensPrompt
 
         by_id: dict[str, GenerationRequest] = {}
@@ -102,13 +103,16 @@ class VllmRolloutEngine:
             for output in self.engine.step():
                 if not output.finished:
                     continue
+                assert isinstance(output, RequestOutput)  # a generation engine: no pooling outputs
                 request = by_id.pop(output.request_id)
                 completion = output.outputs[0]
                 ids = list(completion.token_ids)
                 logprobs = None
                 if completion.logprobs is not None:
                     logprobs = [
-                        entry[token].logprob for entry, token in zip(completion.logprobs, ids, strict=True)
+                        # Sampled positions always carry entries (only prompt position 0 has None).
+                        entry[token].logprob  # type: ignore[index]
+                        for entry, token in zip(completion.logprobs, ids, strict=True)
                     ]
                 yield RolloutSample(
                     sample_id=request.sample_id,
@@ -135,7 +139,13 @@ class VllmRolloutEngine:
         out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
         entries = out.prompt_logprobs or []
         p = len(prompt_ids)
-        return [entries[p + i][token].logprob for i, token in enumerate(response_ids)]
+        result = []
+        for i, token in enumerate(response_ids):
+            row = entries[p + i]
+            if row is None:  # only the first prompt position has no entries
+                raise RuntimeError("vLLM returned no prompt log-probs for a response position")
+            result.append(row[token].logprob)
+        return result
 
     def sleep(self) -> None:
         if _on_gpu() and not self._asleep:

@@ -27,7 +27,7 @@ def greedy_responses(
         enc = tokenizer(
             list(prompts[i : i + batch_size]), return_tensors="pt", padding=True, add_special_tokens=False
         )
-        gen = model.generate(
+        gen = model.generate(  # type: ignore[operator]  # transformers' stubs type `generate` as a Tensor
             **enc,
             max_new_tokens=max_new_tokens,
             do_sample=False,

@@ -127,7 +127,7 @@ def _train_until(
         return target is not None and state["acc"] >= target
 
     train_sft(model, tokenizer, batch, steps=max_steps, lr=recipe.lr, on_step=on_step)
-    return state["steps"], state["acc"]
+    return int(state["steps"]), state["acc"]
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:

@@ -66,7 +66,7 @@ class ColocatedTeacher(BatchTeacher):
             model=self.model,
             max_logprobs=self.max_logprobs,
             max_model_len=self.max_model_len,
-            dtype=self.dtype,
+            dtype=self.dtype,  # type: ignore[arg-type]  # checked by the API: auto|bfloat16|float16|float32
             enable_sleep_mode=self.sleeps,
             **kwargs,
         )

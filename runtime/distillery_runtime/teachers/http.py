@@ -97,9 +97,9 @@ class EndpointPool:
             return [(url, None)]
         port = parts.port or (443 if parts.scheme == "https" else 80)
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        out = []
+        out: list[tuple[str, str | None]] = []
         for info in infos:
-            addr = info[4][0]
+            addr = str(info[4][0])
             netloc = f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
             out.append((urlunsplit((parts.scheme, netloc, parts.path, "", "")), parts.netloc))
         return out or [(url, None)]

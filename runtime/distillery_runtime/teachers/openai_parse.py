@@ -49,7 +49,10 @@ def parse_completion(
     if plp is None or len(plp) != prompt_len + n_resp:
         got = None if plp is None else len(plp)
         raise TeacherError(f"teacher returned {got} prompt_logprobs entries, expected {prompt_len + n_resp}")
-    return rows_from_entries(plp[prompt_len:], response_ids, top_k)
+    rows = plp[prompt_len:]
+    if any(row is None for row in rows):  # vLLM leaves only the first prompt position without entries
+        raise TeacherError("teacher returned no prompt_logprobs for a response position")
+    return rows_from_entries(rows, response_ids, top_k)  # type: ignore[arg-type]  # None excluded above
 
 
 def rows_from_entries(

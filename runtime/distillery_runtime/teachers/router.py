@@ -71,7 +71,14 @@ class MultiTeacherScorer:
 
     def teacher_for(self, sample: ScoreRequest, index: int = 0) -> Teacher:
         key = next(iter(assign_routes([sample], list(self.teachers), self.default is not None)))
-        return self.default if key is None else self.teachers[key]  # type: ignore[return-value]
+        return self._teacher(key)
+
+    def _teacher(self, key: str | None) -> Teacher:
+        if key is not None:
+            return self.teachers[key]
+        # assign_routes gives the key None only when it was told there is a default.
+        assert self.default is not None
+        return self.default
 
     async def score(self, samples: Sequence[ScoreRequest], top_k: int) -> TeacherScores:
         if not samples:
@@ -79,12 +86,7 @@ class MultiTeacherScorer:
         groups = assign_routes(samples, list(self.teachers), self.default is not None)
         keys = list(groups)
         results = await asyncio.gather(
-            *(
-                (self.default if k is None else self.teachers[k]).score(
-                    [samples[i] for i in groups[k]], top_k
-                )  # type: ignore[union-attr]
-                for k in keys
-            )
+            *(self._teacher(k).score([samples[i] for i in groups[k]], top_k) for k in keys)
         )
         return merge_scores([(groups[k], r) for k, r in zip(keys, results, strict=True)], len(samples), top_k)
 
