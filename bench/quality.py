@@ -38,7 +38,9 @@ LOSSES: dict[str, dict] = {
     "forward_kl_topk": {"mode": "forward_kl_topk", "topK": 8},
     "reverse_kl_topk": {"mode": "reverse_kl_topk", "topK": 8},
     "jsd": {"mode": "jsd", "topK": 8, "beta": 0.5},
-    "k2": {"mode": "k2"},
+    "k2": {"mode": "k2"},  # no per-token loss clamp unless asked (the API's default for k2)
+    # k2 with the clamp every other mode gets by default: it zeroes k2's gradient past |s - t| > 4.5.
+    "k2_clamp10": {"mode": "k2", "lossMaxClamp": 10},
     "abs": {"mode": "abs"},
     "k1_pg": {"mode": "k1", "objective": "policy_gradient"},
 }

@@ -305,8 +305,9 @@ class Loss(ApiModel):
     """forward_kl_topk: renormalise the student over the teacher's top-k (ms-swift) instead of full softmax."""
     add_tail: bool = False
     """Top-k modes: add the bucket log(1 - sum exp(top-k)) for the mass outside the top-k (TRL)."""
-    loss_max_clamp: float = Field(default=10.0, ge=0.0)
-    """Per-token loss clamp (0 = none)."""
+    loss_max_clamp: float | None = Field(default=None, ge=0.0)
+    """Per-token loss clamp; 0 = none. Unset: 10 (verl's), but none for k2: a clamp at c zeroes k2's gradient
+    where |s - t| > sqrt(2c), the tokens the teacher rejects (k2 with 10 collapsed on the bundled task)."""
     log_prob_min_clamp: float = Field(default=-10.0, le=0.0)
     """Floor for log-probs entering a loss (0 = none)."""
     clip_ratio_low: float = Field(default=0.2, ge=0.0, le=1.0)

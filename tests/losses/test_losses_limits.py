@@ -318,6 +318,13 @@ def test_config_from_api_model_keeps_the_api_defaults() -> None:
     assert cfg.loss_max_clamp == 10.0 and cfg.log_prob_min_clamp == -10.0 and cfg.reduction == "token_mean"
 
 
+def test_config_from_api_k2_has_no_loss_clamp_unless_asked() -> None:
+    # A clamp zeroes k2's gradient past |s - t| > sqrt(2 * clamp): unset means none for k2 only.
+    assert LossConfig.from_api(Loss.model_validate({"mode": "k2"})).loss_max_clamp is None
+    assert LossConfig.from_api(Loss.model_validate({"mode": "k3"})).loss_max_clamp == 10.0
+    assert LossConfig.from_api(Loss.model_validate({"mode": "k2", "lossMaxClamp": 5})).loss_max_clamp == 5.0
+
+
 def test_config_from_api_zero_clamps_mean_none() -> None:
     # The API documents 0 as "no clamp"; the runtime must not refuse a valid spec at start-up.
     cfg = LossConfig.from_api(Loss.model_validate({"mode": "k2", "lossMaxClamp": 0, "logProbMinClamp": 0}))

@@ -18,6 +18,16 @@ OBJECTIVES = frozenset({"policy_gradient", "direct"})
 REDUCTIONS = frozenset({"token_mean", "sequence_mean", "sum"})
 
 
+def default_loss_max_clamp(mode: str) -> float | None:
+    """The per-token clamp when the spec sets none: verl's 10, except for k2, which gets none.
+
+    k2 = (s - t)^2 / 2 passes 10 once |s - t| > sqrt(20) = 4.5, and the clamp then zeroes its gradient: the
+    tokens the student likes and a near-certain teacher rejects get no push at all. On the bundled task
+    k2 with the clamp collapsed to 0% accuracy; without it, it did not (bench/README.md).
+    """
+    return None if mode == "k2" else 10.0
+
+
 @dataclass(frozen=True)
 class LossConfig:
     """Loss settings; defaults as in the API (and verl for the clamps)."""
@@ -81,6 +91,8 @@ class LossConfig:
             if hasattr(loss, f.name):
                 value = getattr(loss, f.name)
                 values[f.name] = value.value if hasattr(value, "value") else value
+        if "loss_max_clamp" in values and values["loss_max_clamp"] is None:  # unset in the API
+            values["loss_max_clamp"] = default_loss_max_clamp(values.get("mode", cls.mode))
         for clamp in ("loss_max_clamp", "log_prob_min_clamp"):
             if values.get(clamp) == 0:
                 values[clamp] = None  # the API's "0 = none"
