@@ -1,4 +1,5 @@
-"""Deterministic Kubernetes names for a job's children: DNS-1123 labels of at most 63 characters."""
+"""Deterministic Kubernetes names for a job's children: DNS-1123 labels of at most 63 characters, and
+DNS-1035 labels (a leading letter) for the kinds that need them (Services, RayJobs)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,16 @@ def child_name(job_name: str, *parts: str) -> str:
 
 def _clean(text: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text.lower())).strip("-")
+
+
+def shorten(name: str, max_len: int) -> str:
+    """`name` if it fits, else a cut of it plus a stable 8-character hash of the whole name."""
+    if len(name) <= max_len:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: max_len - 9].rstrip('-.')}-{digest}"
+
+
+def dns1035(name: str) -> str:
+    """A DNS-1123 label made a DNS-1035 label: Services and RayJobs must start with a letter."""
+    return name if name[:1].isalpha() else shorten(f"d{name}", MAX_NAME)

@@ -63,10 +63,13 @@ class RuntimeConfig(ApiModel):
 
 
 def teacher_service_name(job_name: str, teacher_name: str) -> str:
-    """Deterministic DNS-1123 name (<= 63 chars) of a standalone teacher's Deployment and Service."""
-    from distillery.names import child_name
+    """Deterministic name (<= 63 chars) of a standalone teacher's Deployment and Service.
 
-    return child_name(job_name, "teacher", teacher_name)
+    A DNS-1035 label, as Services need: a job name that starts with a digit gets a `d` in front.
+    """
+    from distillery.names import child_name, dns1035
+
+    return dns1035(child_name(job_name, "teacher", teacher_name))
 
 
 def resolve_runtime_config(job: DistillationJob, namespace: str | None, *, in_cluster: bool) -> RuntimeConfig:

@@ -108,14 +108,6 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
     meta = job_metadata(body)
     previous: Mapping[str, Any] = body.get("status") or {}
     current, problems = parse_current(body)
-    standalone = current is not None and any(t.placement == Placement.STANDALONE for t in current.teachers)
-    if standalone and not meta.name[:1].isalpha():
-        # The teachers' Service names start with the job's name, and Services must start with a letter.
-        problems = [
-            "metadata.name: must start with a letter when the job has standalone teachers "
-            "(their Services are named after the job, and Service names are DNS-1035 labels)"
-        ]
-        current = None
     observed, foreign = own_children(observed, meta.uid)
     applied = parse_applied(observed.config)
 

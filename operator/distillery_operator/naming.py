@@ -1,17 +1,17 @@
 """Names and labels of a job's children: deterministic, valid for each kind, and the same after a restart.
 
 `distillery.names.child_name` gives DNS-1123 labels of at most 63 characters. Two kinds are stricter:
-Services must be DNS-1035 labels (start with a letter), and KubeRay refuses RayJob names longer than 47
-characters (it appends 6 characters to name the RayCluster, whose Services must stay under 63).
+Services must be DNS-1035 labels (start with a letter: `distillery.names.dns1035`), and KubeRay refuses
+RayJob names longer than 47 characters (it appends 6 characters to name the RayCluster, whose Services must
+stay under 63).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 
-from distillery.names import child_name
+from distillery.names import child_name, dns1035, shorten
 from distillery.runtime_config import teacher_service_name
 
 MAX_RAYJOB_NAME = 47
@@ -28,19 +28,6 @@ SPEC_HASH_ANNOTATION = "distillery.io/spec-hash"
 KUEUE_PREFIX = "kueue.x-k8s.io/"
 
 _LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-
-
-def shorten(name: str, max_len: int) -> str:
-    """`name` if it fits, else a cut of it plus a stable 8-character hash of the whole name."""
-    if len(name) <= max_len:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{name[: max_len - 9].rstrip('-.')}-{digest}"
-
-
-def dns1035(name: str) -> str:
-    """A DNS-1123 label made a DNS-1035 label: Services and RayJobs must start with a letter."""
-    return name if name[:1].isalpha() else shorten(f"d{name}", 63)
 
 
 def label_value(job_name: str) -> str:

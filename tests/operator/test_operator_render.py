@@ -7,11 +7,13 @@ declare (the API server would silently prune them).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -172,6 +174,24 @@ def test_multi_teacher_gets_one_deployment_and_service_each() -> None:
         [f"http://mopd-math-code-teacher-{t}.team-a.svc:8000"] for t in ("math", "code", "general")
     ]
     assert config.status_target is not None and config.status_target.name == "mopd-math-code"
+
+
+def test_a_job_name_starting_with_a_digit_names_services_and_endpoints_alike() -> None:
+    # The API server refuses a Service whose name starts with a digit (kubernetes-validate does not check
+    # names), and the runtime must reach each teacher at its Service's name.
+    doc = yaml.safe_load((ROOT / "examples" / "multi-teacher.yaml").read_text())
+    doc["metadata"]["name"] = "7b-math-code"
+    objects = render_job(DistillationJob.model_validate(doc), CTX)
+    for obj in objects:
+        validate(obj)
+    services = sorted(o["metadata"]["name"] for o in by_kind(objects, "Service"))
+    assert services == sorted(f"d7b-math-code-teacher-{t}" for t in ("math", "code", "general"))
+    for obj in by_kind(objects, "Service") + by_kind(objects, "RayJob"):
+        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", obj["metadata"]["name"]), obj["metadata"]["name"]
+    (config_map,) = by_kind(objects, "ConfigMap")
+    config = RuntimeConfig.model_validate_json(config_map["data"][CONFIG_KEY])
+    hosts = sorted(urlsplit(e).hostname.split(".")[0] for t in config.teachers for e in t.endpoints)
+    assert hosts == services
 
 
 def test_rayjob_runs_the_runtime_with_the_config() -> None:
