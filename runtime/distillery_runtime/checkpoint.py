@@ -63,13 +63,19 @@ def latest(root: str | Path) -> CheckpointRef | None:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+    # A GPU checkpoint resumed on a CPU machine (or the reverse) restores what both sides have.
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -150,4 +156,6 @@ def read_state(ref: CheckpointRef) -> dict[str, Any]:
 
 def load_trainer_state(ref: CheckpointRef) -> dict[str, Any]:
     # weights_only=False: the file holds numpy/python RNG states; it is our own output, not user input.
-    return torch.load(ref.path / TRAINER_FILE, weights_only=False)
+    # map_location cpu: a checkpoint written on a GPU loads on any machine; the optimizer's
+    # load_state_dict moves its state to the parameters' device.
+    return torch.load(ref.path / TRAINER_FILE, weights_only=False, map_location="cpu")

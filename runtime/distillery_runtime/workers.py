@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -73,7 +74,7 @@ class TrainerWorker:
     def load_state(self, checkpoint_path: str) -> int:
         from distillery_runtime import checkpoint
 
-        ref = checkpoint.CheckpointRef(0, __import__("pathlib").Path(checkpoint_path))
+        ref = checkpoint.CheckpointRef(0, Path(checkpoint_path))
         state = checkpoint.load_trainer_state(ref)
         self.trainer.load_trainer_state(state)
         checkpoint.set_rng_state(state["rng"])
