@@ -49,14 +49,29 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
+    import os
+
+    from distillery_operator.leader import LeaseSettings, default_identity
     from distillery_operator.main import run_operator
 
+    lease = None
+    if args.leader_elect:
+        namespace = args.leader_elect_namespace or os.environ.get("POD_NAMESPACE") or "default"
+        lease = LeaseSettings(
+            namespace=namespace,
+            identity=default_identity(),
+            name=args.leader_elect_lease,
+            lease_seconds=args.leader_elect_lease_duration,
+            renew_deadline_seconds=args.leader_elect_renew_deadline,
+            retry_seconds=args.leader_elect_retry_period,
+        )
     return run_operator(
         namespaces=args.namespace,
         all_namespaces=args.all_namespaces,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         verbose=args.verbose,
+        leader_election=lease,
     )
 
 
@@ -92,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=8080)
     p.add_argument("--health-port", type=int, default=8081)
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run several replicas: only the holder of a coordination.k8s.io Lease reconciles",
+    )
+    p.add_argument("--leader-elect-namespace", help="the Lease's namespace (default: $POD_NAMESPACE)")
+    p.add_argument("--leader-elect-lease", default="distillery-operator", help="the Lease's name")
+    p.add_argument("--leader-elect-lease-duration", type=float, default=15.0, metavar="SECONDS")
+    p.add_argument("--leader-elect-renew-deadline", type=float, default=10.0, metavar="SECONDS")
+    p.add_argument("--leader-elect-retry-period", type=float, default=2.0, metavar="SECONDS")
     p.set_defaults(func=_operator)
 
     p = sub.add_parser("run", help="run a job: locally with an embedded Ray, or as a RayJob entrypoint")

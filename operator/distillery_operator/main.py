@@ -17,6 +17,7 @@ import kopf
 from distillery_operator import handlers, naming
 from distillery_operator.controller import Controller, ControllerSettings
 from distillery_operator.kube import Kube, load_configuration
+from distillery_operator.leader import LeaderElector, LeaseSettings
 from distillery_operator.serving import health_app, metrics_app, serve
 
 log = logging.getLogger("distillery.operator")
@@ -36,6 +37,20 @@ def kopf_settings() -> kopf.OperatorSettings:
     return settings
 
 
+class LeadershipLost(RuntimeError):
+    """This replica could not renew its Lease in time; another may lead now, so it must stop."""
+
+
+async def _wait_flag(flag: asyncio.Event | threading.Event | None) -> None:
+    if flag is None:
+        await asyncio.Future()  # forever
+    elif isinstance(flag, asyncio.Event):
+        await flag.wait()
+    else:
+        while not flag.is_set():
+            await asyncio.sleep(0.05)
+
+
 async def run(
     *,
     namespaces: Collection[str] = (),
@@ -47,31 +62,68 @@ async def run(
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
     kubeconfig: str | None = None,
+    leader_election: LeaseSettings | None = None,
 ) -> None:
-    """Runs until `stop_flag` is set (or the task is cancelled)."""
+    """Runs until `stop_flag` is set (or the task is cancelled).
+
+    With `leader_election`, kopf starts only once this replica holds the Lease, and the call raises
+    `LeadershipLost` if the Lease cannot be renewed (the process should exit: it restarts as a standby).
+    """
     # The handlers register themselves with kopf's default registry on import.
     assert handlers.OURS
-    kube = Kube(load_configuration(kubeconfig))
+    configuration = load_configuration(kubeconfig)
+    kube = Kube(configuration)
     controller = Controller(kube, controller_settings or ControllerSettings())
+    elector = LeaderElector(configuration, leader_election) if leader_election else None
+
+    def ready() -> bool:
+        # A standby is ready: it serves nothing until it leads, and a rolling update must be able to
+        # replace the leader with it. The leader is ready once its watches are listed and workers run.
+        return controller.ready.is_set() or (elector is not None and not elector.leading)
+
     runners = []
     if metrics_port is not None:
         runners.append(await serve(metrics_app(), host, metrics_port))
     if health_port is not None:
-        runners.append(await serve(health_app(controller.ready.is_set), host, health_port))
+        runners.append(await serve(health_app(ready), host, health_port))
+    tasks: list[asyncio.Task[None]] = []
+    lost = asyncio.Event()
     try:
+        kopf_stop: asyncio.Event | threading.Event | None = stop_flag
+        if elector is not None:
+            stopping = asyncio.create_task(_wait_flag(stop_flag))
+            tasks.append(stopping)
+            if not await elector.acquire(stopping.done):
+                return
+            log.info("leading as %s", elector.settings.identity)
+            relay = asyncio.Event()  # kopf stops when asked to or when the Lease is lost
+            kopf_stop = relay
+            hold = asyncio.create_task(elector.hold())
+            tasks.append(hold)
+            hold.add_done_callback(lambda task: None if task.cancelled() else lost.set())
+            for task in (stopping, hold):
+                task.add_done_callback(lambda _: relay.set())
         await kopf.operator(
             settings=kopf_settings(),
             standalone=True,
             clusterwide=clusterwide,
             namespaces=list(namespaces),
             memo=kopf.Memo(controller=controller),
-            stop_flag=stop_flag,
+            stop_flag=kopf_stop,
             ready_flag=ready_flag,
         )
     finally:
+        for task in tasks:
+            task.cancel()
+        if elector is not None:
+            if elector.leading and not lost.is_set():
+                await asyncio.to_thread(elector.release)
+            elector.close()
         for runner in runners:
             await runner.cleanup()
         kube.close()
+    if lost.is_set():
+        raise LeadershipLost("the Lease could not be renewed in time")
 
 
 def run_operator(
@@ -81,8 +133,9 @@ def run_operator(
     metrics_port: int,
     health_port: int,
     verbose: bool,
+    leader_election: LeaseSettings | None = None,
 ) -> int:
-    """The `distillery operator` command."""
+    """The `distillery operator` command; exit 1 when the Lease is lost (the pod restarts as a standby)."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -105,7 +158,12 @@ def run_operator(
             metrics_port=metrics_port,
             health_port=health_port,
             stop_flag=stop,
+            leader_election=leader_election,
         )
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except LeadershipLost as error:
+        log.error("%s: exiting", error)
+        return 1
     return 0

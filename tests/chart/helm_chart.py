@@ -38,10 +38,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "dashboards": {"namespace": "monitoring"},
     },
     "no-extras": {"metrics": {"service": {"enabled": False}}, "dashboards": {"enabled": False}},
+    "no-leader-election": {"operator": {"leaderElection": {"enabled": False}}},
     "tuned": {
         "image": {"tag": "0.1.0-rc1", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "regcred"}],
         "operator": {
+            "replicas": 2,
             "verbose": True,
             "metricsPort": 9090,
             "healthPort": 9091,

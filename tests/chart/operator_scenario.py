@@ -23,6 +23,7 @@ if _OPERATOR_TESTS not in sys.path:  # also imported from tests/observability
     sys.path.insert(0, _OPERATOR_TESTS)
 
 from distillery_operator import naming  # noqa: E402
+from distillery_operator.leader import LeaseSettings  # noqa: E402
 from kube_emulator import DEPLOYMENTS, RAYJOBS, SERVICES  # noqa: E402
 from operator_harness import Cluster, load_example, running_cluster, running_operator, wait_for  # noqa: E402
 
@@ -140,7 +141,12 @@ async def drive(cluster: Cluster, *, flaky_failures: int = 2) -> dict[str, Any]:
 
 @asynccontextmanager
 async def scenario_operator(tmp_path: Path, **operator_kwargs: Any) -> AsyncIterator[Cluster]:
-    """An emulated cluster with the real operator watching NAMESPACE (stopped on exit)."""
+    """An emulated cluster with the real operator watching NAMESPACE (stopped on exit), electing itself
+    leader as the chart runs it (the Lease in NAMESPACE, standing in for the release namespace)."""
+    lease = LeaseSettings(
+        namespace=NAMESPACE, identity="scenario", lease_seconds=3, renew_deadline_seconds=2, retry_seconds=0.2
+    )  # renewed (patched) several times during the scenario
+    operator_kwargs.setdefault("leader_election", lease)
     async with (
         running_cluster(tmp_path, namespace=NAMESPACE) as cluster,
         running_operator(cluster, **operator_kwargs),

@@ -34,14 +34,17 @@ def documented_grants() -> set[Grant]:
 def chart_grants(values: dict) -> set[Grant]:
     """What the operator's ServiceAccount is granted by the rendered chart (through any binding)."""
     objects = render_objects(values)
-    roles = {r["metadata"]["name"]: r for r in by_kind(objects, "ClusterRole")}
+    roles = {("ClusterRole", r["metadata"]["name"]): r for r in by_kind(objects, "ClusterRole")}
+    roles |= {("Role", r["metadata"]["name"]): r for r in by_kind(objects, "Role")}
     bindings = by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding")
     grants: set[Grant] = set()
     for binding in bindings:
         if not any(s["name"] == "distillery-operator" for s in binding["subjects"]):
             continue
-        assert binding["roleRef"]["kind"] == "ClusterRole"
-        for rule in roles[binding["roleRef"]["name"]]["rules"]:
+        ref = binding["roleRef"]
+        if ref["kind"] == "Role":  # a Role binds only in its own namespace
+            assert roles[("Role", ref["name"])]["metadata"]["namespace"] == binding["metadata"]["namespace"]
+        for rule in roles[(ref["kind"], ref["name"])]["rules"]:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     grants |= {(verb, f"{group or 'core'}:{resource}") for verb in rule["verbs"]}

@@ -114,7 +114,7 @@ def _args(objects: list[dict[str, Any]]) -> list[str]:
     return by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
-@pytest.mark.parametrize("scenario", ["defaults", "namespaced", "tuned"])
+@pytest.mark.parametrize("scenario", ["defaults", "namespaced", "tuned", "no-leader-election"])
 def test_operator_args_are_what_the_cli_takes(scenario: str) -> None:
     # The image's entrypoint is `distillery`; the container args must parse with its real parser.
     args = build_parser().parse_args(_args(render_objects(SCENARIOS[scenario])))
@@ -125,6 +125,25 @@ def test_operator_args_are_what_the_cli_takes(scenario: str) -> None:
     assert args.metrics_port == values.get("operator", {}).get("metricsPort", 8080)
     assert args.health_port == values.get("operator", {}).get("healthPort", 8081)
     assert args.verbose == values.get("operator", {}).get("verbose", False)
+    elect = values.get("operator", {}).get("leaderElection", {}).get("enabled", True)
+    assert args.leader_elect == elect
+    assert args.leader_elect_namespace == (NAMESPACE if elect else None)
+
+
+def test_replicas_take_turns_through_leader_election() -> None:
+    # With leader election (the default) several replicas may run and a rolling update is safe: the new
+    # pod stands by until the old one releases the Lease. Without it, one replica, replaced stop-first.
+    (ha,) = by_kind(render_objects(SCENARIOS["tuned"]), "Deployment")
+    assert ha["spec"]["replicas"] == 2 and ha["spec"]["strategy"]["type"] == "RollingUpdate"
+    (single,) = by_kind(render_objects(SCENARIOS["no-leader-election"]), "Deployment")
+    assert single["spec"]["replicas"] == 1 and single["spec"]["strategy"]["type"] == "Recreate"
+    assert not [
+        r
+        for r in by_kind(render_objects(SCENARIOS["no-leader-election"]), "Role")
+        if "leader" in r["metadata"]["name"]
+    ]
+    with pytest.raises(Exception, match=r"needs operator\.leaderElection\.enabled"):
+        render({"operator": {"replicas": 2, "leaderElection": {"enabled": False}}})
 
 
 def test_cluster_wide_watch() -> None:
@@ -136,8 +155,10 @@ def test_cluster_wide_watch() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "distillery-operator", "namespace": NAMESPACE}
     ]
-    assert by_kind(objects, "RoleBinding") == [
-        rb for rb in by_kind(objects, "RoleBinding") if rb["metadata"]["name"] == "distillery-runtime"
+    # Besides the trainers' RoleBindings, only the leader-election Lease's, in the release namespace.
+    others = [rb for rb in by_kind(objects, "RoleBinding") if rb["metadata"]["name"] != "distillery-runtime"]
+    assert [(rb["metadata"]["name"], rb["metadata"]["namespace"]) for rb in others] == [
+        ("distillery-operator-leader-election", NAMESPACE)
     ]
 
 
@@ -152,7 +173,8 @@ def test_namespaced_watch_has_nothing_cluster_wide() -> None:
     ]
     assert sorted(rb["metadata"]["namespace"] for rb in operator_bindings) == ["team-a", "team-b"]
     # The runtime's Role follows the watched namespaces unless runtime.namespaces says otherwise.
-    assert sorted(r["metadata"]["namespace"] for r in by_kind(objects, "Role")) == ["team-a", "team-b"]
+    runtime_roles = [r for r in by_kind(objects, "Role") if r["metadata"]["name"] == "distillery-runtime"]
+    assert sorted(r["metadata"]["namespace"] for r in runtime_roles) == ["team-a", "team-b"]
 
     objects = render_objects(SCENARIOS["namespaced-release-ns"])
     assert [a for a in _args(objects) if a.startswith("--namespace")] == [f"--namespace={NAMESPACE}"]
@@ -160,7 +182,7 @@ def test_namespaced_watch_has_nothing_cluster_wide() -> None:
 
 def test_runtime_role_and_service_account() -> None:
     objects = render_objects(SCENARIOS["runtime-namespaces"])
-    roles = by_kind(objects, "Role")
+    roles = [r for r in by_kind(objects, "Role") if "leader-election" not in r["metadata"]["name"]]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-1", "ml-2"]
     for role in roles:
         assert role["metadata"]["name"] == "distillery-runtime"
@@ -177,6 +199,8 @@ def test_runtime_role_and_service_account() -> None:
     }
     assert {("ml-1", "distillery-runtime"), ("ml-2", "distillery-runtime")} <= accounts
     for binding in by_kind(objects, "RoleBinding"):
+        if binding["metadata"]["name"] == "distillery-operator-leader-election":
+            continue  # the operator's, in the release namespace
         namespace = binding["metadata"]["namespace"]
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "distillery-runtime", "namespace": namespace}

@@ -169,6 +169,7 @@ async def running_operator(
                     stop_flag=stop,
                     ready_flag=ready,
                     kubeconfig=str(cluster.kubeconfig),
+                    leader_election=kwargs.get("leader_election"),
                 )
             )
         except BaseException as error:

@@ -1,0 +1,58 @@
+"""Leader election's pure part: what a replica does with the Lease as it reads it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from distillery_operator.leader import LeaseSettings, decide, lease_spec, micro_time
+
+NOW = datetime(2026, 11, 26, 4, 30, tzinfo=UTC)
+SETTINGS = LeaseSettings(namespace="ops", identity="me")
+
+
+def lease(holder: str | None, renewed: datetime | None, duration: int = 15, transitions: int = 0) -> dict:
+    spec: dict = {"leaseDurationSeconds": duration, "leaseTransitions": transitions}
+    if holder is not None:
+        spec["holderIdentity"] = holder
+    if renewed is not None:
+        spec["renewTime"] = micro_time(renewed)
+        spec["acquireTime"] = micro_time(renewed - timedelta(minutes=5))
+    return {"metadata": {"name": "distillery-operator", "resourceVersion": "7"}, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("current", "action"),
+    [
+        (None, "create"),
+        (lease("me", NOW - timedelta(seconds=60)), "renew"),  # ours, even if late: renew it
+        (lease("other", NOW - timedelta(seconds=3)), "wait"),  # held and fresh
+        (lease("other", NOW - timedelta(seconds=15)), "take"),  # expired exactly at its duration
+        (lease("other", NOW - timedelta(seconds=3), duration=2), "take"),  # the holder's own duration counts
+        (lease("", NOW), "take"),  # released
+        (lease(None, None), "take"),  # never held
+        (lease("other", None), "take"),  # no times: nothing to wait for
+    ],
+)
+def test_decide(current: dict | None, action: str) -> None:
+    assert decide(current, "me", NOW, SETTINGS.lease_seconds) == action
+
+
+def test_renewing_keeps_acquire_time_and_transitions() -> None:
+    old = lease("me", NOW - timedelta(seconds=2), transitions=3)
+    spec = lease_spec("me", NOW, SETTINGS, old)
+    assert spec["acquireTime"] == old["spec"]["acquireTime"]
+    assert spec["renewTime"] == micro_time(NOW) == "2026-11-26T04:30:00.000000Z"
+    assert spec["leaseTransitions"] == 3 and spec["holderIdentity"] == "me"
+
+
+def test_taking_over_counts_a_transition_and_restarts_acquire_time() -> None:
+    spec = lease_spec("me", NOW, SETTINGS, lease("other", NOW - timedelta(seconds=20), transitions=3))
+    assert spec["leaseTransitions"] == 4 and spec["acquireTime"] == micro_time(NOW)
+    assert lease_spec("me", NOW, SETTINGS, None)["leaseTransitions"] == 0
+
+
+def test_settings_refuse_a_renew_deadline_past_the_lease() -> None:
+    # A leader must give up before a standby may take over, or two would lead at once.
+    with pytest.raises(ValueError, match="renew deadline"):
+        LeaseSettings(namespace="ops", identity="me", lease_seconds=5, renew_deadline_seconds=5)
