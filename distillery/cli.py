@@ -7,6 +7,7 @@ runtime (torch, Ray, vLLM), each only when asked for, so that `distillery valida
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -49,8 +50,6 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
-    import os
-
     from distillery_operator.leader import LeaseSettings, default_identity
     from distillery_operator.main import run_operator
 
