@@ -8,13 +8,15 @@ larger than what can be taken there), so `distillery run` itself cannot run on t
 1. TRL on the GPU: `GKDTrainer` (lmbda=1, beta=1) and `DistillationTrainer` (beta=1), the same
    random-Llama speed settings as bench/e2e_vs_trl.py (32 prompts/step, 128 new tokens, bf16),
    seconds per step and the seconds inside HF `generate` (the rollout share of the step).
-2. Distillery's own GPU phases, in this process: the trainer's step (`distillery_runtime.trainer`,
+2. Distillery's own phases, in this process: the trainer's step (`distillery_runtime.trainer`,
    bf16 autocast, reverse_kl_topk with k=16), the teacher's scoring (a bf16 forward over prompt +
    response and its top-k, which is what the vLLM teacher computes; vLLM's prefill is at least as
-   fast), and the weight sync's GPU-to-CPU copy in bf16. The rollout is the one phase not measured:
-   Distillery runs it in vLLM.
-   From both: the rollout time Distillery's step may take for it to run 2x TRL's steps per second,
-   `TRL s/step / 2 - (score + train + sync)`, to hold against vLLM's decode time on the same GPU.
+   fast), and the weight sync (the copy to host in bf16). Where vLLM is installed, the rollout runs in
+   Distillery's vLLM engine (`rollout/vllm_engine.py`, CUDA graphs on a GPU), its samples are the ones
+   scored and trained on, and the sync includes the engine's weight reload: the in-process step time
+   and its ratio to TRL GKD's are printed (Ray and HTTP overheads are not in it). Without vLLM (the
+   lent GPU machines): the rollout time Distillery's step may take for it to run 2x TRL's steps per
+   second, `TRL s/step / 2 - (score + train + sync)`, to hold against vLLM's decode time elsewhere.
 3. Loss memory at Qwen vocabulary (151,936) on the GPU: peak CUDA memory and time of one forward +
    backward of Distillery's `reverse_kl_topk` (student logits + teacher top-k) against TRL GKD's
    `generalized_jsd_loss` at beta=1 (student and teacher full-vocabulary logits).
@@ -70,11 +72,37 @@ def trl_part(setting: e2e_vs_trl.Setting, system: str, out: Path) -> dict:
 # ------------------------------------------------------------------------------------------ part 2: Distillery's phases
 
 
-def distillery_part(setting: e2e_vs_trl.Setting, steps: int, top_k: int = 16) -> dict:
-    """Score, train and sync Distillery's way on this device; samples come from HF generate (timed too)."""
+def _teacher_targets(teacher, pairs: list[tuple[list[int], list[int]]], top_k: int, device: str, pad: int):  # type: ignore[no-untyped-def]
+    """The teacher's scoring: one forward over prompt + response (right-padded), and per response position
+    its top-k log-probs and the sampled token's log-prob (numpy, as the teacher server returns them)."""
+    import torch
+
+    length = max(len(p) + len(r) for p, r in pairs)
+    ids = torch.full((len(pairs), length), pad, dtype=torch.long)
+    mask = torch.zeros((len(pairs), length), dtype=torch.long)
+    for i, (p, r) in enumerate(pairs):
+        ids[i, : len(p) + len(r)] = torch.tensor([*p, *r])
+        mask[i, : len(p) + len(r)] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    out = []
+    with torch.no_grad():
+        logits = teacher(input_ids=ids, attention_mask=mask).logits
+        for i, (p, r) in enumerate(pairs):
+            logp = torch.log_softmax(logits[i, len(p) - 1 : len(p) + len(r) - 1].float(), dim=-1)
+            top_lp, top_ids = logp.topk(top_k, dim=-1)
+            token_lp = logp.gather(-1, ids[i, len(p) : len(p) + len(r), None])[:, 0]
+            out.append((top_ids.int().cpu().numpy(), top_lp.cpu().numpy(), token_lp.cpu().numpy()))
+    return out
+
+
+def distillery_part(setting: e2e_vs_trl.Setting, steps: int, top_k: int = 16, use_vllm: bool = True) -> dict:
+    """Distillery's step in one process on this device: rollout in vLLM (when installed; HF generate is
+    timed too, as the reference), the teacher's scoring, the trainer's step and the weight sync (the copy
+    to host, plus the rollout engine's reload when vLLM runs). No Ray, no HTTP: those costs are not here."""
     import numpy as np
     import torch
     from distillery_runtime.losses import LossConfig
+    from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
     from distillery_runtime.samples import TrainSample
     from distillery_runtime.trainer import Trainer, TrainerSettings, step_normalizer
     from transformers import AutoModelForCausalLM
@@ -93,10 +121,28 @@ def distillery_part(setting: e2e_vs_trl.Setting, steps: int, top_k: int = 16) ->
     tok = trainer.tokenizer
     tok.padding_side = "left"
     prompts = [json.loads(line)["prompt"] for line in Path(setting.train).read_text().splitlines()]
+    engine = None
+    if use_vllm:
+        try:
+            from distillery_runtime.rollout.vllm_engine import VllmRolloutEngine
+        except ImportError:  # the lent GPU machines have no vLLM
+            pass
+        else:
+            started = time.perf_counter()
+            engine = VllmRolloutEngine(
+                setting.student, dtype=dtype, max_model_len=256 + setting.max_new_tokens,
+                enforce_eager=None if device == "cuda" else setting.enforce_eager,
+            )  # fmt: skip
+            engine_start_s = time.perf_counter() - started
+    sampling = SamplingSettings(temperature=setting.temperature, max_new_tokens=setting.max_new_tokens)
     phases: dict[str, list[float]] = {"hf_generate": [], "score": [], "train": [], "sync": []}
+    if engine is not None:
+        phases["vllm_rollout"] = []
+    sync_exact = False
     for step in range(steps):
         batch = prompts[step * setting.prompts_per_step : (step + 1) * setting.prompts_per_step]
         enc = tok(batch, return_tensors="pt", padding=True).to(device)
+        timing: dict[str, float] = {}
         _sync(device)
         t0 = time.perf_counter()
         with torch.no_grad(), trainer._autocast():
@@ -105,52 +151,60 @@ def distillery_part(setting: e2e_vs_trl.Setting, steps: int, top_k: int = 16) ->
                 max_new_tokens=setting.max_new_tokens, pad_token_id=trainer.pad_id,
             )  # fmt: skip
         _sync(device)
-        t1 = time.perf_counter()
+        timing["hf_generate"] = time.perf_counter() - t0
         plen = enc["input_ids"].shape[1]
         prompt_ids = [
             row[m.bool()].tolist() for row, m in zip(enc["input_ids"], enc["attention_mask"], strict=True)
         ]
-        responses = [row[plen:].tolist() for row in gen]
-        # The teacher's scoring: one forward over prompt + response, top-k log-probs per response position.
-        with torch.no_grad():
-            logits = (
-                teacher(input_ids=gen, attention_mask=torch.ones_like(gen)).logits[:, plen - 1 : -1].float()
-            )
-            logp = torch.log_softmax(logits, dim=-1)
-            top_lp, top_ids = logp.topk(top_k, dim=-1)
-            token_lp = logp.gather(-1, gen[:, plen:, None])[..., 0]
-            top_lp, top_ids, token_lp = top_lp.cpu().numpy(), top_ids.cpu().numpy(), token_lp.cpu().numpy()
-        _sync(device)
-        t2 = time.perf_counter()
+        pairs = [(p, row[plen:].tolist()) for p, row in zip(prompt_ids, gen, strict=True)]
+        if engine is not None:  # Distillery's rollout: these samples are the ones scored and trained on
+            requests = [
+                GenerationRequest(f"{step}-{i}", tuple(p), seed=step * 1000 + i)
+                for i, p in enumerate(prompt_ids)
+            ]
+            t0 = time.perf_counter()
+            pairs = [(s.prompt_ids, s.response_ids) for s in engine.generate(requests, sampling)]
+            timing["vllm_rollout"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        targets = _teacher_targets(teacher, pairs, top_k, device, trainer.pad_id)
+        timing["score"] = time.perf_counter() - t0
         samples = [
             TrainSample(
                 prompt_ids=p,
                 response_ids=r,
                 old_logprobs=None,
-                topk_ids=top_ids[i].astype(np.int32),
-                topk_logprobs=top_lp[i],
-                token_logprobs=token_lp[i],
+                topk_ids=ids,
+                topk_logprobs=lps,
+                token_logprobs=token,
                 teacher_mask=np.ones(len(r), bool),
             )
-            for i, (p, r) in enumerate(zip(prompt_ids, responses, strict=True))
+            for (p, r), (ids, lps, token) in zip(pairs, targets, strict=True)
         ]
+        t0 = time.perf_counter()
         trainer.train_step(samples, step_normalizer(samples, trainer.settings.loss))
         _sync(device)
-        t3 = time.perf_counter()
+        timing["train"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         synced = trainer.weights(torch.bfloat16 if dtype == torch.bfloat16 else None)
-        t4 = time.perf_counter()
-        if step == 0:  # what the rollout engine would load is the trained weights, cast
+        if engine is not None:
+            engine.update_weights(synced, trainer.version)
+        timing["sync"] = time.perf_counter() - t0
+        if step == 0:  # what the rollout engine loads is the trained weights, cast
             live = trainer.model.state_dict()
             sync_exact = all(torch.equal(w, live[n].detach().to(w.dtype).cpu()) for n, w in synced)
         del synced
-        if step > 0:  # step 0 is warm-up (kernels, allocator)
-            for name, sec in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
-                phases[name].append(sec)
-    del trainer, teacher
+        if step > 0:  # step 0 is warm-up (kernels, allocator, graph capture)
+            for name, values in phases.items():
+                values.append(timing[name])
+    del trainer, teacher, engine
     if device == "cuda":
         torch.cuda.empty_cache()
-    result = {f"{name}_median_s": _median(v) for name, v in phases.items()}
+    result: dict = {f"{name}_median_s": _median(v) for name, v in phases.items()}
     result["score_train_sync_s"] = sum(result[f"{n}_median_s"] or 0.0 for n in ("score", "train", "sync"))
+    if "vllm_rollout" in phases:
+        result["step_s"] = result["score_train_sync_s"] + (result["vllm_rollout_median_s"] or 0.0)
+        result["vllm_engine_start_s"] = engine_start_s
+    result["vllm"] = "vllm_rollout" in phases
     return {"part": "distillery", "setting": setting.name, **result, "sync_exact": sync_exact, "steps": steps}
 
 
@@ -243,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--trl-systems", nargs="*", default=["trl-gkd", "trl-distill"], choices=["trl-gkd", "trl-distill"]
     )
+    parser.add_argument(
+        "--no-vllm", action="store_true", help="skip the vLLM rollout even where vLLM is installed"
+    )
     parser.add_argument("--loss-tokens", type=int, default=8192)
     parser.add_argument("--loss-vocab", type=int, default=151_936)
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "bench-gpu")
@@ -271,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         setting = e2e_vs_trl.speed_setting(args.output, args.steps, scale, "bfloat16", device=args.device)
         record({"part": "models", "setting": setting.name, "build_s": time.perf_counter() - started})
         if "distillery" in args.parts:
-            record(distillery_part(setting, args.steps))
+            record(distillery_part(setting, args.steps, use_vllm=not args.no_vllm))
         if "trl" in args.parts:
             for system in args.trl_systems:
                 try:
@@ -307,6 +364,11 @@ def print_table(rows: list[dict]) -> None:
             (r for r in rows if r["part"] == "trl" and r.get("system") == "trl-gkd" and r["setting"] == name),
             None,
         )
+        if d and d.get("step_s"):
+            line = f"{name:<16} Distillery step in one process (vLLM rollout {d['vllm_rollout_median_s']:.3f} s): {d['step_s']:.3f} s"
+            if g and g.get("median_s"):
+                line += f", {g['median_s'] / d['step_s']:.2f}x TRL GKD's steps/s (no Ray/HTTP overheads)"
+            print(line)
         if d and g and g.get("median_s"):
             budget = g["median_s"] / 2 - d["score_train_sync_s"]
             print(
