@@ -2,7 +2,7 @@
 
 One leads and reconciles, a standby takes over when the leader crashes (after the Lease expires) or
 stops (at once: it releases the Lease), and a leader that loses its Lease exits so that it restarts as a
-standby. Timings are shortened (lease 3 s, renew deadline 2 s, retry 0.3 s) to keep the test short.
+standby. Timings are shortened (lease 5 s, renew deadline 3 s, retry 0.5 s) to keep the test short.
 """
 
 from __future__ import annotations
