@@ -8,7 +8,6 @@ emulator). Everything the operator does, it does through the real HTTP API.
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from operator_harness import (
     FAST,
     REPO,
     Cluster,
+    free_port,
     load_example,
     quiet,
     running_operator,
@@ -279,12 +279,6 @@ async def test_invalid_spec_gets_a_condition_an_event_and_no_children(operator: 
     await wait_for(lambda: phase(c, MOPD) == "StartingTeachers", what="StartingTeachers")
     assert c.condition(MOPD, "Valid")["status"] == "True"
     await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, f"{MOPD}-trainer"), what="RayJob")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def start_fake_teacher(port: int) -> web.AppRunner:

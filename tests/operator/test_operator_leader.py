@@ -8,7 +8,6 @@ standby. Timings are shortened (lease 5 s, renew deadline 3 s, retry 0.5 s) to k
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 from distillery_operator.leader import micro_time
-from operator_harness import Cluster, load_example, spawn_operator, wait_for
+from operator_harness import Cluster, free_port, load_example, spawn_operator, wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -27,12 +26,6 @@ TIMING = (
     "--leader-elect-retry-period", "0.5",
 )  # fmt: skip
 """Short, with room for a loaded 2-core CI machine: a leader starved for 3 s would give up."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def replica(c: Cluster, log: Path) -> Any:
