@@ -1,6 +1,6 @@
-"""Issue 8 on one GPU without vLLM or Ray: where each system's step time goes, and the loss's memory.
+"""Issue 8 on one GPU, Ray left out: where each system's step time goes, and the loss's memory.
 
-    python bench/gpu_breakdown.py                       # on a CUDA machine with TRL installed
+    python bench/gpu_breakdown.py                       # on a CUDA machine with TRL (and vLLM, if it has it)
     python bench/gpu_breakdown.py --device cpu --scales tiny --steps 3   # a smoke run of the script
 
 The lent GPU machines carry torch and transformers but not vLLM or Ray (their CUDA wheels are
