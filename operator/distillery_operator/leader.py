@@ -3,7 +3,8 @@
 Every replica runs this before kopf; only the one holding the Lease runs kopf (and so the controller),
 the others wait as warm standbys. The holder renews the Lease every `retry_seconds`; a holder that has
 not renewed for `renew_deadline_seconds` gives up and stops (the process exits and restarts as a
-standby), and a standby takes the Lease once its holder has not renewed it for `lease_seconds`. Since
+standby), and a standby takes the Lease once it has seen no renewal for `lease_seconds` (on its own
+clock, as client-go does: clock skew between nodes cannot expire a live holder). Since
 renew_deadline < lease, an old leader stops before a new one can start. A leader that stops cleanly
 releases the Lease, so its successor starts at once instead of after `lease_seconds`.
 
@@ -23,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import kubernetes
@@ -63,26 +64,26 @@ def micro_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
+def record(lease: dict[str, Any] | None) -> tuple[Any, ...]:
+    """What changes when the holder renews: watched to tell a live holder from a dead one."""
+    spec = (lease or {}).get("spec") or {}
+    return (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("acquireTime"))
 
 
-def decide(lease: dict[str, Any] | None, identity: str, now: datetime, lease_seconds: float) -> Action:
-    """create: no Lease yet; renew: we hold it; take: free or expired; wait: someone else holds it."""
+def decide(
+    lease: dict[str, Any] | None, identity: str, unchanged_for: float, lease_seconds: float
+) -> Action:
+    """create: no Lease yet; renew: we hold it; take: free, or its record has not changed for the lease
+    duration (measured on our own clock since we saw it change, as client-go does, so a skewed clock
+    cannot make a live holder look expired); wait: someone else holds it and renews it."""
     if lease is None:
         return "create"
     spec = lease.get("spec") or {}
     holder = spec.get("holderIdentity")
     if holder == identity:
         return "renew"
-    renewed = _parse_time(spec.get("renewTime")) or _parse_time(spec.get("acquireTime"))
     duration = float(spec.get("leaseDurationSeconds") or lease_seconds)
-    if not holder or renewed is None or now >= renewed + timedelta(seconds=duration):
+    if not holder or unchanged_for >= duration:
         return "take"
     return "wait"
 
@@ -121,6 +122,8 @@ class LeaderElector:
         # land after the release (it would hand the Lease back to us), so the two take turns.
         self._lock = threading.Lock()
         self._released = False
+        self._seen: tuple[Any, ...] | None = None
+        self._seen_at = 0.0  # time.monotonic() when the Lease's record last changed, to our eyes
 
     def close(self) -> None:
         self._client.close()
@@ -146,11 +149,12 @@ class LeaderElector:
         s = self.settings
         try:
             lease = self._read()
-            now = self._clock()
-            action = decide(lease, s.identity, now, s.lease_seconds)
+            if record(lease) != self._seen:
+                self._seen, self._seen_at = record(lease), time.monotonic()
+            action = decide(lease, s.identity, time.monotonic() - self._seen_at, s.lease_seconds)
             if action == "wait":
                 return False
-            spec = lease_spec(s.identity, now, s, lease)
+            spec = lease_spec(s.identity, self._clock(), s, lease)
             if lease is None:
                 body: Any = {"metadata": {"name": s.name, "namespace": s.namespace}, "spec": spec}
                 self._api.create_namespaced_lease(s.namespace, body, _request_timeout=REQUEST_TIMEOUT)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from distillery_operator.leader import LeaseSettings, decide, lease_spec, micro_time
+from distillery_operator.leader import LeaseSettings, decide, lease_spec, micro_time, record
 
 NOW = datetime(2026, 11, 26, 4, 30, tzinfo=UTC)
 SETTINGS = LeaseSettings(namespace="ops", identity="me")
@@ -22,20 +22,30 @@ def lease(holder: str | None, renewed: datetime | None, duration: int = 15, tran
 
 
 @pytest.mark.parametrize(
-    ("current", "action"),
+    ("current", "unchanged_for", "action"),
     [
-        (None, "create"),
-        (lease("me", NOW - timedelta(seconds=60)), "renew"),  # ours, even if late: renew it
-        (lease("other", NOW - timedelta(seconds=3)), "wait"),  # held and fresh
-        (lease("other", NOW - timedelta(seconds=15)), "take"),  # expired exactly at its duration
-        (lease("other", NOW - timedelta(seconds=3), duration=2), "take"),  # the holder's own duration counts
-        (lease("", NOW), "take"),  # released
-        (lease(None, None), "take"),  # never held
-        (lease("other", None), "take"),  # no times: nothing to wait for
+        (None, 0.0, "create"),
+        (lease("me", NOW - timedelta(seconds=60)), 60.0, "renew"),  # ours, even if late: renew it
+        (lease("other", NOW - timedelta(seconds=3)), 3.0, "wait"),  # held and renewed lately
+        (lease("other", NOW - timedelta(seconds=15)), 15.0, "take"),  # unrenewed for its whole duration
+        (lease("other", NOW - timedelta(seconds=3), duration=2), 3.0, "take"),  # the holder's own duration
+        (lease("", NOW), 0.0, "take"),  # released
+        (lease(None, None), 0.0, "take"),  # never held
+        # Only our own clock counts: a renewTime an hour old (a skewed node) is live while it changes,
+        # and a fresh-looking one is dead once it has not changed for the duration.
+        (lease("other", NOW - timedelta(hours=1)), 1.0, "wait"),
+        (lease("other", NOW + timedelta(hours=1)), 16.0, "take"),
     ],
 )
-def test_decide(current: dict | None, action: str) -> None:
-    assert decide(current, "me", NOW, SETTINGS.lease_seconds) == action
+def test_decide(current: dict | None, unchanged_for: float, action: str) -> None:
+    assert decide(current, "me", unchanged_for, SETTINGS.lease_seconds) == action
+
+
+def test_a_renewal_changes_the_record_a_standby_watches() -> None:
+    held = lease("other", NOW - timedelta(seconds=2))
+    renewed = {**held, "spec": {**held["spec"], "renewTime": micro_time(NOW)}}
+    assert record(renewed) != record(held)
+    assert record(held) == record({**held, "metadata": {"resourceVersion": "8"}})  # other writes: no
 
 
 def test_renewing_keeps_acquire_time_and_transitions() -> None:
