@@ -70,9 +70,7 @@ def record(lease: dict[str, Any] | None) -> tuple[Any, ...]:
     return (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("acquireTime"))
 
 
-def decide(
-    lease: dict[str, Any] | None, identity: str, unchanged_for: float, lease_seconds: float
-) -> Action:
+def decide(lease: dict[str, Any] | None, identity: str, unchanged_for: float, lease_seconds: float) -> Action:
     """create: no Lease yet; renew: we hold it; take: free, or its record has not changed for the lease
     duration (measured on our own clock since we saw it change, as client-go does, so a skewed clock
     cannot make a live holder look expired); wait: someone else holds it and renews it."""
