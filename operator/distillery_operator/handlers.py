@@ -55,6 +55,11 @@ async def start(memo: Any, **kwargs: Any) -> None:
 @kopf.on.cleanup()
 async def stop(memo: Any, **_: Any) -> None:
     await _controller(memo).stop()
+    # kopf may be stopping on a signal it caught itself: raise the stop flag it was given too, or its
+    # task waiting on that flag hangs and kopf waits 5 s for it before cancelling it.
+    stopped = getattr(memo, "stopped", None)
+    if stopped is not None:
+        stopped.set()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

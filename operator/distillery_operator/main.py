@@ -88,28 +88,28 @@ async def run(
         runners.append(await serve(health_app(ready), host, health_port))
     tasks: list[asyncio.Task[None]] = []
     lost = asyncio.Event()
+    # kopf stops when this is set: on our stop flag, on a lost Lease, or by our cleanup handler when kopf
+    # stops on a signal (kopf replaces our signal handlers while it runs).
+    stopped = asyncio.Event()
     try:
-        kopf_stop: asyncio.Event | threading.Event | None = stop_flag
+        stopping = asyncio.create_task(_wait_flag(stop_flag))
+        stopping.add_done_callback(lambda _: stopped.set())
+        tasks.append(stopping)
         if elector is not None:
-            stopping = asyncio.create_task(_wait_flag(stop_flag))
-            tasks.append(stopping)
             if not await elector.acquire(stopping.done):
                 return
             log.info("leading as %s", elector.settings.identity)
-            relay = asyncio.Event()  # kopf stops when asked to or when the Lease is lost
-            kopf_stop = relay
             hold = asyncio.create_task(elector.hold())
             tasks.append(hold)
             hold.add_done_callback(lambda task: None if task.cancelled() else lost.set())
-            for task in (stopping, hold):
-                task.add_done_callback(lambda _: relay.set())
+            hold.add_done_callback(lambda _: stopped.set())
         await kopf.operator(
             settings=kopf_settings(),
             standalone=True,
             clusterwide=clusterwide,
             namespaces=list(namespaces),
-            memo=kopf.Memo(controller=controller),
-            stop_flag=kopf_stop,
+            memo=kopf.Memo(controller=controller, stopped=stopped),
+            stop_flag=stopped,
             ready_flag=ready_flag,
         )
     finally:
