@@ -214,6 +214,14 @@ def run_command(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         print(f"{args.file}: {error}", file=sys.stderr)
         return EXIT_INVALID
+    if not in_cluster and not args.ray_address:
+        from distillery_runtime.local import NotEnoughGpus, check_local_gpus, local_gpu_count
+
+        try:
+            check_local_gpus(config.spec, local_gpu_count())
+        except NotEnoughGpus as error:
+            print(f"{args.file}: {error.field}: {error}", file=sys.stderr)
+            return EXIT_INVALID
     out_dir = Path(args.output or (Path("runs") / config.job_name))
     out_dir.mkdir(parents=True, exist_ok=True)
     from distillery_runtime.data import DataError

@@ -24,6 +24,43 @@ class TeachersNotReady(RuntimeError):
     """Some teacher did not answer its health check within the bounded time."""
 
 
+class NotEnoughGpus(ValueError):
+    """The job asks this machine for more GPUs than it has; `field` is the spec field to change."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def check_local_gpus(spec: Any, available: int) -> None:
+    """Refuse a local run whose student asks for more GPUs than this machine has.
+
+    The embedded Ray cluster is this machine: Ray would keep the trainer ranks pending forever, waiting
+    for GPUs that never appear, so the run is refused before anything starts. Each trainer rank takes
+    one GPU (the rollout engine and colocated teachers share the first rank's), as in the cluster.
+    """
+    pool = spec.student.pool
+    if pool.gpus_per_worker <= 0:
+        return
+    needed = pool.workers * pool.gpus_per_worker
+    if needed <= available:
+        return
+    has = f"this machine has {available}" if available else "this machine has no CUDA GPU"
+    raise NotEnoughGpus(
+        "student.pool.gpusPerWorker",
+        f"the student asks for {pool.workers} worker(s) x {pool.gpus_per_worker} GPU(s) = {needed}, and {has}; "
+        "a local run places everything on this machine: lower student.pool.workers or gpusPerWorker, "
+        "or set gpusPerWorker: 0 to run on CPU",
+    )
+
+
+def local_gpu_count() -> int:
+    """CUDA devices this process may use (CUDA_VISIBLE_DEVICES applies); 0 without CUDA."""
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
 @dataclass
 class LocalTeachers:
     """Teacher-server subprocesses started for a local run; `stop()` ends exactly these."""
