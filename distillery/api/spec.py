@@ -171,8 +171,10 @@ class Inference(ApiModel):
 
     max_model_len: int | None = Field(default=None, ge=16)
     """Context length; default: maxPromptTokens + maxNewTokens + 1, the least that scoring needs."""
-    memory_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
-    """vLLM --gpu-memory-utilization (standalone) or the share of the student's GPUs (colocated)."""
+    memory_fraction: float | None = Field(default=None, gt=0.0, le=1.0)
+    """vLLM --gpu-memory-utilization. Standalone: of each of the teacher's GPUs (default 0.9). Colocated: of
+    each student GPU, shared with the rollout engine, which is awake at the same time (default: what
+    student.rollout.memoryFraction leaves below 0.9, split among the colocated teachers that set none)."""
     dtype: str = "auto"
     """vLLM --dtype."""
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=256)
@@ -396,6 +398,16 @@ class Checkpoint(ApiModel):
 # ---------------------------------------------------------------------------------------------- job
 
 
+STANDALONE_MEMORY_FRACTION = 0.9
+"""A standalone teacher's share of its own GPUs when it sets none (vLLM's default)."""
+COLOCATED_MEMORY_CEILING = 0.9
+"""What the rollout engine and colocated teachers that set no fraction may take of a student GPU together."""
+COLOCATED_MEMORY_LIMIT = 0.95
+"""What they may take at most when every fraction is set: the trainer's weights and state stay on the GPU."""
+MIN_DEFAULT_FRACTION = 0.05
+"""The least share a colocated teacher without a fraction may be given."""
+
+
 class DistillationJobSpec(ApiModel):
     """A distillation job: a student, its teachers, the data, the loss and the schedule."""
 
@@ -461,6 +473,25 @@ class DistillationJobSpec(ApiModel):
             field="teachers",
         ),
         Rule(
+            check=lambda s: _colocated_memory_fits(s),
+            cel=(
+                "!self.teachers.exists(t, t.placement == 'colocated') || (self.student.rollout.memoryFraction"
+                " + self.teachers.filter(t, t.placement == 'colocated' && has(t.inference.memoryFraction))"
+                ".map(t, t.inference.memoryFraction).sum()"
+                f" + {MIN_DEFAULT_FRACTION} * double(self.teachers.filter(t, t.placement == 'colocated'"
+                " && !has(t.inference.memoryFraction)).size())"
+                " <= (self.teachers.exists(t, t.placement == 'colocated' && !has(t.inference.memoryFraction))"
+                f" ? {COLOCATED_MEMORY_CEILING} : {COLOCATED_MEMORY_LIMIT}))"
+            ),
+            message=(
+                "the rollout engine and colocated teachers are awake together on the student's GPUs: "
+                "student.rollout.memoryFraction plus the colocated teachers' inference.memoryFraction must be "
+                "<= 0.95, or <= 0.9 with 0.05 left for each colocated teacher that sets none (the trainer keeps "
+                "its weights on the GPU too)"
+            ),
+            field="teachers",
+        ),
+        Rule(
             check=lambda s: s.schedule.eval_every == 0 or s.data.eval is not None,
             cel="self.schedule.evalEvery == 0 || has(self.data.eval)",
             message="evalEvery > 0 needs data.eval",
@@ -496,10 +527,37 @@ class DistillationJobSpec(ApiModel):
         known = sorted(r for t in self.teachers for r in t.routes)
         raise KeyError(f"no teacher for route {route!r} and no default teacher; known routes: {known}")
 
+    def teacher_memory_fraction(self, teacher: Teacher) -> float:
+        """vLLM's gpu_memory_utilization for this teacher: its own, or the default of its placement."""
+        if teacher.inference.memory_fraction is not None:
+            return teacher.inference.memory_fraction
+        if teacher.placement != Placement.COLOCATED:
+            return STANDALONE_MEMORY_FRACTION
+        taken, unset = _colocated_fractions(self)
+        return round((COLOCATED_MEMORY_CEILING - taken) / unset, 3)
+
     def max_model_len(self, teacher: Teacher) -> int:
         """The context a teacher needs: the longest prompt, the longest response and one scoring token."""
         needed = self.data.max_prompt_tokens + self.student.rollout.max_new_tokens + 1
         return max(teacher.inference.max_model_len or 0, needed)
+
+
+def _colocated_fractions(s: DistillationJobSpec) -> tuple[float, int]:
+    """(rollout fraction + the colocated teachers' set fractions, number of colocated teachers with none)."""
+    colocated = [t for t in s.teachers if t.placement == Placement.COLOCATED]
+    taken = s.student.rollout.memory_fraction + sum(
+        t.inference.memory_fraction for t in colocated if t.inference.memory_fraction is not None
+    )
+    return taken, sum(t.inference.memory_fraction is None for t in colocated)
+
+
+def _colocated_memory_fits(s: DistillationJobSpec) -> bool:
+    if all(t.placement != Placement.COLOCATED for t in s.teachers):
+        return True
+    taken, unset = _colocated_fractions(s)
+    if unset:
+        return taken + MIN_DEFAULT_FRACTION * unset <= COLOCATED_MEMORY_CEILING
+    return taken <= COLOCATED_MEMORY_LIMIT
 
 
 def _routes_unique(teachers: list[Teacher]) -> bool:

@@ -147,7 +147,7 @@ def teacher_command(job: DistillationJob, teacher: Teacher) -> list[str]:
         "--tensor-parallel-size",
         str(teacher.pool.tensor_parallel),
         "--gpu-memory-utilization",
-        str(teacher.inference.memory_fraction),
+        str(spec.teacher_memory_fraction(teacher)),
         "--dtype",
         teacher.inference.dtype,
         *teacher.inference.extra_args,

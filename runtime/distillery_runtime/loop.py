@@ -493,6 +493,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
                 resolved[teacher.name].max_logprobs,
                 resolved[teacher.name].max_model_len,
                 "bfloat16" if dtype == "bfloat16" else "float32",
+                spec.teacher_memory_fraction(teacher),
             )
         )
         colocated_actors[teacher.name] = actor

@@ -152,11 +152,24 @@ class RolloutWorker:
 class ColocatedTeacherWorker:
     """A colocated teacher: an in-process vLLM engine in an async actor beside the student."""
 
-    def __init__(self, model_dir: str, name: str, max_logprobs: int, max_model_len: int, dtype: str) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        name: str,
+        max_logprobs: int,
+        max_model_len: int,
+        dtype: str,
+        memory_fraction: float | None = None,
+    ) -> None:
         from distillery_runtime.teachers.colocated import ColocatedTeacher
 
         self.teacher = ColocatedTeacher(
-            model_dir, name=name, max_logprobs=max_logprobs, max_model_len=max_model_len, dtype=dtype
+            model_dir,
+            name=name,
+            max_logprobs=max_logprobs,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            memory_fraction=memory_fraction,
         )
 
     async def start(self) -> bool:

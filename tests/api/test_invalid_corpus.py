@@ -94,6 +94,30 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.teachers",
         AGREE,
     ),
+    (
+        "colocated-memory-over-the-gpu",
+        {
+            "spec.teachers[1]": {
+                "name": "co",
+                "model": "m",
+                "placement": "colocated",
+                "default": True,
+                "inference": {"memoryFraction": 0.5},
+            },
+            "spec.student.rollout": {"memoryFraction": 0.5},
+        },
+        "spec.teachers",
+        AGREE,
+    ),
+    (
+        "colocated-default-share-left-empty",
+        {
+            "spec.teachers[1]": {"name": "co", "model": "m", "placement": "colocated", "default": True},
+            "spec.student.rollout": {"memoryFraction": 0.88},
+        },
+        "spec.teachers",
+        AGREE,
+    ),
     ("loss-mode-unknown", {"spec.loss.mode": "kl"}, "spec.loss.mode", AGREE),
     ("topk-zero-forward-kl", {"spec.loss.topK": 0}, "spec.loss.topK", AGREE),
     ("topk-zero-jsd", {"spec.loss": {"mode": "jsd", "topK": 0}}, "spec.loss.topK", AGREE),

@@ -92,13 +92,23 @@ def _to_cel(obj: Any, schema: dict[str, Any]) -> Any:
     return obj
 
 
+def _list_sum(items: Any) -> Any:
+    """`list.sum()` of the Kubernetes CEL list library, which celpy lacks. Kubernetes types an empty list
+    from the schema; this one only sums `number` fields, so an empty sum is the double 0.0."""
+    total: Any = celpy.celtypes.DoubleType(0.0)
+    for item in items:
+        total = total + item
+    return total
+
+
 _ENV = celpy.Environment()
 _PROGRAMS: dict[str, Any] = {}
+_KUBERNETES_FUNCTIONS = {"sum": _list_sum}
 
 
 def _program(rule: str) -> Any:
     if rule not in _PROGRAMS:
-        _PROGRAMS[rule] = _ENV.program(_ENV.compile(rule))
+        _PROGRAMS[rule] = _ENV.program(_ENV.compile(rule), functions=_KUBERNETES_FUNCTIONS)
     return _PROGRAMS[rule]
 
 

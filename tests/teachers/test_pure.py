@@ -247,3 +247,16 @@ def test_teacher_survives_a_new_event_loop() -> None:
 
     for _ in range(2):
         assert "http://127.0.0.1:9" in asyncio.run(call())
+
+
+def test_a_colocated_teacher_asks_vllm_for_its_share_of_the_gpu_only():
+    from distillery_runtime.teachers.colocated import ColocatedTeacher
+
+    teacher = ColocatedTeacher("m", memory_fraction=0.4)
+    # vLLM's default (0.9) would not fit beside the rollout engine, which is awake at the same time.
+    assert teacher.engine_options(on_gpu=True) == {"enforce_eager": True, "gpu_memory_utilization": 0.4}
+    # On CPU vLLM sizes its KV cache by VLLM_CPU_KVCACHE_SPACE instead.
+    assert teacher.engine_options(on_gpu=False) == {"enforce_eager": True}
+    # Explicit engine arguments still win.
+    overridden = ColocatedTeacher("m", memory_fraction=0.4, engine_kwargs={"gpu_memory_utilization": 0.3})
+    assert overridden.engine_options(on_gpu=True)["gpu_memory_utilization"] == 0.3

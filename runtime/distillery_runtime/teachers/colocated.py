@@ -38,6 +38,7 @@ class ColocatedTeacher(BatchTeacher):
         max_model_len: int = 2048,
         dtype: str = "bfloat16",
         sleep_level: int = 1,
+        memory_fraction: float | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.name = name or model
@@ -46,6 +47,7 @@ class ColocatedTeacher(BatchTeacher):
         self.max_model_len = max_model_len
         self.dtype = dtype
         self.sleep_level = sleep_level
+        self.memory_fraction = memory_fraction
         self.engine_kwargs = dict(engine_kwargs or {})
         self.engine: Any = None
         self.sleeps = False
@@ -61,7 +63,7 @@ class ColocatedTeacher(BatchTeacher):
 
         install_tensor_logprobs()
         self.sleeps = bool(current_platform.is_sleep_mode_available())
-        kwargs: dict[str, Any] = {"enforce_eager": True, **self.engine_kwargs}
+        kwargs = self.engine_options(on_gpu=bool(current_platform.is_cuda_alike()))
         args = AsyncEngineArgs(
             model=self.model,
             max_logprobs=self.max_logprobs,
@@ -73,6 +75,14 @@ class ColocatedTeacher(BatchTeacher):
         self.engine = AsyncLLM.from_engine_args(args)
         self._probe = (await self._rows([_PROBE], 1))[0][2]
         return self
+
+    def engine_options(self, *, on_gpu: bool) -> dict[str, Any]:
+        """vLLM engine arguments beyond the model's. On a GPU the teacher takes `memory_fraction` of it, not
+        vLLM's default 0.9: the rollout engine is awake beside it and has taken its own share first."""
+        options: dict[str, Any] = {"enforce_eager": True}
+        if on_gpu and self.memory_fraction is not None:
+            options["gpu_memory_utilization"] = self.memory_fraction
+        return {**options, **self.engine_kwargs}
 
     async def _limits(self) -> tuple[int | None, int | None]:
         return self.max_model_len, self.max_logprobs
