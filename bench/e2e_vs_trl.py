@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -71,7 +71,8 @@ class Setting:
     """float32, or bfloat16: both systems keep float32 master weights and compute in bf16 (Distillery:
     bf16 rollout and teacher engines, autocast training; TRL: teacher in bf16, `bf16=True` autocast)."""
     device: str = "cpu"
-    """TRL's device (cpu or cuda); bench/gpu_breakdown.py runs TRL on a GPU."""
+    """Both systems' device: cpu, or cuda (Distillery's student on one GPU with CUDA-graph rollout; its
+    teacher server on the next GPU, or sharing the student's on a one-GPU machine)."""
 
 
 # ------------------------------------------------------------------------------------------ measuring
@@ -148,10 +149,10 @@ def distillery_manifest(s: Setting) -> dict:
             "rollout": {
                 "temperature": s.temperature,
                 "maxNewTokens": s.max_new_tokens,
-                "enforceEager": s.enforce_eager,
+                "enforceEager": s.enforce_eager and s.device != "cuda",
             },
             "optimizer": {"lr": s.lr, "warmupSteps": s.warmup, "minLrRatio": 1.0},
-            "pool": {"workers": 1, "gpusPerWorker": 0},
+            "pool": {"workers": 1, "gpusPerWorker": 1 if s.device == "cuda" else 0},
         },
         "teachers": [
             {
@@ -457,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threshold", type=float, default=0.5, help="held-out accuracy for time-to-threshold"
     )
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both systems run")
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "bench-e2e")
     parser.add_argument("--child", choices=SYSTEMS[1:], help=argparse.SUPPRESS)
     parser.add_argument("--setting", type=Path, help=argparse.SUPPRESS)
@@ -477,9 +479,11 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(
                     f"--speed-settings {item}: expected SCALE[:float32|bfloat16], SCALE in {list(SPEED_MODELS)}"
                 )
-            settings.append(speed_setting(args.output, speed_steps, scale, precision or "float32"))
+            settings.append(
+                speed_setting(args.output, speed_steps, scale, precision or "float32", args.device)
+            )
     if "learning" in args.parts:
-        settings.append(learning_setting(learn_steps, eval_every))
+        settings.append(replace(learning_setting(learn_steps, eval_every), device=args.device))
 
     machine_before = {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")}
     results: dict[str, dict[str, list[dict]]] = {}

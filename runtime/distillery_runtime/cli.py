@@ -23,6 +23,7 @@ import orjson
 
 from distillery.runtime_config import RuntimeConfig, resolve_runtime_config
 from distillery.validation import InvalidManifest, load_job
+from distillery_runtime.local_gpus import LocalGpuPlan
 
 log = logging.getLogger("distillery.runtime")
 
@@ -124,7 +125,13 @@ def check_teacher_tokenizers(config: RuntimeConfig, student_tokenizer: Any) -> N
         )
 
 
-async def _run(config: RuntimeConfig, in_cluster: bool, args: argparse.Namespace, out_dir: Path) -> int:
+async def _run(
+    config: RuntimeConfig,
+    in_cluster: bool,
+    args: argparse.Namespace,
+    out_dir: Path,
+    gpus: LocalGpuPlan | None,
+) -> int:
     from distillery_runtime import local
     from distillery_runtime.loop import Loop, RunOptions, start_components, stop_components
     from distillery_runtime.metrics import RuntimeMetrics
@@ -162,9 +169,9 @@ async def _run(config: RuntimeConfig, in_cluster: bool, args: argparse.Namespace
     started = time.monotonic()
     try:
         if not in_cluster:
-            config, teachers = local.start_local_teachers(config, out_dir / "logs")
+            config, teachers = local.start_local_teachers(config, out_dir / "logs", gpus)
             loop.config = config
-        local.init_ray(args.ray_address or ("auto" if in_cluster else None))
+        local.init_ray(args.ray_address or ("auto" if in_cluster else None), gpus.student if gpus else None)
         components_task = asyncio.create_task(start_components(loop, config))
         waited = await local.wait_for_teachers(config, config.spec.teacher_ready_timeout_seconds, teachers)
         progress.event(f"teachers ready after {waited:.1f} s")
@@ -214,13 +221,15 @@ def run_command(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         print(f"{args.file}: {error}", file=sys.stderr)
         return EXIT_INVALID
+    gpus = None
     if not in_cluster and not args.ray_address:
-        from distillery_runtime.local import NotEnoughGpus, check_local_gpus, local_gpu_count
+        from distillery_runtime.local import visible_gpus
+        from distillery_runtime.local_gpus import NotEnoughGpus, plan_local_gpus
 
         try:
-            check_local_gpus(config.spec, local_gpu_count())
+            gpus = plan_local_gpus(config.spec, visible_gpus())
         except NotEnoughGpus as error:
-            print(f"{args.file}: {error.field}: {error}", file=sys.stderr)
+            print(f"{args.file}: spec.{error.field}: {error}", file=sys.stderr)
             return EXIT_INVALID
     out_dir = Path(args.output or (Path("runs") / config.job_name))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -229,7 +238,7 @@ def run_command(args: argparse.Namespace) -> int:
     from distillery_runtime.teachers.types import TeacherError
 
     try:
-        return asyncio.run(_run(config, in_cluster, args, out_dir))
+        return asyncio.run(_run(config, in_cluster, args, out_dir, gpus))
     except DataError as error:
         print(f"data: {error}", file=sys.stderr)
         return EXIT_INVALID

@@ -16,6 +16,7 @@ from typing import Any
 
 from distillery.api.spec import Placement
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
+from distillery_runtime.local_gpus import LocalGpuPlan, TeacherGpus
 from distillery_runtime.uris import resolve_location
 from distillery_runtime.workers import free_port
 
@@ -24,41 +25,17 @@ class TeachersNotReady(RuntimeError):
     """Some teacher did not answer its health check within the bounded time."""
 
 
-class NotEnoughGpus(ValueError):
-    """The job asks this machine for more GPUs than it has; `field` is the spec field to change."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-def check_local_gpus(spec: Any, available: int) -> None:
-    """Refuse a local run whose student asks for more GPUs than this machine has.
-
-    The embedded Ray cluster is this machine: Ray would keep the trainer ranks pending forever, waiting
-    for GPUs that never appear, so the run is refused before anything starts. Each trainer rank takes
-    one GPU (the rollout engine and colocated teachers share the first rank's), as in the cluster.
-    """
-    pool = spec.student.pool
-    if pool.gpus_per_worker <= 0:
-        return
-    needed = pool.workers * pool.gpus_per_worker
-    if needed <= available:
-        return
-    has = f"this machine has {available}" if available else "this machine has no CUDA GPU"
-    raise NotEnoughGpus(
-        "student.pool.gpusPerWorker",
-        f"the student asks for {pool.workers} worker(s) x {pool.gpus_per_worker} GPU(s) = {needed}, and {has}; "
-        "a local run places everything on this machine: lower student.pool.workers or gpusPerWorker, "
-        "or set gpusPerWorker: 0 to run on CPU",
-    )
-
-
-def local_gpu_count() -> int:
-    """CUDA devices this process may use (CUDA_VISIBLE_DEVICES applies); 0 without CUDA."""
+def visible_gpus() -> list[str]:
+    """This machine's CUDA devices that this process may use, as CUDA_VISIBLE_DEVICES names them."""
     import torch
 
-    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    if not torch.cuda.is_available():
+        return []
+    count = int(torch.cuda.device_count())
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return [str(i) for i in range(count)]
+    return [d.strip() for d in listed.split(",") if d.strip()][:count]
 
 
 @dataclass
@@ -79,7 +56,9 @@ class LocalTeachers:
                 process.kill()
 
 
-def teacher_server_command(teacher: Any, resolved: ResolvedTeacher, model_dir: str, port: int) -> list[str]:
+def teacher_server_command(
+    teacher: Any, resolved: ResolvedTeacher, model_dir: str, port: int, gpus: TeacherGpus | None = None
+) -> list[str]:
     """The command of one local teacher server (the operator's Deployment runs the same module)."""
     command = [
         sys.executable, "-m", "distillery_runtime.teachers.server",
@@ -92,11 +71,20 @@ def teacher_server_command(teacher: Any, resolved: ResolvedTeacher, model_dir: s
         "--dtype", teacher.inference.dtype,
         "--enforce-eager",
     ]  # fmt: skip
+    if gpus is not None:
+        command += [
+            "--tensor-parallel-size", str(gpus.tensor_parallel),
+            "--gpu-memory-utilization", str(gpus.memory_fraction),
+        ]  # fmt: skip
     return command + list(teacher.inference.extra_args)
 
 
-def start_local_teachers(config: RuntimeConfig, log_dir: Path) -> tuple[RuntimeConfig, LocalTeachers]:
-    """Start every standalone teacher on loopback; returns the config pointing at them."""
+def start_local_teachers(
+    config: RuntimeConfig, log_dir: Path, gpus: LocalGpuPlan | None = None
+) -> tuple[RuntimeConfig, LocalTeachers]:
+    """Start every standalone teacher on loopback (on its GPUs of `gpus`); returns the config pointing at
+    them."""
+    gpus = gpus or LocalGpuPlan()
     started = LocalTeachers()
     teachers = []
     specs = {t.name: t for t in config.spec.teachers}
@@ -113,14 +101,16 @@ def start_local_teachers(config: RuntimeConfig, log_dir: Path) -> tuple[RuntimeC
             teachers.append(resolved)
             continue
         port = free_port()
+        placed = gpus.teachers.get(resolved.name)
         command = teacher_server_command(
-            specs[resolved.name], resolved, resolve_location(specs[resolved.name].model), port
+            specs[resolved.name], resolved, resolve_location(specs[resolved.name].model), port, placed
         )
+        teacher_env = env if placed is None else {**env, "CUDA_VISIBLE_DEVICES": ",".join(placed.devices)}
         log_path = log_dir / f"teacher-{resolved.name}.log"
         with open(log_path, "wb") as log:
             started.processes.append(
                 subprocess.Popen(
-                    command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                    command, stdout=log, stderr=subprocess.STDOUT, env=teacher_env, start_new_session=True
                 )
             )
         started.logs.append(log_path)
@@ -185,8 +175,9 @@ def local_threads() -> int:
     return int(torch.get_num_threads())
 
 
-def init_ray(address: str | None) -> None:
-    """Join a Ray cluster (address) or start an embedded one for this process."""
+def init_ray(address: str | None, gpus: list[str] | None = None) -> None:
+    """Join a Ray cluster (address) or start an embedded one for this process. With `gpus`, the embedded
+    one hands the trainer ranks those GPUs only (an empty list: none, even on a machine with GPUs)."""
     import ray
 
     if ray.is_initialized():
@@ -208,6 +199,10 @@ def init_ray(address: str | None) -> None:
     # rollout engine take turns on the machine's cores (and vLLM's CPU worker cannot raise its thread
     # count once bound), so each gets them all: 1.4x faster rollout and 2x faster training on 2 cores.
     env["OMP_NUM_THREADS"] = str(local_threads())
+    if gpus is not None and visible_gpus():
+        # Ray hands out the GPUs it sees when it starts, and workers that ask for none see them all: keep
+        # the standalone teachers' GPUs, and with gpusPerWorker 0 every GPU, out of the student's reach.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     ray.init(
         num_cpus=max(os.cpu_count() or 1, 4),
         include_dashboard=False,

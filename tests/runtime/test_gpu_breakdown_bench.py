@@ -27,3 +27,23 @@ def test_distillery_part_times_every_phase_with_the_vllm_engine(tmp_path: Path) 
     for phase in ("hf_generate", "vllm_rollout", "score", "train", "sync"):
         assert row[f"{phase}_median_s"] > 0, phase
     assert row["step_s"] == pytest.approx(row["score_train_sync_s"] + row["vllm_rollout_median_s"])
+
+
+def test_e2e_bench_on_cuda_puts_the_student_and_its_teacher_on_gpus(tmp_path: Path) -> None:
+    from distillery_runtime.local_gpus import plan_local_gpus
+
+    from distillery.validation import parse_job
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import e2e_vs_trl
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    setting = e2e_vs_trl.Setting("speed-x", "/s", "/t", "/train.jsonl", None, 3, device="cuda")
+    spec = parse_job(e2e_vs_trl.distillery_manifest(setting)).spec
+    assert spec.student.pool.gpus_per_worker == 1 and spec.student.rollout.enforce_eager is False
+    one_gpu, two_gpus = plan_local_gpus(spec, ["0"]), plan_local_gpus(spec, ["0", "1"])
+    assert one_gpu.student == ["0"] and one_gpu.teachers["teacher"].shared
+    assert two_gpus.teachers["teacher"].devices == ["1"] and not two_gpus.teachers["teacher"].shared
+    cpu = e2e_vs_trl.Setting("speed-x", "/s", "/t", "/train.jsonl", None, 3)
+    assert parse_job(e2e_vs_trl.distillery_manifest(cpu)).spec.student.pool.gpus_per_worker == 0
