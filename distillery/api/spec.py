@@ -486,8 +486,8 @@ class DistillationJobSpec(ApiModel):
             message=(
                 "the rollout engine and colocated teachers are awake together on the student's GPUs: "
                 "student.rollout.memoryFraction plus the colocated teachers' inference.memoryFraction must be "
-                "<= 0.95, or <= 0.9 with 0.05 left for each colocated teacher that sets none (the trainer keeps "
-                "its weights on the GPU too)"
+                f"<= {COLOCATED_MEMORY_LIMIT}, or <= {COLOCATED_MEMORY_CEILING} with {MIN_DEFAULT_FRACTION} left "
+                "for each colocated teacher that sets none (the trainer keeps its weights on the GPU too)"
             ),
             field="teachers",
         ),
