@@ -160,6 +160,8 @@ async def _run(
     check_teacher_tokenizers(config, loop.tokenizer)
     for note in loop.notes:
         print(f"data: {note}", flush=True)
+    if gpus is not None and (gpus.student or gpus.teachers):
+        print(gpus.describe(), flush=True)
     loop.restore()
     progress = Progress(loop.total, loop.step_done, plain=args.no_progress or not sys.stdout.isatty())
     options.on_step, options.on_event = progress.step, progress.event

@@ -50,6 +50,14 @@ class LocalGpuPlan:
     teachers: dict[str, TeacherGpus] = field(default_factory=dict)
     """Standalone teachers that run on GPUs, by name; the others run their server as configured."""
 
+    def describe(self) -> str:
+        """One line for the run's log, e.g. `GPUs: student 0,1; teacher math 2 (0.9)`."""
+        parts = [f"student {','.join(self.student) or 'none (CPU)'}"]
+        for name, t in self.teachers.items():
+            where = ",".join(t.devices) + (" shared with the student" if t.shared else "")
+            parts.append(f"teacher {name} {where} ({t.memory_fraction} of memory)")
+        return "GPUs: " + "; ".join(parts)
+
 
 def plan_local_gpus(spec: Any, visible: list[str]) -> LocalGpuPlan:
     """Place the student and the standalone teachers on `visible` (this machine's GPU ids, in order)."""

@@ -52,11 +52,13 @@ def test_a_standalone_teacher_takes_the_next_free_gpus_as_this_machine_names_the
     plan = plan_local_gpus(spec, ["4", "6", "7"])  # CUDA_VISIBLE_DEVICES=4,6,7
     assert plan.student == ["4"]
     assert plan.teachers == {"t": TeacherGpus(["6", "7"], 0.9, 2, shared=False)}
+    assert plan.describe() == "GPUs: student 4; teacher t 6,7 (0.9 of memory)"
 
 
 def test_a_teacher_with_no_gpu_left_shares_the_students_in_what_the_rollout_engine_leaves() -> None:
     plan = plan_local_gpus(job(rollout=0.5).spec, ["0"])
     assert plan.teachers == {"t": TeacherGpus(["0"], 0.4, 1, shared=True)}
+    assert plan.describe() == "GPUs: student 0; teacher t 0 shared with the student (0.4 of memory)"
     plan = plan_local_gpus(job(rollout=0.3, inference={"memoryFraction": 0.6}).spec, ["0"])
     assert plan.teachers["t"].memory_fraction == 0.6
 
