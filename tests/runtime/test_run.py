@@ -56,19 +56,24 @@ def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
     return process.returncode, out.decode(errors="replace")
 
 
+def run_quick(job: Path, out_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`distillery run JOB -o OUT_DIR` for a job that must fail before it starts anything."""
+    return subprocess.run(
+        distillery_command(str(job), "-o", str(out_dir)),
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def test_invalid_manifest_reports_every_problem_before_any_work(job_files, write_manifest, tmp_path):
     doc = manifest(job_files, name="bad")
     doc["spec"]["loss"] = {"mode": "jsd", "topK": 0}
     doc["spec"]["teachers"][0]["placement"] = "external"  # external without an endpoint
     doc["spec"]["schedule"]["microBatchSize"] = 0
     out_dir = tmp_path / "out"
-    result = subprocess.run(
-        distillery_command(str(write_manifest(doc)), "-o", str(out_dir)),
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_quick(write_manifest(doc), out_dir)
     assert result.returncode == 1
     for path in ("spec.loss.topK", "spec.teachers[0].endpoint", "spec.schedule.microBatchSize"):
         assert path in result.stderr
@@ -78,13 +83,7 @@ def test_invalid_manifest_reports_every_problem_before_any_work(job_files, write
 def test_overlong_prompts_fail_before_any_process_starts(job_files, write_manifest, tmp_path):
     doc = manifest(job_files, name="long")
     doc["spec"]["data"]["maxPromptTokens"] = 3
-    result = subprocess.run(
-        distillery_command(str(write_manifest(doc)), "-o", str(tmp_path / "o")),
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_quick(write_manifest(doc), tmp_path / "o")
     assert result.returncode == 1
     assert "longer than data.maxPromptTokens=3" in result.stderr and "row 0" in result.stderr
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
@@ -96,13 +95,7 @@ def test_asking_for_more_gpus_than_the_machine_has_fails_at_once(job_files, writ
     # Without the check, Ray keeps the trainer pending forever, waiting for GPUs this machine lacks.
     doc = manifest(job_files, name="gpus")
     doc["spec"]["student"]["pool"] = {"workers": 1, "gpusPerWorker": len(visible_gpus()) + 1}
-    result = subprocess.run(
-        distillery_command(str(write_manifest(doc)), "-o", str(tmp_path / "o")),
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_quick(write_manifest(doc), tmp_path / "o")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "spec.student.pool.gpusPerWorker" in result.stderr and "gpusPerWorker: 0" in result.stderr
     assert not (tmp_path / "o").exists()  # nothing was started or written
