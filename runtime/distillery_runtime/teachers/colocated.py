@@ -78,7 +78,7 @@ class ColocatedTeacher(BatchTeacher):
 
     def engine_options(self, *, on_gpu: bool) -> dict[str, Any]:
         """vLLM engine arguments beyond the model's. On a GPU the teacher takes `memory_fraction` of it, not
-        vLLM's default 0.9: the rollout engine is awake beside it and has taken its own share first."""
+        vLLM's default 0.9: the rollout engine is awake beside it, with its own share of the same GPU."""
         options: dict[str, Any] = {"enforce_eager": True}
         if on_gpu and self.memory_fraction is not None:
             options["gpu_memory_utilization"] = self.memory_fraction
