@@ -122,6 +122,7 @@ class LeaderElector:
         self._released = False
         self._seen: tuple[Any, ...] | None = None
         self._seen_at = 0.0  # time.monotonic() when the Lease's record last changed, to our eyes
+        self._waiting_for: str | None = None  # the holder we last said we stand by for
 
     def close(self) -> None:
         self._client.close()
@@ -151,6 +152,11 @@ class LeaderElector:
                 self._seen, self._seen_at = record(lease), time.monotonic()
             action = decide(lease, s.identity, time.monotonic() - self._seen_at, s.lease_seconds)
             if action == "wait":
+                holder = ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
+                if holder != self._waiting_for:
+                    self._waiting_for = holder
+                    if holder:  # empty: released, ours once it expires
+                        log.info("standing by: the lease %s/%s is held by %s", s.namespace, s.name, holder)
                 return False
             spec = lease_spec(s.identity, self._clock(), s, lease)
             if lease is None:

@@ -110,3 +110,25 @@ async def test_a_leader_that_loses_its_lease_exits_to_restart_as_a_standby(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+async def test_a_standby_stops_at_once_and_leaves_the_lease_alone(cluster: Cluster, tmp_path: Path) -> None:
+    c = cluster
+    logs = [tmp_path / "replica-0.log", tmp_path / "replica-1.log"]
+    procs = [replica(c, log) for log in logs]
+    try:
+        leader = await wait_for(lambda: holder(c), what="a leader")
+        await wait_for(lambda: any("leading as" in log.read_text() for log in logs), what="the leader's log")
+        standby = next(i for i, log in enumerate(logs) if "leading as" not in log.read_text())
+        await wait_for(lambda: "standing by" in logs[standby].read_text(), what="the standby's log")
+        # A standby holds no kopf, so our own signal handler stops it while it waits for the Lease.
+        procs[standby].terminate()
+        started = time.monotonic()
+        assert await asyncio.to_thread(procs[standby].wait, 20) == 0, logs[standby].read_text()[-2000:]
+        assert time.monotonic() - started < 4.5
+        assert holder(c) == leader
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
