@@ -32,7 +32,7 @@ from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.samples import RolloutSample, TrainSample
 from distillery_runtime.teachers.types import ScoreRequest
-from distillery_runtime.trainer import SUMMED_OVER_RANKS, TrainerSettings, resolve_precision, step_normalizer
+from distillery_runtime.trainer import SUMMED_OVER_RANKS, TrainerSettings, step_normalizer
 from distillery_runtime.uris import resolve_location
 
 log = logging.getLogger("distillery.runtime")
@@ -435,15 +435,6 @@ def _combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def rollout_dtype(spec: Any) -> str:
-    import torch
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return (
-        "bfloat16" if resolve_precision(spec.student.precision.value, device) == torch.bfloat16 else "float32"
-    )
-
-
 async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     """Start the trainer ranks, the rollout engine and colocated teachers as Ray actors, and the clients."""
     import ray
@@ -464,7 +455,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     if world > 1:
         address = await trainers[0].rendezvous.remote()
         await asyncio.gather(*(t.init_group.remote(address) for t in trainers))
-    dtype = rollout_dtype(spec)
+    precision = spec.student.precision.value  # resolved by each actor on its own device
     max_len = spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens + 1
     rollout: Any = (
         ray.remote(workers.RolloutWorker)
@@ -472,7 +463,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
         .remote(
             spec.student.rollout.engine.value,
             loop.model_dir,
-            dtype,
+            precision,
             max_len,
             spec.schedule.seed,
             spec.student.rollout.memory_fraction,
@@ -492,7 +483,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
                 teacher.name,
                 resolved[teacher.name].max_logprobs,
                 resolved[teacher.name].max_model_len,
-                "bfloat16" if dtype == "bfloat16" else "float32",
+                precision,
                 spec.teacher_memory_fraction(teacher),
             )
         )
@@ -507,6 +498,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
         for t in config.teachers
     }
     scoring = TeacherScoring(config, clients)
+    dtype = await rollout.dtype.remote()
     components = Components(trainers, rollout, scoring, list(colocated_actors.values()), dtype)
     if loop.version:  # resumed: the trainers restore optimizer, schedule and RNG states
         assert loop.last_checkpoint is not None

@@ -19,6 +19,17 @@ from distillery_runtime.samples import RolloutSample, TrainSample
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def compute_dtype_here(precision: str) -> str:
+    """The dtype `student.precision` means on this process's device (auto: bfloat16 on a GPU that has it).
+
+    Each GPU actor decides for itself: in a cluster the driver runs on the Ray head, which has no GPU,
+    so a dtype decided there would be float32 while the trainer computes in bfloat16."""
+    from distillery_runtime.trainer import resolve_precision
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return "bfloat16" if resolve_precision(precision, device) == torch.bfloat16 else "float32"
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
@@ -103,7 +114,7 @@ class RolloutWorker:
         self,
         kind: str,
         model_dir: str,
-        dtype: str,
+        precision: str,
         max_model_len: int,
         seed: int,
         memory_fraction: float,
@@ -111,15 +122,20 @@ class RolloutWorker:
     ) -> None:
         from distillery_runtime.rollout import build_engine
 
+        self.dtype_name = compute_dtype_here(precision)
         self.engine = build_engine(
             kind,
             model_dir,
-            dtype=DTYPES[dtype],
+            dtype=DTYPES[self.dtype_name],
             max_model_len=max_model_len,
             seed=seed,
             memory_fraction=memory_fraction,
             enforce_eager=enforce_eager,
         )
+
+    def dtype(self) -> str:
+        """The engine's dtype, which the trainer casts the synced weights to."""
+        return self.dtype_name
 
     def stream(self, requests: Sequence[Any], sampling: Any) -> Iterator[RolloutSample]:
         """Samples one by one as they finish (a Ray streaming generator)."""
@@ -158,7 +174,7 @@ class ColocatedTeacherWorker:
         name: str,
         max_logprobs: int,
         max_model_len: int,
-        dtype: str,
+        precision: str,
         memory_fraction: float | None = None,
     ) -> None:
         from distillery_runtime.teachers.colocated import ColocatedTeacher
@@ -168,7 +184,7 @@ class ColocatedTeacherWorker:
             name=name,
             max_logprobs=max_logprobs,
             max_model_len=max_model_len,
-            dtype=dtype,
+            dtype=compute_dtype_here(precision),
             memory_fraction=memory_fraction,
         )
 

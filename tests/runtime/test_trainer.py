@@ -108,3 +108,19 @@ def test_weights_are_a_detached_host_copy_in_the_asked_dtype(job_files, dtype):
     trainer.train_step(make_samples(2, 64, 4), 8.0)
     assert all(torch.equal(a, b) for (_, a), b in zip(weights, before, strict=True))
     assert any(not torch.equal(t, trainer.model.state_dict()[n].to(t.dtype)) for n, t in weights)
+
+
+def test_each_gpu_actor_resolves_the_precision_on_its_own_device(monkeypatch):
+    import torch
+    from distillery_runtime.workers import compute_dtype_here
+
+    # In a cluster the driver runs on the Ray head, which has no GPU: the rollout engine and colocated
+    # teachers resolve `auto` where they run, as the trainer does, so all three compute in one dtype.
+    assert compute_dtype_here("bfloat16") == "bfloat16"
+    assert compute_dtype_here("float32") == "float32"
+    if not torch.cuda.is_available():
+        assert compute_dtype_here("auto") == "float32"
+        # A stand-in for a bf16 GPU (this machine has none): the same call in a GPU actor gives bfloat16.
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert compute_dtype_here("auto") == ("bfloat16" if torch.cuda.is_bf16_supported() else "float32")
