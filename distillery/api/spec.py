@@ -388,7 +388,9 @@ class Checkpoint(ApiModel):
     path: str = "/checkpoints"
     """Directory (or URI) inside the trainer; one sub-directory per step."""
     pvc: str | None = Field(default=None, pattern=DNS_LABEL_RE)
-    """PersistentVolumeClaim mounted at `path` in the trainer pods."""
+    """PersistentVolumeClaim mounted at `path` in the Ray head and every worker pod (the driver on the head
+    finds the checkpoint to resume, rank 0 writes them, every rank loads them): ReadWriteMany, unless all
+    the pods share one node."""
     keep: int = Field(default=3, ge=1, le=1000)
     """Complete checkpoints kept; older ones are deleted after a new one is written."""
     resume: ResumePolicy = ResumePolicy.AUTO
