@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from distillery import pvc
 from distillery.api.base import ApiModel, Rule
 
 QuantityValue = int | str
@@ -134,18 +135,31 @@ class Precision(StrEnum):
     FLOAT32 = "float32"
 
 
+def _pvc_rule(field: str, attr: str, *, optional: bool = False) -> Rule:
+    """A `pvc://` location in `field` must name a claim and a path (the operator mounts the claim)."""
+    unset = f"!has(self.{field}) || " if optional else ""
+    return Rule(
+        check=lambda m: pvc.is_valid(getattr(m, attr) or ""),
+        cel=f"{unset}!self.{field}.startsWith('{pvc.SCHEME}') || self.{field}.matches('{pvc.PATTERN}')",
+        message="a pvc:// location is pvc://CLAIM/PATH, CLAIM a PersistentVolumeClaim of the job's namespace",
+        field=field,
+    )
+
+
 class Student(ApiModel):
     """The model being trained."""
 
     model: str = Field(min_length=1)
     """Hugging Face id, local path, or URI (s3://, gs://, pvc://CLAIM/PATH) of the initial weights."""
     tokenizer: str | None = None
-    """Tokenizer to use instead of the model's own."""
+    """Tokenizer to use instead of the model's own (a location like `model`)."""
     precision: Precision = Precision.AUTO
     """auto = bfloat16 where the device supports it, float32 otherwise."""
     rollout: Rollout = Field(default_factory=Rollout)
     optimizer: Optimizer = Field(default_factory=Optimizer)
     pool: StudentPool = Field(default_factory=StudentPool)
+
+    rules = (_pvc_rule("model", "model"), _pvc_rule("tokenizer", "tokenizer", optional=True))
 
 
 # ---------------------------------------------------------------------------------------------- teachers
@@ -189,7 +203,8 @@ class Teacher(ApiModel):
     name: Annotated[str, Field(min_length=1, max_length=40, pattern=DNS_LABEL_RE)]
     """Unique within the job; a DNS label (it names the teacher's Deployment and Service)."""
     model: str = Field(min_length=1)
-    """Hugging Face id, local path or URI; for external teachers, the served model name."""
+    """Hugging Face id, local path or URI (s3://, gs://, pvc://CLAIM/PATH); for external teachers, the served
+    model name."""
     placement: Placement = Placement.STANDALONE
     """standalone: own GPU pool run by the operator; colocated: on the student's GPUs; external: a URL."""
     endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/\S*)?$")
@@ -214,6 +229,7 @@ class Teacher(ApiModel):
             message="is required for placement external and not allowed for the other placements",
             field="endpoint",
         ),
+        _pvc_rule("model", "model"),
     )
 
 
@@ -232,12 +248,15 @@ class OverlongPolicy(StrEnum):
 
 
 class DataSource(ApiModel):
-    """A dataset file: local path (in the runtime image or a mounted volume) or URI."""
+    """A dataset file: local path (in the runtime image) or URI."""
 
     path: str = Field(min_length=1)
-    """Local path (in the image or a mounted volume) or URI (s3://, gs://, synthetic://TASK/SPLIT)."""
+    """Local path (in the image), or URI: pvc://CLAIM/PATH (mounted by the operator), s3://, gs://,
+    synthetic://TASK/SPLIT."""
     format: DataFormat = DataFormat.AUTO
     """auto = from the file extension (.jsonl/.json, .parquet)."""
+
+    rules = (_pvc_rule("path", "path"),)
 
 
 class Data(ApiModel):

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import yaml
 
+from distillery import pvc
 from distillery.api import API_VERSION, KIND, DistillationJob, Placement, Teacher
 from distillery.runtime_config import (
     CONFIG_KEY,
@@ -133,7 +134,7 @@ def teacher_command(job: DistillationJob, teacher: Teacher) -> list[str]:
         "-m",
         TEACHER_MODULE,
         "--model",
-        teacher.model,
+        pvc.mounted_path(teacher.model) if pvc.is_pvc(teacher.model) else teacher.model,
         "--host",
         "0.0.0.0",
         "--port",
@@ -197,6 +198,7 @@ def render_teacher_deployment(job: DistillationJob, teacher: Teacher, ctx: Rende
     )
     pool = teacher.pool
     probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
+    claim_volumes, claim_mounts = _claim_volumes(pvc.claims([teacher.model]))
     startup_failures = max(1, math.ceil(job.spec.teacher_ready_timeout_seconds / STARTUP_PERIOD_SECONDS))
     container: dict[str, Any] = {
         "name": "teacher",
@@ -206,7 +208,7 @@ def render_teacher_deployment(job: DistillationJob, teacher: Teacher, ctx: Rende
         "resources": _resources(
             pool.gpus_per_replica, pool.gpu_resource, pool.resources.requests, pool.resources.limits
         ),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *claim_mounts],
         # Loading a large model takes minutes: the startup probe allows the job's teacher timeout,
         # and liveness only starts counting once the server has come up.
         "startupProbe": {
@@ -223,7 +225,7 @@ def render_teacher_deployment(job: DistillationJob, teacher: Teacher, ctx: Rende
         container["env"] = env
     pod_spec: dict[str, Any] = {
         "containers": [container],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, *claim_volumes],
         "automountServiceAccountToken": False,
     }
     if pool.node_selector:
@@ -272,6 +274,30 @@ def render_teacher_service(job: DistillationJob, teacher: Teacher, ctx: RenderCo
 # ---------------------------------------------------------------------------------------------- trainer
 
 
+def _locations(job: DistillationJob) -> list[str | None]:
+    """Every model and data location the Ray pods may open (the driver checks standalone teachers'
+    tokenizers too, so their models count)."""
+    spec = job.spec
+    models = [t.model for t in spec.teachers if t.placement != Placement.EXTERNAL]
+    data = [spec.data.train.path, spec.data.eval.path if spec.data.eval else None]
+    return [spec.student.model, spec.student.tokenizer, *models, *data]
+
+
+def _claim_volumes(
+    claims: list[str], checkpoint_claim: str | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Read-only volumes and mounts for the claims of pvc:// locations, at `pvc.MOUNT_ROOT/CLAIM`. The
+    checkpoint claim is already a volume of the pod: it is mounted a second time, read-only."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for claim in claims:
+        name = "checkpoints" if claim == checkpoint_claim else pvc.volume_name(claim)
+        if claim != checkpoint_claim:
+            volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": name, "mountPath": f"{pvc.MOUNT_ROOT}/{claim}", "readOnly": True})
+    return volumes, mounts
+
+
 def _ray_pod_template(job: DistillationJob, container_name: str, *, worker: bool) -> dict[str, Any]:
     spec = job.spec
     pool = spec.student.pool
@@ -292,6 +318,11 @@ def _ray_pod_template(job: DistillationJob, container_name: str, *, worker: bool
     if spec.checkpoint.pvc:
         mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint.path})
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.pvc}})
+    claim_volumes, claim_mounts = _claim_volumes(
+        pvc.claims(_locations(job)), checkpoint_claim=spec.checkpoint.pvc
+    )
+    volumes.extend(claim_volumes)
+    mounts.extend(claim_mounts)
     env: list[dict[str, Any]] = [
         {"name": "DISTILLERY_CONFIG", "value": f"{CONFIG_MOUNT_DIR}/{CONFIG_KEY}"},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},

@@ -238,11 +238,15 @@ def run_command(args: argparse.Namespace) -> int:
     from distillery_runtime.data import DataError
     from distillery_runtime.local import TeachersNotReady
     from distillery_runtime.teachers.types import TeacherError
+    from distillery_runtime.uris import UnresolvableLocation
 
     try:
         return asyncio.run(_run(config, in_cluster, args, out_dir, gpus))
     except DataError as error:
         print(f"data: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    except UnresolvableLocation as error:
+        print(f"{args.file}: {error}", file=sys.stderr)
         return EXIT_INVALID
     except (TeachersNotReady, TeacherError) as error:
         print(f"teachers: {error}", file=sys.stderr)

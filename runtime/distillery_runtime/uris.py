@@ -1,9 +1,9 @@
 """Turns a model or data location from a spec into a local path the runtime can open.
 
-`synthetic://TASK/NAME` goes to the bundled synthetic tasks (built and cached on first use),
-plain paths are used as they are, and other URI schemes (s3://, gs://, ...) are copied to a local
-cache through fsspec when it is installed. Hugging Face ids are passed through: transformers and
-vLLM resolve them themselves.
+`synthetic://TASK/NAME` goes to the bundled synthetic tasks (built and cached on first use), plain
+paths are used as they are, `pvc://CLAIM/PATH` is where the claim is mounted (`distillery.pvc`), and
+other URI schemes (s3://, gs://, ...) are copied to a local cache through fsspec when it is installed.
+Hugging Face ids are passed through: transformers and vLLM resolve them themselves.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+
+from distillery import pvc
 
 SYNTHETIC_SCHEME = "synthetic://"
 
@@ -24,6 +26,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DISTILLERY_CACHE", Path.home() / ".cache" / "distillery"))
 
 
+def _mounted_claim_path(location: str) -> str:
+    path = pvc.local_path(location)
+    if not Path(path).exists():
+        raise UnresolvableLocation(
+            f"{location}: nothing at {path}. In a cluster the operator mounts the claim there; on another "
+            "machine, set DISTILLERY_PVC_ROOT to a directory holding CLAIM/PATH"
+        )
+    return path
+
+
 def resolve_location(location: str) -> str:
     """A local path (or a Hugging Face id, unchanged) for a model or data location."""
     if location.startswith(SYNTHETIC_SCHEME):
@@ -35,6 +47,8 @@ def resolve_location(location: str) -> str:
     scheme = location.split("://", 1)[0]
     if scheme in {"file"}:
         return location[len("file://") :]
+    if scheme == "pvc":
+        return _mounted_claim_path(location)
     return str(_fetch_with_fsspec(location))
 
 

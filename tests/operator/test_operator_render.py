@@ -313,3 +313,59 @@ def test_the_validators_catch_bad_objects() -> None:
     deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(deployment)
+
+
+def test_pvc_locations_mount_their_claims_read_only_where_they_are_read() -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "multi-teacher.yaml").read_text())
+    spec = doc["spec"]
+    spec["student"]["model"] = "pvc://models/qwen-1.5b"
+    spec["data"]["train"]["path"] = "pvc://datasets.team-a/train.jsonl"
+    standalone = next(t for t in spec["teachers"] if t.get("placement", "standalone") == "standalone")
+    standalone["model"] = "pvc://models/qwen-7b"
+    spec["checkpoint"] = {"pvc": "models", "path": "/checkpoints"}  # the same claim, written there
+    job = DistillationJob.model_validate(doc)
+    objects = render_job(job, CTX)
+    for obj in objects:
+        validate(obj)
+
+    (rayjob,) = by_kind(objects, "RayJob")
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    for pod in (
+        cluster["headGroupSpec"]["template"]["spec"],
+        cluster["workerGroupSpecs"][0]["template"]["spec"],
+    ):
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+        data_volume = mounts["/mnt/distillery/pvc/datasets.team-a"]["name"]
+        assert volumes[data_volume]["persistentVolumeClaim"] == {
+            "claimName": "datasets.team-a",
+            "readOnly": True,
+        }
+        # The checkpoint claim is one volume, written at the checkpoint path and read where models are.
+        assert mounts["/mnt/distillery/pvc/models"] == {
+            "name": "checkpoints",
+            "mountPath": "/mnt/distillery/pvc/models",
+            "readOnly": True,
+        }
+        assert "readOnly" not in mounts["/checkpoints"]
+        assert [
+            v["persistentVolumeClaim"]["claimName"] for v in volumes.values() if "persistentVolumeClaim" in v
+        ] == [
+            "models",
+            "datasets.team-a",
+        ]
+
+    deployments = {d["metadata"]["labels"][naming.TEACHER_LABEL]: d for d in by_kind(objects, "Deployment")}
+    pod = deployments[standalone["name"]]["spec"]["template"]["spec"]
+    command = pod["containers"][0]["command"]
+    assert command[command.index("--model") + 1] == "/mnt/distillery/pvc/models/qwen-7b"
+    assert {"name": "pvc-models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod[
+        "volumes"
+    ]
+    # The other teachers read no claim.
+    for name, deployment in deployments.items():
+        if name != standalone["name"]:
+            claims = [
+                v for v in deployment["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v
+            ]
+            assert claims == []

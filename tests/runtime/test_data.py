@@ -103,3 +103,21 @@ def test_uri_schemes(tmp_path):
     assert resolve_location("file:///a/b") == "/a/b"
     with pytest.raises(UnresolvableLocation, match="nosuchscheme"):
         resolve_location("nosuchscheme://bucket/data.jsonl")
+
+
+def test_pvc_locations_open_where_the_claim_is_mounted(tmp_path, monkeypatch, job_files):
+    from distillery_runtime.data import load_rows
+
+    from distillery.api.spec import DataSource
+
+    # In a cluster the operator mounts the claim at /mnt/distillery/pvc/CLAIM; elsewhere
+    # DISTILLERY_PVC_ROOT says where the claims' files are, so the same manifest runs.
+    monkeypatch.delenv("DISTILLERY_PVC_ROOT", raising=False)
+    with pytest.raises(UnresolvableLocation, match=r"nothing at /mnt/distillery/pvc/datasets/train\.jsonl"):
+        resolve_location("pvc://datasets/train.jsonl")
+    (tmp_path / "datasets").mkdir()
+    (tmp_path / "datasets" / "train.jsonl").write_bytes(job_files.train.read_bytes())
+    monkeypatch.setenv("DISTILLERY_PVC_ROOT", str(tmp_path))
+    path, rows = load_rows(DataSource(path="pvc://datasets/train.jsonl"))
+    assert path == str(tmp_path / "datasets" / "train.jsonl")
+    assert rows and "prompt" in rows[0]

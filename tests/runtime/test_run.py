@@ -89,6 +89,20 @@ def test_overlong_prompts_fail_before_any_process_starts(job_files, write_manife
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
 
 
+def test_a_pvc_location_that_is_not_mounted_fails_before_any_process_starts(
+    job_files, write_manifest, tmp_path
+):
+    doc = manifest(job_files, name="pvc")
+    doc["spec"]["data"]["train"]["path"] = "pvc://datasets/train.jsonl"
+    result = run_quick(write_manifest(doc), tmp_path / "o")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (
+        "pvc://datasets/train.jsonl: nothing at" in result.stderr and "DISTILLERY_PVC_ROOT" in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
 def test_asking_for_more_gpus_than_the_machine_has_fails_at_once(job_files, write_manifest, tmp_path):
     from distillery_runtime.local import visible_gpus
 
