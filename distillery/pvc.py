@@ -21,7 +21,7 @@ PATTERN = "^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?
 
 
 def is_pvc(location: str | None) -> bool:
-    return bool(location) and location.startswith(SCHEME)  # type: ignore[union-attr]
+    return location is not None and location.startswith(SCHEME)
 
 
 def is_valid(location: str) -> bool:
