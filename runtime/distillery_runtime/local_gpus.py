@@ -51,7 +51,7 @@ class LocalGpuPlan:
     """Standalone teachers that run on GPUs, by name; the others run their server as configured."""
 
     def describe(self) -> str:
-        """One line for the run's log, e.g. `GPUs: student 0,1; teacher math 2 (0.9)`."""
+        """One line for the run's log, e.g. `GPUs: student 0,1; teacher math 2 (0.9 of memory)`."""
         parts = [f"student {','.join(self.student) or 'none (CPU)'}"]
         for name, t in self.teachers.items():
             where = ",".join(t.devices) + (" shared with the student" if t.shared else "")
@@ -115,7 +115,7 @@ def _share_student_gpus(
         raise NotEnoughGpus(
             f"teachers[{index}].inference.memoryFraction",
             f"no GPU is left for teacher {teacher.name} alone, so it would share the student's, where the "
-            f"rollout engine and colocated teachers already take {taken:.2f} of the memory; on this machine "
+            f"rollout engine and the teachers on it would take {taken:.2f} of the memory; on this machine "
             f"the fractions must add up to <= {COLOCATED_MEMORY_LIMIT}: lower them, or make the teacher "
             "colocated (it then sleeps while the student trains)",
         )

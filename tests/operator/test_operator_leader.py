@@ -35,6 +35,14 @@ def replica(c: Cluster, log: Path) -> Any:
     )
 
 
+def kill_all(procs: list[Any]) -> None:
+    """Ends the replicas a test left running (a failed assertion must not leak operator processes)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 def holder(c: Cluster) -> str | None:
     lease = c.emulator.obj(LEASES, c.namespace, LEASE) or {}
     return (lease.get("spec") or {}).get("holderIdentity")
@@ -78,10 +86,7 @@ async def test_one_replica_leads_and_a_standby_takes_over(cluster: Cluster, tmp_
         lease = c.emulator.obj(LEASES, c.namespace, LEASE)
         assert lease["spec"]["leaseTransitions"] >= 1
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+        kill_all(procs)
 
 
 async def test_a_leader_that_loses_its_lease_exits_to_restart_as_a_standby(
@@ -107,9 +112,7 @@ async def test_a_leader_that_loses_its_lease_exits_to_restart_as_a_standby(
         assert "lost the lease" in (tmp_path / "replica.log").read_text()
         assert holder(c) == "intruder"  # it did not release what it no longer held
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        kill_all([proc])
 
 
 async def test_a_standby_stops_at_once_and_leaves_the_lease_alone(cluster: Cluster, tmp_path: Path) -> None:
@@ -128,7 +131,4 @@ async def test_a_standby_stops_at_once_and_leaves_the_lease_alone(cluster: Clust
         assert time.monotonic() - started < 4.5
         assert holder(c) == leader
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+        kill_all(procs)
