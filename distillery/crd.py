@@ -96,10 +96,12 @@ def _structural(node: Any, defs: dict[str, Any], models: dict[str, Any]) -> Any:
 
 
 def _with_object_default(original: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
-    """A nested object that is not optional defaults to {} so that the API server fills its own defaults.
+    """A nested object that is not optional defaults to its fully defaulted value.
 
-    Without it an omitted `schedule:` stays absent and a CEL rule reading `self.schedule.evalEvery` fails
-    with "no such key" instead of seeing the default.
+    Without a default an omitted `schedule:` stays absent and a CEL rule reading `self.schedule.evalEvery`
+    fails with "no such key" instead of seeing the default. The default must be the filled-in object, not
+    `{}`: the API server checks a default against the object's own CEL rules *without* applying the nested
+    defaults first, and rejects the CRD when a rule reads a key that `{}` lacks.
     """
     if (
         "anyOf" not in original
@@ -107,8 +109,13 @@ def _with_object_default(original: dict[str, Any], out: dict[str, Any]) -> dict[
         and "properties" in out
         and not out.get("required")
     ):
-        out.setdefault("default", {})
+        out.setdefault("default", _defaulted(out))
     return out
+
+
+def _defaulted(node: dict[str, Any]) -> dict[str, Any]:
+    """The value the API server's defaulting gives an empty object of this (already structural) schema."""
+    return {name: prop["default"] for name, prop in node.get("properties", {}).items() if "default" in prop}
 
 
 def _finish(out: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +132,39 @@ def _finish(out: dict[str, Any]) -> dict[str, Any]:
             out[bound] = True
     if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
         out["x-kubernetes-preserve-unknown-fields"] = True
+    if out.get("type") == "string" and "enum" in out:
+        # The API server bounds a rule's cost by each string's maxLength; an enum's is its longest value.
+        out.setdefault("maxLength", max(len(v) for v in out["enum"]))
     return out
+
+
+def unbounded(node: Any, path: str = "") -> list[str]:
+    """Paths of strings without maxLength, arrays without maxItems and maps without maxProperties.
+
+    The API server estimates a CEL rule's cost from these bounds (an unbounded string is taken to be as
+    long as a whole request), so the spec must bound every one of them.
+    """
+    if not isinstance(node, dict):
+        return []
+    found = []
+    kind = node.get("type")
+    if kind == "string" and "maxLength" not in node:
+        found.append(path)
+    if kind == "array" and "maxItems" not in node:
+        found.append(path)
+    if (
+        kind == "object"
+        and isinstance(node.get("additionalProperties"), dict)
+        and "maxProperties" not in node
+    ):
+        found.append(path)
+    for name, prop in node.get("properties", {}).items():
+        found += unbounded(prop, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        found += unbounded(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        found += unbounded(node["additionalProperties"], f"{path}{{}}")
+    return found
 
 
 def _with_rules(out: dict[str, Any], model: type[ApiModel] | None) -> dict[str, Any]:
@@ -151,6 +190,9 @@ def object_schema(model: type[ApiModel]) -> dict[str, Any]:
 def build_crd() -> dict[str, Any]:
     """The CustomResourceDefinition object."""
     spec_schema = object_schema(DistillationJobSpec)
+    loose = unbounded(spec_schema, "spec")
+    if loose:
+        raise ValueError(f"unbounded fields (give each a max_length): {', '.join(loose)}")
     status_schema = object_schema(DistillationJobStatus)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -18,6 +18,27 @@ from distillery.api.base import ApiModel, Rule
 QuantityValue = int | str
 """A Kubernetes quantity ("8Gi", "500m", 2)."""
 
+# Every string, list and map of the spec has a bound: the API server estimates the cost of each CEL rule
+# from the largest value a field may hold, and refuses a CRD whose rules could exceed its budget.
+MAX_LOCATION = 1024
+"""A model, tokenizer, dataset or checkpoint location, or an image reference."""
+MAX_NAME = 253
+"""A Kubernetes object name or a label key (DNS subdomain)."""
+MAX_LABEL_VALUE = 63
+MAX_MAP = 64
+"""Entries of a label, node-selector or resources map."""
+MAX_LIST = 64
+"""Entries of a tolerations list."""
+MAX_ROUTES = 64
+"""Route values of one teacher: the route-uniqueness rule costs teachers^2 x routes^2 string compares."""
+MAX_ROUTE = 128
+
+Location = Annotated[str, Field(min_length=1, max_length=MAX_LOCATION)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE)]
+FieldName = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+"""A field of the dataset's rows."""
+
 LABEL_NAME_RE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
@@ -28,18 +49,20 @@ DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 class Toleration(ApiModel):
     """A Kubernetes toleration, passed through to the pods."""
 
-    key: str | None = None
-    operator: str | None = Field(default=None, pattern="^(Exists|Equal)$")
-    value: str | None = None
-    effect: str | None = Field(default=None, pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")
+    key: str | None = Field(default=None, max_length=MAX_NAME + 1 + MAX_LABEL_VALUE)
+    operator: str | None = Field(default=None, pattern="^(Exists|Equal)$", max_length=6)
+    value: str | None = Field(default=None, max_length=MAX_LABEL_VALUE)
+    effect: str | None = Field(
+        default=None, pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$", max_length=16
+    )
     toleration_seconds: int | None = None
 
 
 class Resources(ApiModel):
     """Extra container resources (CPU, memory, ...); GPUs are set from the pool's GPU count."""
 
-    requests: dict[str, QuantityValue] = Field(default_factory=dict)
-    limits: dict[str, QuantityValue] = Field(default_factory=dict)
+    requests: dict[str, QuantityValue] = Field(default_factory=dict, max_length=MAX_MAP)
+    limits: dict[str, QuantityValue] = Field(default_factory=dict, max_length=MAX_MAP)
 
 
 class StudentPool(ApiModel):
@@ -49,12 +72,12 @@ class StudentPool(ApiModel):
     """Ray worker pods; each runs one data-parallel trainer rank per GPU."""
     gpus_per_worker: int = Field(default=1, ge=0, le=16)
     """GPUs per worker pod (0 = CPU only, for tests and tiny jobs)."""
-    gpu_resource: str = "nvidia.com/gpu"
+    gpu_resource: Name = "nvidia.com/gpu"
     """The extended resource name that counts GPUs."""
     resources: Resources = Field(default_factory=Resources)
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP)
     """Node labels the worker pods must match."""
-    tolerations: list[Toleration] = Field(default_factory=list)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
     """Tolerations of the worker pods."""
 
 
@@ -65,12 +88,12 @@ class TeacherPool(ApiModel):
     """GPUs per vLLM replica; must be a multiple of tensorParallel."""
     tensor_parallel: int = Field(default=1, ge=1, le=16)
     """vLLM --tensor-parallel-size."""
-    gpu_resource: str = "nvidia.com/gpu"
+    gpu_resource: Name = "nvidia.com/gpu"
     """The extended resource name that counts GPUs."""
     resources: Resources = Field(default_factory=Resources)
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP)
     """Node labels the teacher pods must match."""
-    tolerations: list[Toleration] = Field(default_factory=list)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
     """Tolerations of the teacher pods."""
 
     rules = (
@@ -149,9 +172,9 @@ def _pvc_rule(field: str, attr: str, *, optional: bool = False) -> Rule:
 class Student(ApiModel):
     """The model being trained."""
 
-    model: str = Field(min_length=1)
+    model: Location
     """Hugging Face id, local path, or URI (s3://, gs://, pvc://CLAIM/PATH) of the initial weights."""
-    tokenizer: str | None = None
+    tokenizer: Location | None = None
     """Tokenizer to use instead of the model's own (a location like `model`)."""
     precision: Precision = Precision.AUTO
     """auto = bfloat16 where the device supports it, float32 otherwise."""
@@ -189,7 +212,7 @@ class Inference(ApiModel):
     """vLLM --gpu-memory-utilization. Standalone: of each of the teacher's GPUs (default 0.9). Colocated: of
     each student GPU, shared with the rollout engine, which is awake at the same time (default: what
     student.rollout.memoryFraction leaves below 0.9, split among the colocated teachers that set none)."""
-    dtype: str = "auto"
+    dtype: str = Field(default="auto", min_length=1, max_length=32)
     """vLLM --dtype."""
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=256)
     """Extra `vllm serve` arguments, passed as given."""
@@ -202,17 +225,18 @@ class Teacher(ApiModel):
 
     name: Annotated[str, Field(min_length=1, max_length=40, pattern=DNS_LABEL_RE)]
     """Unique within the job; a DNS label (it names the teacher's Deployment and Service)."""
-    model: str = Field(min_length=1)
+    model: Location
     """Hugging Face id, local path or URI (s3://, gs://, pvc://CLAIM/PATH); for external teachers, the served
     model name."""
     placement: Placement = Placement.STANDALONE
     """standalone: own GPU pool run by the operator; colocated: on the student's GPUs; external: a URL."""
-    endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/\S*)?$")
+    endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=MAX_LOCATION)
     """Base URL of an OpenAI-compatible server (external teachers only)."""
-    routes: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
-        default_factory=list, max_length=256
+    routes: list[Annotated[str, Field(min_length=1, max_length=MAX_ROUTE)]] = Field(
+        default_factory=list, max_length=MAX_ROUTES
     )
-    """Values of data.routeField whose samples this teacher scores."""
+    """Values of data.routeField whose samples this teacher scores (at most 64; a default teacher takes the
+    rest)."""
     default: bool = False
     """Scores every sample whose route no teacher lists."""
     replicas: int = Field(default=1, ge=0, le=256)
@@ -250,7 +274,7 @@ class OverlongPolicy(StrEnum):
 class DataSource(ApiModel):
     """A dataset file: local path (in the runtime image) or URI."""
 
-    path: str = Field(min_length=1)
+    path: Location
     """Local path (in the image), or URI: pvc://CLAIM/PATH (mounted by the operator), s3://, gs://,
     synthetic://TASK/SPLIT."""
     format: DataFormat = DataFormat.AUTO
@@ -266,15 +290,15 @@ class Data(ApiModel):
     """The prompts the student trains on."""
     eval: DataSource | None = None
     """Held-out prompts for evaluation (accuracy by exact match on answerField)."""
-    prompt_field: str = "prompt"
+    prompt_field: FieldName = "prompt"
     """Field holding the prompt text (used as is, no chat template)."""
-    messages_field: str | None = None
+    messages_field: FieldName | None = None
     """Field holding chat messages; when set, it is used instead of promptField, with the student's chat template."""
-    response_field: str | None = None
+    response_field: FieldName | None = None
     """Field holding a reference response, used for the off-policy share when onPolicyFraction < 1."""
-    answer_field: str | None = "answer"
+    answer_field: FieldName | None = "answer"
     """Field holding the reference answer that eval accuracy compares against (exact match)."""
-    route_field: str = "data_source"
+    route_field: FieldName = "data_source"
     """Field whose value picks the teacher of a sample."""
     max_prompt_tokens: int = Field(default=1024, ge=1, le=1048576)
     """Longest prompt, in student tokens."""
@@ -310,7 +334,8 @@ class Reduction(StrEnum):
 
 
 class Loss(ApiModel):
-    """What the student minimises. Formulas: docs and ../shared/reference/FIELD.md."""
+    """What the student minimises: a per-token divergence between the student's and the teacher's log-probs
+    of the sampled tokens (or of the teacher's top-k), reduced over the batch."""
 
     mode: LossMode = LossMode.K3
     """k1, k2, k3, abs: sampled-token estimators; forward_kl_topk, reverse_kl_topk, jsd: over teacher top-k."""
@@ -404,9 +429,9 @@ class ResumePolicy(StrEnum):
 class Checkpoint(ApiModel):
     """Where checkpoints go and how a restarted job picks them up."""
 
-    path: str = "/checkpoints"
+    path: Location = "/checkpoints"
     """Directory (or URI) inside the trainer; one sub-directory per step."""
-    pvc: str | None = Field(default=None, pattern=DNS_LABEL_RE)
+    pvc: str | None = Field(default=None, pattern=DNS_LABEL_RE, max_length=MAX_NAME)
     """PersistentVolumeClaim mounted at `path` in the Ray head and every worker pod (the driver on the head
     finds the checkpoint to resume, rank 0 writes them, every rank loads them): ReadWriteMany, unless all
     the pods share one node."""
@@ -439,9 +464,9 @@ class DistillationJobSpec(ApiModel):
     loss: Loss = Field(default_factory=Loss)
     schedule: Schedule = Field(default_factory=Schedule)
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
-    image: str = "ghcr.io/distillery-ai/distillery-runtime:0.1.0"
+    image: Location = "ghcr.io/distillery-ai/distillery-runtime:0.1.0"
     """Runtime image of the Ray head and workers (and standalone teachers)."""
-    service_account_name: str | None = None
+    service_account_name: Name | None = None
     """Service account of the trainer pods; needs the distillery-runtime Role for status updates."""
     suspend: bool = False
     """Suspended jobs hold no pods (Kueue sets and clears it)."""
@@ -451,7 +476,7 @@ class DistillationJobSpec(ApiModel):
     """Retries of the trainer (each resumes from the newest checkpoint)."""
     teacher_ready_timeout_seconds: int = Field(default=1800, ge=1)
     """How long the trainer waits for its teachers before it fails."""
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP)
     """Labels added to every child object (metadata.labels of the job are passed through as well)."""
 
     rules = (

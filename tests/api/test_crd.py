@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from distillery.api import DistillationJobSpec, Loss
-from distillery.crd import CRD_FILE, build_crd, render_crd_yaml
+from distillery.crd import CRD_FILE, build_crd, render_crd_yaml, unbounded
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,7 +64,11 @@ def test_crd_carries_the_contract() -> None:
     assert loss["beta"]["minimum"] == 0 and loss["beta"]["maximum"] == 1
     assert loss["temperature"]["exclusiveMinimum"] is True
     assert loss["topK"]["default"] == 0
-    assert spec["properties"]["loss"]["default"] == {}
+    # An omitted object defaults to its filled-in value: the API server checks a default against the
+    # object's CEL rules without applying nested defaults first.
+    assert spec["properties"]["loss"]["default"] == Loss().model_dump(
+        by_alias=True, mode="json", exclude_none=True
+    )
     # Every Rule of every model is a CEL rule with the same message.
     rules = [r["message"] for _, node in _walk(spec) for r in node.get("x-kubernetes-validations", [])]
     assert set(rules) >= {r.message for r in DistillationJobSpec.rules} | {r.message for r in Loss.rules}
@@ -73,6 +77,13 @@ def test_crd_carries_the_contract() -> None:
         "Unique within the job"
         in spec["properties"]["teachers"]["items"]["properties"]["name"]["description"]
     )
+
+
+def test_every_spec_string_list_and_map_is_bounded() -> None:
+    """The API server prices CEL rules by these bounds; an unbounded one made it refuse the CRD."""
+    spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert unbounded(spec) == []
+    assert unbounded({"type": "object", "properties": {"a": {"type": "string"}}}, "x") == ["x.a"]
 
 
 def test_crd_yaml_round_trips() -> None:
