@@ -349,6 +349,9 @@ class ControlPlane:
             f"--cluster-signing-key-file={p / 'ca.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--leader-elect=false",
+            # No kubelet runs here; a test that plays one for a Node object it created (marking pods
+            # Ready) must not see that node declared unreachable and its pods evicted mid-test.
+            "--node-monitor-grace-period=1h",
         )
         self._launch(
             "kube-scheduler",
