@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from distillery.api.spec import Data, DataFormat, DataSource, OverlongPolicy
+from distillery.api.spec import Data, DataFormat, DataSource, DistillationJobSpec, OverlongPolicy
 from distillery_runtime.uris import resolve_location
 
 
@@ -73,19 +73,36 @@ def load_rows(source: DataSource) -> tuple[str, list[dict[str, Any]]]:
     if not Path(path).exists():
         raise DataError(f"{source.path}: no such file")
     if fmt == DataFormat.PARQUET:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return path, pq.read_table(path).to_pylist()
+        try:
+            return path, pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise DataError(f"{source.path}: not a readable parquet file ({first})") from error
     rows: list[dict[str, Any]] = []
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                rows.append(orjson.loads(line))
+                row = orjson.loads(line)
             except orjson.JSONDecodeError as error:
                 raise DataError(f"{source.path}:{number}: not valid JSON ({error})") from error
+            if not isinstance(row, dict):
+                raise DataError(
+                    f"{source.path}:{number}: each line must be a JSON object with the data fields, "
+                    f"not a {_json_kind(row)}"
+                )
+            rows.append(row)
     return path, rows
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(
+        type(value), "null" if value is None else type(value).__name__
+    )
 
 
 def render_prompt(row: dict[str, Any], data: Data, tokenizer: Any, where: str) -> list[int]:
@@ -148,6 +165,40 @@ def prepare(source: DataSource, data: Data, tokenizer: Any) -> PreparedData:
     if truncated:
         prepared.notes.append(f"{truncated} prompt(s) truncated to their last {limit} tokens")
     return prepared
+
+
+def check_training_rows(prepared: PreparedData, source: DataSource, spec: DistillationJobSpec) -> None:
+    """Finds at load what the loop would otherwise hit mid-run, after steps were spent: rows whose route no
+    teacher takes, and rows without the reference response the off-policy share needs."""
+    problems: list[str] = []
+    unrouted = []
+    for record in prepared.records:
+        try:
+            spec.teacher_for_route(record.route)
+        except KeyError:
+            unrouted.append(record)
+    if unrouted:
+        known = sorted(r for t in spec.teachers for r in t.routes)
+        problems.append(
+            f"{len(unrouted)} row(s) whose {spec.data.route_field!r} no teacher takes "
+            f"({_rows(unrouted, lambda r: repr(r.route))}); known routes: {known}; "
+            "add the value to a teacher's routes or make one teacher default: true"
+        )
+    if spec.loss.on_policy_fraction < 1.0:
+        missing = [r for r in prepared.records if r.response_ids is None]
+        if missing:
+            problems.append(
+                f"{len(missing)} row(s) without a string {spec.data.response_field!r}, which the off-policy "
+                f"share needs (loss.onPolicyFraction={spec.loss.on_policy_fraction} < 1) ({_rows(missing)})"
+            )
+    if problems:
+        raise DataError(f"{source.path}: " + "; ".join(problems))
+
+
+def _rows(records: Sequence[PromptRecord], detail: Any = None, shown: int = 10) -> str:
+    parts = [f"row {r.index}" + (f" {detail(r)}" if detail else "") for r in records[:shown]]
+    more = f" and {len(records) - shown} more" if len(records) > shown else ""
+    return ", ".join(parts) + more
 
 
 @functools.lru_cache(maxsize=4)

@@ -26,7 +26,7 @@ from typing import Any
 from distillery.api.spec import Placement, ResumePolicy
 from distillery.runtime_config import RuntimeConfig
 from distillery_runtime import checkpoint, plan
-from distillery_runtime.data import PreparedData, PromptRecord, prepare, take
+from distillery_runtime.data import PreparedData, PromptRecord, check_training_rows, prepare, take
 from distillery_runtime.losses import LossConfig
 from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
@@ -98,6 +98,7 @@ class Loop:
         tok_dir = resolve_location(spec.student.tokenizer) if spec.student.tokenizer else self.student_dir
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         self.train_data: PreparedData = prepare(spec.data.train, spec.data, self.tokenizer)
+        check_training_rows(self.train_data, spec.data.train, spec)
         self.eval_data: PreparedData | None = (
             prepare(spec.data.eval, spec.data, self.tokenizer) if spec.data.eval else None
         )

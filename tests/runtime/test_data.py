@@ -8,11 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from distillery_runtime.data import DataError, epoch_order, prepare, take
+from distillery_runtime.data import DataError, check_training_rows, epoch_order, prepare, take
 from distillery_runtime.uris import UnresolvableLocation, resolve_location
 from transformers import AutoTokenizer
 
-from distillery.api.spec import Data, DataSource
+from distillery.api.spec import Data, DataSource, DistillationJobSpec
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,82 @@ def test_missing_prompt_field_names_the_row(tmp_path, tokenizer):
     data = Data(train=DataSource(path=str(path)))
     with pytest.raises(DataError, match="row 1: field 'prompt'"):
         prepare(data.train, data, tokenizer)
+
+
+def test_a_jsonl_line_that_is_not_an_object_names_its_line(tmp_path, tokenizer):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "1+1="}\n[1, 2]\n')
+    data = Data(train=DataSource(path=str(path)))
+    with pytest.raises(DataError) as error:
+        prepare(data.train, data, tokenizer)
+    assert str(error.value) == f"{path}:2: each line must be a JSON object with the data fields, not a list"
+
+
+def test_a_corrupt_parquet_file_is_one_line_naming_the_file(tmp_path, tokenizer):
+    path = tmp_path / "bad.parquet"
+    path.write_bytes(b"PAR1 this is not parquet")
+    data = Data(train=DataSource(path=str(path)))
+    with pytest.raises(DataError) as error:
+        prepare(data.train, data, tokenizer)
+    message = str(error.value)
+    assert message.startswith(f"{path}: not a readable parquet file (") and "\n" not in message
+
+
+def _two_teacher_spec(path: Path, **loss: object) -> DistillationJobSpec:
+    return DistillationJobSpec.model_validate(
+        {
+            "student": {"model": "s"},
+            "teachers": [
+                {
+                    "name": "math",
+                    "model": "m",
+                    "placement": "external",
+                    "endpoint": "http://m",
+                    "routes": ["math"],
+                },
+                {
+                    "name": "code",
+                    "model": "c",
+                    "placement": "external",
+                    "endpoint": "http://c",
+                    "routes": ["code"],
+                },
+            ],
+            "data": {"train": {"path": str(path)}, "responseField": "response"},
+            "loss": loss,
+        }
+    )
+
+
+def test_rows_no_teacher_takes_are_found_at_load_naming_them(tmp_path, tokenizer):
+    rows = [
+        {"prompt": "1+1=", "data_source": r, "response": "2"} for r in ("math", "code", "physics", "math")
+    ]
+    spec = _two_teacher_spec(_jsonl(tmp_path / "t.jsonl", rows))
+    prepared = prepare(spec.data.train, spec.data, tokenizer)
+    with pytest.raises(DataError) as error:
+        check_training_rows(prepared, spec.data.train, spec)
+    message = str(error.value)
+    assert "1 row(s) whose 'data_source' no teacher takes (row 2 'physics')" in message
+    assert "known routes: ['code', 'math']" in message
+    rows[2]["data_source"] = "code"
+    spec = _two_teacher_spec(_jsonl(tmp_path / "t.jsonl", rows))
+    check_training_rows(prepare(spec.data.train, spec.data, tokenizer), spec.data.train, spec)
+
+
+def test_rows_without_the_off_policy_response_are_found_at_load(tmp_path, tokenizer):
+    rows = [
+        {"prompt": "1+1=", "data_source": "math", "response": "2"},
+        {"prompt": "2+2=", "data_source": "math"},
+    ]
+    path = _jsonl(tmp_path / "t.jsonl", rows)
+    on_policy = _two_teacher_spec(path)
+    check_training_rows(
+        prepare(on_policy.data.train, on_policy.data, tokenizer), on_policy.data.train, on_policy
+    )
+    mixed = _two_teacher_spec(path, onPolicyFraction=0.5)
+    with pytest.raises(DataError, match=r"1 row\(s\) without a string 'response'.*\(row 1\)"):
+        check_training_rows(prepare(mixed.data.train, mixed.data, tokenizer), mixed.data.train, mixed)
 
 
 def test_take_is_a_deterministic_permutation_per_epoch(job_files, tokenizer):

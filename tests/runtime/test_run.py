@@ -89,6 +89,21 @@ def test_overlong_prompts_fail_before_any_process_starts(job_files, write_manife
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
 
 
+def test_a_malformed_data_file_is_one_line_and_exit_1_before_any_process_starts(
+    job_files, write_manifest, tmp_path
+):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(job_files.train.read_text().splitlines()[0] + "\n[1, 2]\n")
+    doc = manifest(job_files, name="malformed")
+    doc["spec"]["data"]["train"]["path"] = str(bad)
+    result = run_quick(write_manifest(doc), tmp_path / "o")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"data: {bad}:2: each line must be a JSON object with the data fields, not a list"
+    ]
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
 def test_a_pvc_location_that_is_not_mounted_fails_before_any_process_starts(
     job_files, write_manifest, tmp_path
 ):
