@@ -194,6 +194,7 @@ def run_distillery(s: Setting, out: Path) -> dict:
         "-o",
         str(out / "run"),
         "--no-progress",
+        "--overwrite",  # a bench run starts fresh in its folder
     ]
     code, wall, peak, started_at = run_measured(command, out / "log.txt")
     if code != 0:

@@ -98,6 +98,7 @@ def run_distillery(doc: dict, out_dir: Path, method: str) -> Curve:
         "-o",
         str(out_dir / "run"),
         "--no-progress",
+        "--overwrite",  # a bench run starts fresh in its folder
     ]
     started = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)

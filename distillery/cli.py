@@ -122,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="DistillationJob manifest, or a resolved runtime config (JSON) in a cluster")
     p.add_argument("-o", "--output", default=None, help="output directory (default runs/<job name>)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start fresh in an output folder that holds checkpoints of an earlier run, deleting them",
+    )
     p.add_argument("--steps", type=int, default=None, help="override schedule.steps")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")

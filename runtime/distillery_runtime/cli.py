@@ -1,4 +1,4 @@
-"""`distillery run FILE [--output DIR] [--resume]`: one entry point for a laptop and a cluster.
+"""`distillery run FILE [--output DIR] [--resume | --overwrite]`: one entry point for a laptop and a cluster.
 
 FILE is a DistillationJob manifest (local run: the runtime starts an embedded Ray and the job's teachers
 on loopback) or the resolved runtime config JSON the operator mounts at /etc/distillery (cluster run:
@@ -149,6 +149,7 @@ async def _run(
     options = RunOptions(
         output_dir=out_dir,
         resume=args.resume,
+        overwrite=args.overwrite,
         steps=args.steps,
         local=not in_cluster,
         stop=stop,
@@ -234,6 +235,13 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{args.file}: spec.{error.field}: {error}", file=sys.stderr)
             return EXIT_INVALID
     out_dir = Path(args.output or (Path("runs") / config.job_name))
+    if not in_cluster:
+        from distillery_runtime.loop import earlier_run_refusal
+
+        refusal = earlier_run_refusal(out_dir, resume=args.resume, overwrite=args.overwrite)
+        if refusal:
+            print(f"{args.file}: {refusal}", file=sys.stderr)
+            return EXIT_INVALID
     out_dir.mkdir(parents=True, exist_ok=True)
     from distillery_runtime.data import DataError
     from distillery_runtime.local import TeachersNotReady

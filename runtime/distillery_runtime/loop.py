@@ -42,10 +42,32 @@ class ResumeError(RuntimeError):
     """resume: required and no complete checkpoint exists."""
 
 
+def local_checkpoints(output_dir: Path) -> Path:
+    """Where a local run keeps its checkpoints."""
+    return output_dir / "checkpoints"
+
+
+def earlier_run_refusal(output_dir: Path, *, resume: bool, overwrite: bool) -> str | None:
+    """Why a local run must not start in this folder: it holds an earlier run's checkpoints and neither
+    --resume nor --overwrite says what to do with them. None when it may start."""
+    if resume or overwrite:
+        return None
+    root = local_checkpoints(output_dir)
+    complete = checkpoint.list_complete(root) if root.exists() else []
+    if not complete:
+        return None
+    return (
+        f"{root} holds {len(complete)} checkpoint(s) of an earlier run (newest: {complete[-1].path.name}): "
+        "pass --resume to continue from it, or --overwrite to start fresh and delete them"
+    )
+
+
 @dataclass
 class RunOptions:
     output_dir: Path
     resume: bool = False
+    overwrite: bool = False
+    """Local runs: start fresh in an output folder holding an earlier run's checkpoints, deleting them."""
     steps: int | None = None
     local: bool = True
     """Local run: checkpoints under the output directory; in a cluster: spec.checkpoint.path."""
@@ -109,7 +131,7 @@ class Loop:
             max_new_tokens=spec.student.rollout.max_new_tokens,
         )
         out = options.output_dir
-        self.ckpt_root = out / "checkpoints" if options.local else Path(spec.checkpoint.path)
+        self.ckpt_root = local_checkpoints(out) if options.local else Path(spec.checkpoint.path)
         self.metrics_file = JsonlWriter(out / "metrics.jsonl")
         self.eval_file = JsonlWriter(out / "eval.jsonl")
         self.metrics = options.metrics or RuntimeMetrics()
@@ -169,9 +191,12 @@ class Loop:
         import shutil
 
         if self.ckpt_root.exists() and checkpoint.list_complete(self.ckpt_root):
-            self._event(
-                f"starting fresh: removing earlier checkpoints in {self.ckpt_root} (use --resume to continue)"
+            refusal = earlier_run_refusal(
+                self.options.output_dir, resume=self.options.resume, overwrite=self.options.overwrite
             )
+            if refusal:  # the CLI refuses before anything starts; this guards every other caller
+                raise ResumeError(refusal)
+            self._event(f"starting fresh (--overwrite): removing earlier checkpoints in {self.ckpt_root}")
             shutil.rmtree(self.ckpt_root)
         for path in (self.metrics_file.path, self.eval_file.path):
             path.unlink(missing_ok=True)

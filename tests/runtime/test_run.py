@@ -104,6 +104,29 @@ def test_a_malformed_data_file_is_one_line_and_exit_1_before_any_process_starts(
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
 
 
+def test_a_fresh_run_into_a_folder_with_checkpoints_refuses_and_deletes_nothing(
+    job_files, write_manifest, tmp_path
+):
+    from distillery_runtime import checkpoint
+    from distillery_runtime.loop import earlier_run_refusal
+
+    out = tmp_path / "o"
+    earlier = out / "checkpoints" / "step-00000004"
+    earlier.mkdir(parents=True)
+    (earlier / checkpoint.STATE_FILE).write_text("{}")
+    assert earlier_run_refusal(out, resume=False, overwrite=False) is None  # torn: not a checkpoint
+    (earlier / checkpoint.MARKER).write_text("")
+    result = run_quick(write_manifest(manifest(job_files, name="again")), out)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"{tmp_path / 'again.yaml'}: {out / 'checkpoints'} holds 1 checkpoint(s) of an earlier run (newest: "
+        "step-00000004): pass --resume to continue from it, or --overwrite to start fresh and delete them"
+    ]
+    assert (earlier / checkpoint.MARKER).exists() and not (out / "metrics.jsonl").exists()
+    assert earlier_run_refusal(out, resume=True, overwrite=False) is None
+    assert earlier_run_refusal(out, resume=False, overwrite=True) is None
+
+
 def test_a_pvc_location_that_is_not_mounted_fails_before_any_process_starts(
     job_files, write_manifest, tmp_path
 ):
