@@ -246,7 +246,13 @@ class Trainer:
     def _all_reduce_gradients(self) -> None:
         if self.world_size == 1 or not dist.is_initialized():
             return
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                # A rank with no samples this step (fewer samples than ranks) still joins the all-reduce,
+                # with zeros: the same tensors in the same order on every rank, or the collective hangs.
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         # SUM, not mean: every rank already weighted its loss by its share of the global step.
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)

@@ -91,6 +91,31 @@ def test_two_data_parallel_workers_equal_one_worker_with_twice_the_micro_batches
     assert m1["train/samples"] == 8 and m2[0]["train/samples"] == 4
 
 
+@pytest.mark.slow
+def test_a_rank_with_no_samples_joins_the_step_with_zero_gradients(job_files, ray_local):
+    """Fewer samples than ranks leaves a rank with an empty shard: it crashed on torch.cat([])."""
+    import ray
+    from distillery_runtime.workers import TrainerWorker
+
+    samples = make_samples(2, 64, 4, seed=5)
+    cfg = settings(2)
+    normalizer = step_normalizer(samples, cfg.loss)
+    Worker = ray.remote(TrainerWorker).options(num_cpus=0)
+    single = Worker.remote(str(job_files.student), cfg, 0, 1)
+    pair = [Worker.remote(str(job_files.student), cfg, rank, 2) for rank in range(2)]
+    address = ray.get(pair[0].rendezvous.remote())
+    ray.get([w.init_group.remote(address) for w in pair])
+    m1 = ray.get(single.train_step.remote(samples, normalizer))
+    m2 = ray.get([pair[0].train_step.remote(samples, normalizer), pair[1].train_step.remote([], normalizer)])
+    assert m2[1]["train/samples"] == 0 and m2[1]["distill/loss"] == 0.0
+    assert m2[0]["train/grad_norm"] == pytest.approx(m1["train/grad_norm"], rel=1e-5)
+    w1 = dict(ray.get(single.weights.remote("float32")))
+    w2 = [dict(ray.get(w.weights.remote("float32"))) for w in pair]
+    for name, value in w1.items():
+        torch.testing.assert_close(w2[0][name], value, rtol=0, atol=1e-3)
+        torch.testing.assert_close(w2[1][name], w2[0][name], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float32])
 def test_weights_are_a_detached_host_copy_in_the_asked_dtype(job_files, dtype):
     # CPU only here (CI has no GPU); the GPU path (cast on the device, pinned async copies) was checked
