@@ -57,6 +57,68 @@ def list_complete(root: str | Path) -> list[CheckpointRef]:
     return sorted(found, key=lambda ref: ref.step)
 
 
+BYTES_PER_PARAMETER = 12
+"""A checkpoint holds the float32 master weights (4 bytes a parameter) and AdamW's two float32 moments (8)."""
+CHECKPOINTS_OF_ROOM = 2
+"""A save writes the new checkpoint before pruning the oldest: the folder needs room for two at once."""
+
+
+class PreflightError(RuntimeError):
+    """The checkpoint folder cannot take this run's checkpoints; found before the first step."""
+
+
+def parameter_count(model_dir: str | Path) -> int | None:
+    """Parameters of a safetensors model, read from the files' headers (no tensor is loaded); None when
+    the folder holds no safetensors (a hub id resolved elsewhere, or pickled weights)."""
+    total, found = 0, False
+    for path in sorted(Path(model_dir).glob("*.safetensors")) if Path(model_dir).is_dir() else []:
+        with open(path, "rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = orjson.loads(handle.read(size))
+        found = True
+        for name, entry in header.items():
+            if name != "__metadata__":
+                total += int(np.prod(entry["shape"], dtype=np.int64))
+    return total if found else None
+
+
+def preflight(root: str | Path, parameters: int | None, *, field: str, free_bytes: int | None = None) -> None:
+    """Refuse a checkpoint folder that cannot be written, or lacks room for CHECKPOINTS_OF_ROOM checkpoints
+    of a student with `parameters` parameters. `field` names the setting in the message; `free_bytes`
+    overrides the free space the disk reports (tests)."""
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".preflight-{os.getpid()}"
+        with open(probe, "wb") as handle:
+            handle.write(b"distillery")
+            handle.flush()
+            os.fsync(handle.fileno())
+        probe.unlink()
+    except OSError as error:
+        raise PreflightError(
+            f"{field}: {root} is not writable ({type(error).__name__}: {error.strerror or error})"
+        ) from error
+    if parameters is None:
+        return
+    needed = parameters * BYTES_PER_PARAMETER
+    free = shutil.disk_usage(root).free if free_bytes is None else free_bytes
+    if free < CHECKPOINTS_OF_ROOM * needed:
+        raise PreflightError(
+            f"{field}: {root} has {_size(free)} free; a checkpoint of this student takes about {_size(needed)} "
+            f"({parameters / 1e6:.2f}M parameters x {BYTES_PER_PARAMETER} bytes: float32 weights and AdamW "
+            f"state) and a save needs room for {CHECKPOINTS_OF_ROOM}: free space or point it elsewhere"
+        )
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 def latest(root: str | Path) -> CheckpointRef | None:
     complete = list_complete(root)
     return complete[-1] if complete else None

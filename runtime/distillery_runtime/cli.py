@@ -164,6 +164,7 @@ async def _run(
     if gpus is not None and (gpus.student or gpus.teachers):
         print(gpus.describe(), flush=True)
     loop.restore()
+    loop.preflight()
     progress = Progress(loop.total, loop.step_done, plain=args.no_progress or not sys.stdout.isatty())
     options.on_step, options.on_event = progress.step, progress.event
     _install_interrupt(stop, progress.event)
@@ -243,6 +244,7 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{args.file}: {refusal}", file=sys.stderr)
             return EXIT_INVALID
     out_dir.mkdir(parents=True, exist_ok=True)
+    from distillery_runtime.checkpoint import PreflightError
     from distillery_runtime.data import DataError
     from distillery_runtime.local import TeachersNotReady
     from distillery_runtime.teachers.types import TeacherError
@@ -253,7 +255,7 @@ def run_command(args: argparse.Namespace) -> int:
     except DataError as error:
         print(f"data: {error}", file=sys.stderr)
         return EXIT_INVALID
-    except UnresolvableLocation as error:
+    except (UnresolvableLocation, PreflightError) as error:
         print(f"{args.file}: {error}", file=sys.stderr)
         return EXIT_INVALID
     except (TeachersNotReady, TeacherError) as error:

@@ -187,6 +187,12 @@ class Loop:
         self.evals = read_jsonl(self.eval_file.path)
         self._event(f"resuming from {ref.path} (step {self.step_done})")
 
+    def preflight(self) -> None:
+        """Before the first step: the checkpoint folder can be written and has room for this student's
+        checkpoints (found now, not by a traceback at the first save after steps were spent)."""
+        field = "--output" if self.options.local else "spec.checkpoint.path"
+        checkpoint.preflight(self.ckpt_root, checkpoint.parameter_count(self.model_dir), field=field)
+
     def _start_fresh(self) -> None:
         import shutil
 

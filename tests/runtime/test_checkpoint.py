@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 
 import numpy as np
+import pytest
 import torch
 from distillery_runtime import checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -78,3 +80,42 @@ def test_rng_state_of_a_gpu_run_restores_on_any_machine():
     torch.rand(5)
     checkpoint.set_rng_state(state)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_parameter_count_reads_the_safetensors_headers(job_files):
+    model = AutoModelForCausalLM.from_pretrained(job_files.student)
+    assert checkpoint.parameter_count(job_files.student) == sum(p.numel() for p in model.parameters())
+    assert checkpoint.parameter_count(job_files.student / "missing") is None
+
+
+def test_preflight_refuses_a_folder_that_cannot_be_written(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(checkpoint.PreflightError) as error:
+        checkpoint.preflight(blocker / "checkpoints", 1000, field="spec.checkpoint.path")
+    message = str(error.value)
+    assert message.startswith(f"spec.checkpoint.path: {blocker / 'checkpoints'} is not writable (")
+    assert "\n" not in message
+
+
+def test_preflight_refuses_a_folder_without_room_for_two_checkpoints(tmp_path):
+    parameters = 1_000_000  # 12 MB a checkpoint
+    checkpoint.preflight(tmp_path / "a", parameters, field="f", free_bytes=24_000_000)
+    with pytest.raises(
+        checkpoint.PreflightError, match=r"f: .* has 22.9 MiB free; a checkpoint of this student"
+    ):
+        checkpoint.preflight(tmp_path / "b", parameters, field="f", free_bytes=23_999_999)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a size-limited tmpfs needs root (CI runs as root)")
+def test_preflight_measures_a_real_full_disk(tmp_path, job_files):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], check=True)
+    try:
+        parameters = checkpoint.parameter_count(job_files.student)
+        with pytest.raises(checkpoint.PreflightError, match="free; a checkpoint of this student takes about"):
+            checkpoint.preflight(mount / "checkpoints", parameters, field="--output")
+        checkpoint.preflight(mount / "checkpoints", 1000, field="--output")  # a tiny one fits
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

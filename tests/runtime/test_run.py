@@ -127,6 +127,21 @@ def test_a_fresh_run_into_a_folder_with_checkpoints_refuses_and_deletes_nothing(
     assert earlier_run_refusal(out, resume=False, overwrite=True) is None
 
 
+def test_a_checkpoint_folder_that_cannot_be_written_fails_before_the_first_step(
+    job_files, write_manifest, tmp_path
+):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "checkpoints").write_text("a file where the checkpoints folder would be")
+    result = run_quick(write_manifest(manifest(job_files, name="nowhere")), out)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"{tmp_path / 'nowhere.yaml'}: --output: {out / 'checkpoints'} is not writable"
+    )
+    assert not (out / "metrics.jsonl").exists()
+
+
 def test_a_pvc_location_that_is_not_mounted_fails_before_any_process_starts(
     job_files, write_manifest, tmp_path
 ):
