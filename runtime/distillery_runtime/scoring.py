@@ -8,6 +8,7 @@ student's devices (`workers.ColocatedTeacherWorker`), put to sleep while the stu
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -15,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
+from distillery_runtime.teachers.outage import OutageTracker
 from distillery_runtime.teachers.router import MultiTeacherScorer
-from distillery_runtime.teachers.types import ScoreRequest, TeacherScores
+from distillery_runtime.teachers.types import ScoreRequest, TeacherScores, TeacherUnavailableError
 
 
 @dataclass
@@ -79,9 +81,13 @@ def build_client(teacher: ResolvedTeacher, max_concurrency: int, colocated_actor
 class TeacherScoring:
     """All teachers of a job behind one router, with per-teacher bookkeeping."""
 
-    def __init__(self, config: RuntimeConfig, clients: dict[str, Any]) -> None:
+    def __init__(
+        self, config: RuntimeConfig, clients: dict[str, Any], outages: OutageTracker | None = None
+    ) -> None:
         spec = config.spec
         self.clients = clients
+        self.outages = outages or OutageTracker(0.0)
+        """Without a tracker (budget 0) the first TeacherUnavailableError ends the run, as before."""
         self.top_k = max(spec.loss.top_k, 1)
         by_route: dict[str, Any] = {}
         default = None
@@ -103,7 +109,14 @@ class TeacherScoring:
         """Score one sample with its routed teacher; returns the teacher's name and the scores."""
         name = self.teacher_name(request)
         started = time.perf_counter()
-        scores = await self.router.score_one(request, self.top_k)
+        while True:
+            try:
+                scores = await self.router.score_one(request, self.top_k)
+                break
+            except TeacherUnavailableError as error:
+                # The client's own retries are spent: wait for the teacher (or give up past the budget).
+                await asyncio.sleep(self.outages.failed(name, str(error)))
+        self.outages.recovered(name)
         self.stats.seconds[name].append(time.perf_counter() - started)
         self.stats.samples[name] += 1
         return name, scores

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+import numpy as np
 import pytest
 from distillery_runtime.scoring import TeacherScoring, build_client
 from distillery_runtime.teachers.compact_http import CompactTeacher
+from distillery_runtime.teachers.openai_http import OpenAITeacher
+from distillery_runtime.teachers.outage import OutageChange, OutageTracker, TeacherOutageError
 from distillery_runtime.teachers.retry import RetryPolicy
 from distillery_runtime.teachers.types import ScoreRequest, TeacherUnavailableError, UnknownRouteError
 from distillery_runtime.workers import free_port
@@ -12,6 +18,7 @@ from distillery_runtime.workers import free_port
 from distillery.runtime_config import resolve_runtime_config
 from distillery.validation import parse_job
 from tests.runtime.conftest import manifest
+from tests.teachers.fault_proxy import FaultProxy
 
 
 def two_teacher_config(job_files):
@@ -58,3 +65,94 @@ async def test_retries_reach_the_metrics(job_files):
     retries = scoring.retries()
     assert retries["adder"] >= 2 and retries["subber"] == 0
     await scoring.close()
+
+
+def one_teacher_config(job_files, endpoint: str):
+    teachers = [{"name": "adder", "model": "m", "placement": "external", "endpoint": endpoint}]
+    return resolve_runtime_config(parse_job(manifest(job_files, teachers=teachers)), None, in_cluster=False)
+
+
+def test_an_outage_is_reported_once_per_teacher_and_backs_off_to_its_budget():
+    now = [0.0]
+    changes: list[OutageChange] = []
+    tracker = OutageTracker(
+        60, detected_after=5, base_delay=1, max_delay=8, clock=lambda: now[0], on_change=changes.append
+    )
+    assert [tracker.failed("a", "refused") for _ in range(5)] == [1, 2, 4, 8, 8]
+    assert tracker.failed("b", "reset") == 1  # each teacher has its own outage
+    assert [(c.teacher, c.down) for c in changes] == [("a", True), ("b", True)]
+    now[0] = 50.0
+    assert tracker.down_seconds() == {"a": 55.0, "b": 55.0}
+    assert tracker.failed("a", "refused") == 5  # never sleeps past the budget
+    tracker.recovered("b")
+    assert changes[-1] == OutageChange("b", False, 55.0)
+    now[0] = 56.0
+    with pytest.raises(
+        TeacherOutageError, match="teacher a unreachable for 61 s, past the outage budget of 60 s"
+    ):
+        tracker.failed("a", "refused")
+
+
+def _openai(url: str, server, policy: RetryPolicy) -> OpenAITeacher:
+    return OpenAITeacher([url], server.model, name="adder", retry=policy, max_model_len=server.max_model_len)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+async def test_a_teacher_down_longer_than_its_retries_is_waited_for_and_nothing_is_lost(
+    job_files, vllm_server
+):
+    """A real vLLM teacher behind a proxy is stopped for longer than the client's retry budget, then
+    restarted at the same address: the samples waiting on it are scored once it is back, identically
+    to a clean run, and the outage is reported once (down, then back)."""
+    proxy = await FaultProxy("127.0.0.1", int(vllm_server.url.rsplit(":", 1)[1])).start()
+    policy = RetryPolicy(base_delay=0.05, max_delay=0.2, total_timeout=3.0, request_timeout=3.0)
+    changes: list[OutageChange] = []
+    tracker = OutageTracker(
+        60, detected_after=policy.total_timeout, base_delay=0.2, max_delay=0.5, on_change=changes.append
+    )
+    scoring = TeacherScoring(
+        one_teacher_config(job_files, proxy.url), {"adder": _openai(proxy.url, vllm_server, policy)}, tracker
+    )
+    requests = [ScoreRequest([5, 6, 7], [8 + i, 9, 10], f"s{i}") for i in range(3)]
+    try:
+        want = [await scoring.score_one(r) for r in requests]
+        changes.clear()  # a slow answer on this loaded machine may already have looked like an outage
+        await proxy.stop()
+        waiting = [asyncio.create_task(scoring.score_one(r)) for r in requests]
+        deadline = time.monotonic() + 20
+        while not changes and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert [(c.teacher, c.down) for c in changes] == [("adder", True)]
+        assert not any(t.done() for t in waiting)
+        await proxy.start()
+        got = await asyncio.wait_for(asyncio.gather(*waiting), 30)
+    finally:
+        await scoring.close()
+        await proxy.stop()
+    # Down once while it was stopped, back once it answered again (alternating, however many samples wait).
+    assert [c.down for c in changes] == [True, False] * (len(changes) // 2) and changes[0].teacher == "adder"
+    assert changes[1].seconds >= policy.total_timeout
+    for (_, a), (_, b) in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a.topk_ids, b.topk_ids)
+        np.testing.assert_allclose(a.token_logprobs, b.token_logprobs, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+async def test_a_teacher_down_past_the_budget_fails_naming_it(job_files, vllm_server):
+    proxy = await FaultProxy("127.0.0.1", int(vllm_server.url.rsplit(":", 1)[1])).start()
+    await proxy.stop()  # the teacher is gone for good
+    policy = RetryPolicy(base_delay=0.05, max_delay=0.2, total_timeout=0.5, request_timeout=2.0)
+    tracker = OutageTracker(2.0, detected_after=policy.total_timeout, base_delay=0.2, max_delay=0.5)
+    scoring = TeacherScoring(
+        one_teacher_config(job_files, proxy.url), {"adder": _openai(proxy.url, vllm_server, policy)}, tracker
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(TeacherOutageError) as error:
+            await scoring.score_one(ScoreRequest([5, 6], [7], "s"))
+    finally:
+        await scoring.close()
+    assert time.monotonic() - started < 2.0 + policy.total_timeout + 1.0
+    assert "teacher adder unreachable for" in str(error.value) and proxy.url in str(error.value)

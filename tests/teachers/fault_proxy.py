@@ -75,7 +75,8 @@ class FaultProxy:
 
     async def start(self) -> FaultProxy:
         self._rng = random.Random(self.seed)
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        # A restart binds the port of the first start: the teacher comes back at the same address.
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
