@@ -25,8 +25,9 @@ def is_pvc(location: str | None) -> bool:
 
 
 def is_valid(location: str) -> bool:
-    """Not a pvc:// location, or a well-formed one."""
-    return not is_pvc(location) or re.match(PATTERN, location) is not None
+    """Not a pvc:// location, or a well-formed one (matched whole, as the API server's RE2 does: Python's `$`
+    would also match before a trailing newline)."""
+    return not is_pvc(location) or re.fullmatch(PATTERN, location) is not None
 
 
 def claim_of(location: str) -> str:

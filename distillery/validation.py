@@ -7,6 +7,7 @@ wherever a bad spec is caught.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ import orjson
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from distillery.api import API_VERSION, KIND, DistillationJob, DistillationJobSpec
+from distillery.api import API_VERSION, KIND, DistillationJob, DistillationJobSpec, DistillationJobStatus
 
 
 @dataclass(frozen=True)
@@ -122,18 +123,88 @@ def parse_job(document: Any, source: str = "<manifest>") -> DistillationJob:
         problems.append(Problem("kind", f"must be {KIND!r}, got {document.get('kind')!r}"))
     if problems:
         raise InvalidManifest(source, problems)
+    document = as_decoded(document, problems)
+    # An absent (or null) metadata is an empty one: the server then asks for metadata.name.
+    document.setdefault("metadata", {})
+    problems += _status_problems(document.get("status"))
     try:
-        return DistillationJob.model_validate_json(_as_json(document), strict=True)
+        job = DistillationJob.model_validate_json(_as_json(document), strict=True)
     except ValidationError as error:
-        raise InvalidManifest(source, problems_from_error(error, DistillationJob)) from None
+        problems += _new(problems, problems_from_error(error, DistillationJob))
+    if problems:
+        raise InvalidManifest(source, problems)
+    return job
 
 
 def parse_spec(spec: Any, source: str = "<spec>") -> DistillationJobSpec:
     """Validates a bare spec (as the operator receives it); problem paths start with `spec.`."""
+    problems: list[Problem] = []
+    spec = as_decoded(spec, problems, "spec")
     try:
-        return DistillationJobSpec.model_validate_json(_as_json(spec), strict=True)
+        parsed = DistillationJobSpec.model_validate_json(_as_json(spec), strict=True)
     except ValidationError as error:
-        raise InvalidManifest(source, problems_from_error(error, DistillationJobSpec, ("spec",))) from None
+        problems += _new(problems, problems_from_error(error, DistillationJobSpec, ("spec",)))
+    if problems:
+        raise InvalidManifest(source, problems)
+    return parsed
+
+
+INT64 = (-(2**63), 2**63 - 1)
+JSON_INTEGER = 2**53 - 1
+"""The largest float the API server's schema check takes for an integer (go-openapi's IsFloat64AJSONInteger)."""
+
+
+def as_decoded(value: Any, problems: list[Problem], path: str = "") -> Any:
+    """The value as the API server holds it after decoding the JSON body and before validating it.
+
+    - A null field of an object or map is dropped (the server prunes nulls of non-nullable fields, or puts
+      the field's default there, as if it were left out); a null list item stays and is refused.
+    - An integer outside int64 becomes a float (Go decodes it so; an integer field then refuses it).
+    - An integral float up to 2^53 - 1 becomes an integer (`steps: 10.0` is an integer to the server; a
+      `number` field takes it all the same). Infinity and NaN are not JSON: a problem.
+    """
+    if isinstance(value, dict):
+        return {k: as_decoded(v, problems, _join(path, k)) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [as_decoded(v, problems, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
+        try:
+            value = float(value)
+        except OverflowError:
+            problems.append(Problem(path, "number out of range"))
+            return 0
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            problems.append(Problem(path, f"{value} is not a JSON number"))
+            return 0
+        if value.is_integer() and abs(value) <= JSON_INTEGER:
+            return int(value)
+    return value
+
+
+def _new(known: list[Problem], found: list[Problem]) -> list[Problem]:
+    """The problems at paths not named yet (a non-JSON number is one problem, not that and a bound)."""
+    named = {p.path for p in known}
+    return [p for p in found if p.path not in named]
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _status_problems(status: Any) -> list[Problem]:
+    """Unknown fields of a status: strict decoding refuses them; a create drops the status' values, so
+    nothing else of it is checked."""
+    if not isinstance(status, dict):
+        return []
+    try:
+        DistillationJobStatus.model_validate(status)
+    except ValidationError as error:
+        unknown = [e for e in error.errors(include_url=False) if e["type"] == "extra_forbidden"]
+        return [Problem(format_loc(("status", *e["loc"])), "unknown field") for e in unknown]
+    return []
 
 
 def _as_json(document: Any) -> bytes:

@@ -6,11 +6,12 @@ reference, so they are written for the user who reads `kubectl explain`.
 
 from __future__ import annotations
 
+import random
 import re
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from distillery import pvc
 from distillery.api.base import ApiModel, Rule
@@ -32,6 +33,20 @@ MAX_LIST = 64
 MAX_ROUTES = 64
 """Route values of one teacher: the route-uniqueness rule costs teachers^2 x routes^2 string compares."""
 MAX_ROUTE = 128
+MAX_ROUTES_IN_ALL = 512
+"""Route values of all teachers together: the route-uniqueness rule compares every route with every route,
+and the API server stops a rule at about a million such steps (its per-call cost limit, at admission),
+although the CRD's static estimate, bounded by 10 million, passed with 32 teachers x 64 routes."""
+
+MAX_INT = 2**53 - 1
+"""Every integer field is bounded, at most by this: the server decodes JSON integers as int64 (a larger one
+is refused), and a schema bound must itself be an integer that a float64 holds exactly (the server refused
+the CRD with `maximum: 2^63 - 1`, "Maximum boundary value must be of type integer")."""
+MIN_INT = -MAX_INT
+
+WHITESPACE = "\\t\\n\\v\\f\\r "
+"""ASCII whitespace, spelled out: a pattern's \\s is ASCII in Go's RE2 (the API server) but Unicode in
+Python and in Rust (pydantic), and RE2's leaves out \\v."""
 
 Location = Annotated[str, Field(min_length=1, max_length=MAX_LOCATION)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
@@ -41,6 +56,10 @@ FieldName = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 
 LABEL_NAME_RE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+LABEL_VALUE_RE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# Every pattern is anchored with ^ and $ and read as Go's RE2 does: `$` is the end of the text (Python's
+# re also matches it before a final newline, so a Python check uses re.fullmatch).
 
 
 # ---------------------------------------------------------------------------------------------- pools
@@ -55,7 +74,7 @@ class Toleration(ApiModel):
     effect: str | None = Field(
         default=None, pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$", max_length=16
     )
-    toleration_seconds: int | None = None
+    toleration_seconds: int | None = Field(default=None, ge=MIN_INT, le=MAX_INT)
 
 
 class Resources(ApiModel):
@@ -144,7 +163,7 @@ class Optimizer(ApiModel):
     """Decoupled weight decay (AdamW)."""
     grad_clip: float = Field(default=1.0, ge=0.0)
     """Max global gradient norm (0 = no clipping)."""
-    warmup_steps: int = Field(default=0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_INT)
     """Steps of linear warmup from 0 to lr."""
     min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
     """The cosine decay ends at minLrRatio x lr on the last step."""
@@ -206,7 +225,7 @@ class SecretKeyRef(ApiModel):
 class Inference(ApiModel):
     """vLLM settings of a teacher."""
 
-    max_model_len: int | None = Field(default=None, ge=16)
+    max_model_len: int | None = Field(default=None, ge=16, le=MAX_INT)
     """Context length; default: maxPromptTokens + maxNewTokens + 1, the least that scoring needs."""
     memory_fraction: float | None = Field(default=None, gt=0.0, le=1.0)
     """vLLM --gpu-memory-utilization. Standalone: of each of the teacher's GPUs (default 0.9). Colocated: of
@@ -230,7 +249,9 @@ class Teacher(ApiModel):
     model name."""
     placement: Placement = Placement.STANDALONE
     """standalone: own GPU pool run by the operator; colocated: on the student's GPUs; external: a URL."""
-    endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=MAX_LOCATION)
+    endpoint: str | None = Field(
+        default=None, pattern=f"^https?://[^{WHITESPACE}/]+(/[^{WHITESPACE}]*)?$", max_length=MAX_LOCATION
+    )
     """Base URL of an OpenAI-compatible server (external teachers only)."""
     routes: list[Annotated[str, Field(min_length=1, max_length=MAX_ROUTE)]] = Field(
         default_factory=list, max_length=MAX_ROUTES
@@ -407,11 +428,11 @@ class Schedule(ApiModel):
     """Prompts rolled out per step (each gives samplesPerPrompt samples)."""
     micro_batch_size: int = Field(default=8, ge=1, le=100_000)
     """Samples per forward/backward on one rank; gradients accumulate over micro-batches."""
-    checkpoint_every: int = Field(default=50, ge=0)
+    checkpoint_every: int = Field(default=50, ge=0, le=MAX_INT)
     """Steps between checkpoints (0 = only at the end)."""
-    eval_every: int = Field(default=0, ge=0)
+    eval_every: int = Field(default=0, ge=0, le=MAX_INT)
     """Steps between held-out evaluations (0 = never; needs data.eval)."""
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_INT)
     """Seed of data order, sampling and initialisation (CPU runs are deterministic)."""
     one_step_off: bool = False
     """Overlap the rollout of step i+1 with training of step i (samples are one policy version stale)."""
@@ -444,6 +465,8 @@ class Checkpoint(ApiModel):
 # ---------------------------------------------------------------------------------------------- job
 
 
+_ROUTES_IN_ALL_CEL = "self.teachers.map(t, has(t.routes) ? t.routes.size() : 0).sum()"
+
 STANDALONE_MEMORY_FRACTION = 0.9
 """A standalone teacher's share of its own GPUs when it sets none (vLLM's default)."""
 COLOCATED_MEMORY_CEILING = 0.9
@@ -470,11 +493,11 @@ class DistillationJobSpec(ApiModel):
     """Service account of the trainer pods; needs the distillery-runtime Role for status updates."""
     suspend: bool = False
     """Suspended jobs hold no pods (Kueue sets and clears it)."""
-    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    active_deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_INT)
     """Wall-clock limit of the trainer (RayJob activeDeadlineSeconds)."""
     backoff_limit: int = Field(default=0, ge=0, le=100)
     """Retries of the trainer (each resumes from the newest checkpoint)."""
-    teacher_ready_timeout_seconds: int = Field(default=1800, ge=1)
+    teacher_ready_timeout_seconds: int = Field(default=1800, ge=1, le=MAX_INT)
     """How long the trainer waits for its teachers before it fails."""
     labels: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP)
     """Labels added to every child object (metadata.labels of the job are passed through as well)."""
@@ -500,8 +523,15 @@ class DistillationJobSpec(ApiModel):
             field="teachers",
         ),
         Rule(
-            check=lambda s: _routes_unique(s.teachers),
-            cel="self.teachers.all(t, !has(t.routes) || t.routes.all(r, self.teachers.filter(u, has(u.routes) && r in u.routes).size() == 1))",
+            check=lambda s: _routes_in_all(s.teachers) <= MAX_ROUTES_IN_ALL,
+            cel=f"{_ROUTES_IN_ALL_CEL} <= {MAX_ROUTES_IN_ALL}",
+            message=f"at most {MAX_ROUTES_IN_ALL} route values in all teachers together",
+            field="teachers",
+        ),
+        Rule(
+            # Skipped over the bound above, which reports it: its cost grows with the square of the routes.
+            check=lambda s: _routes_in_all(s.teachers) > MAX_ROUTES_IN_ALL or _routes_unique(s.teachers),
+            cel=f"{_ROUTES_IN_ALL_CEL} > {MAX_ROUTES_IN_ALL} || self.teachers.all(t, !has(t.routes) || t.routes.all(r, self.teachers.filter(u, has(u.routes) && r in u.routes).size() == 1))",
             message="a route value may be listed by one teacher only",
             field="teachers",
             cel_reason="FieldValueDuplicate",
@@ -607,26 +637,86 @@ def _colocated_memory_fits(s: DistillationJobSpec) -> bool:
 
 
 def _routes_unique(teachers: list[Teacher]) -> bool:
+    """No route value listed by two teachers (one teacher may repeat its own, as the CEL rule counts
+    teachers)."""
     seen: set[str] = set()
     for teacher in teachers:
-        for route in teacher.routes:
-            if route in seen:
-                return False
-            seen.add(route)
+        mine = set(teacher.routes)
+        if mine & seen:
+            return False
+        seen |= mine
     return True
 
 
+def _routes_in_all(teachers: list[Teacher]) -> int:
+    return sum(len(t.routes) for t in teachers)
+
+
+def _qualified_name(key: str) -> str:
+    """A label or annotation key as the API server checks it: [DNS-subdomain prefix/]name, name <= 63."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > MAX_NAME or not re.fullmatch(DNS_SUBDOMAIN_RE, prefix)):
+        raise ValueError("the prefix of a key must be a DNS subdomain (lowercase, '-', '.'; <= 253)")
+    if not re.fullmatch(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]", name) or len(name) > MAX_LABEL_VALUE:
+        raise ValueError(
+            "a key's name must be <= 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+        )
+    return key
+
+
+LabelKey = Annotated[str, AfterValidator(_qualified_name)]
+
+
+def _annotation_key(key: str) -> str:
+    """Annotation keys are checked lowercased (their prefix may have capitals)."""
+    _qualified_name(key.lower())
+    return key
+
+
+AnnotationKey = Annotated[str, AfterValidator(_annotation_key)]
+MetadataLabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE, pattern=LABEL_VALUE_RE)]
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+GENERATED_SUFFIX = 5
+"""Random characters the API server appends to metadata.generateName."""
+
+
 class ObjectMeta(ApiModel):
-    """The parts of Kubernetes metadata that Distillery reads."""
+    """The parts of Kubernetes metadata that Distillery reads, checked as the API server checks them; the
+    other ObjectMeta fields are accepted as they are, unknown ones refused (strict field validation)."""
 
-    model_config = ApiModel.model_config | {"extra": "allow"}
-
-    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-    namespace: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    name: str = Field(min_length=1, max_length=MAX_NAME, pattern=DNS_SUBDOMAIN_RE)
+    generate_name: str | None = Field(default=None, min_length=1, max_length=MAX_NAME)
+    namespace: str | None = Field(default=None, max_length=MAX_LABEL_VALUE, pattern=DNS_LABEL_RE)
+    labels: dict[LabelKey, MetadataLabelValue] = Field(default_factory=dict)
+    annotations: dict[AnnotationKey, str] = Field(default_factory=dict)
     uid: str | None = None
     generation: int | None = None
+    resource_version: str | None = None
+    self_link: str | None = None
+    creation_timestamp: str | None = None
+    deletion_timestamp: str | None = None
+    deletion_grace_period_seconds: int | None = None
+    owner_references: list[dict[str, Any]] | None = None
+    finalizers: list[str] | None = None
+    managed_fields: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _generated_name(cls, data: Any) -> Any:
+        """With generateName and no name, the server makes the name: the prefix and 5 random characters."""
+        if isinstance(data, dict) and "name" not in data and isinstance(data.get("generateName"), str):
+            prefix = data["generateName"][: MAX_NAME - GENERATED_SUFFIX]
+            suffix = "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=GENERATED_SUFFIX))
+            return {**data, "name": prefix + suffix}
+        return data
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations_size(cls, value: dict[str, str]) -> dict[str, str]:
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in value.items())
+        if size > MAX_ANNOTATIONS_BYTES:
+            raise ValueError(f"annotations may hold at most {MAX_ANNOTATIONS_BYTES} bytes, got {size}")
+        return value
 
 
 GROUP = "distillery.io"

@@ -1,4 +1,4 @@
-"""Fixtures of the API tests: a valid base manifest and the generated CRD's schema."""
+"""Fixtures of the API tests: a valid base manifest (tests/api/corpus.py) and the generated CRD's schema."""
 
 from __future__ import annotations
 
@@ -6,29 +6,9 @@ import copy
 from typing import Any
 
 import pytest
+from api.corpus import BASE
 
 from distillery.crd import build_crd
-
-BASE: dict[str, Any] = {
-    "apiVersion": "distillery.io/v1alpha1",
-    "kind": "DistillationJob",
-    "metadata": {"name": "base"},
-    "spec": {
-        "student": {"model": "Qwen/Qwen2.5-0.5B"},
-        "teachers": [
-            {"name": "math", "model": "Qwen/Qwen2.5-7B", "routes": ["math"]},
-            {
-                "name": "ext",
-                "model": "big",
-                "placement": "external",
-                "endpoint": "http://t:8000",
-                "default": True,
-            },
-        ],
-        "data": {"train": {"path": "/data/train.jsonl"}},
-        "loss": {"mode": "forward_kl_topk", "topK": 8},
-    },
-}
 
 
 @pytest.fixture

@@ -88,3 +88,12 @@ def test_every_spec_string_list_and_map_is_bounded() -> None:
 
 def test_crd_yaml_round_trips() -> None:
     assert yaml.safe_load(render_crd_yaml()) == build_crd()
+
+
+def test_every_spec_integer_is_bounded_within_what_json_holds() -> None:
+    """The server decodes integers as int64 and takes a schema bound only if a float64 holds it exactly."""
+    spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for path, node in _walk(spec, "spec"):
+        if node.get("type") == "integer":
+            assert "minimum" in node and "maximum" in node, path
+            assert -(2**53 - 1) <= node["minimum"] <= node["maximum"] <= 2**53 - 1, path

@@ -1,0 +1,480 @@
+"""The manifests both validators judge: a valid base, the invalid corpus, near misses that must be
+accepted, and cases generated at each length/items/properties bound of the CRD schema.
+
+Shared by the offline pre-checks (tests/api: pydantic, and the CRD through jsonschema + cel-python) and
+by the judge, the real kube-apiserver (tests/cluster/test_invalid_corpus_on_server.py), so that all of
+them see the same list. Cases marked "found by the server" are what the real server decided differently
+from `distillery validate` or from the offline emulator before they were fixed.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+from typing import Any
+
+from distillery.crd import build_crd
+
+AGREE = "agree"
+NOT_IN_SCHEMA = (
+    "checked by the API server outside the CRD schema (routing by apiVersion/kind, metadata validation, "
+    "strict decoding of the whole object), which the offline check does not see"
+)
+
+DELETE = object()
+
+BASE: dict[str, Any] = {
+    "apiVersion": "distillery.io/v1alpha1",
+    "kind": "DistillationJob",
+    "metadata": {"name": "base"},
+    "spec": {
+        "student": {"model": "Qwen/Qwen2.5-0.5B"},
+        "teachers": [
+            {"name": "math", "model": "Qwen/Qwen2.5-7B", "routes": ["math"]},
+            {
+                "name": "ext",
+                "model": "big",
+                "placement": "external",
+                "endpoint": "http://t:8000",
+                "default": True,
+            },
+        ],
+        "data": {"train": {"path": "/data/train.jsonl"}},
+        "loss": {"mode": "forward_kl_topk", "topK": 8},
+    },
+}
+
+
+def split_path(path: str) -> list[str | int]:
+    """'spec.teachers[1].endpoint' -> ['spec', 'teachers', 1, 'endpoint']."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"\.|\[|\]", path) if p]
+
+
+def set_path(doc: dict[str, Any], path: str, value: Any) -> None:
+    parts = split_path(path)
+    node: Any = doc
+    for part in parts[:-1]:
+        node = node[part]
+    if value is DELETE:
+        del node[parts[-1]]
+    else:
+        node[parts[-1]] = value
+
+
+def mutated(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    doc = copy.deepcopy(base)
+    for path, value in changes.items():
+        set_path(doc, path, value)
+    return doc
+
+
+def _teachers(count: int, routes: int, length: int) -> list[dict[str, Any]]:
+    """`count` teachers with `routes` distinct route values of `length` characters each."""
+    return [
+        {
+            "name": f"t{i}",
+            "model": "m",
+            "routes": [(f"{i:03d}-{j:03d}-" + "r" * length)[:length] for j in range(routes)],
+        }
+        for i in range(count)
+    ]
+
+
+CASES: list[tuple[str, dict[str, Any], str, str]] = [
+    # (id, {path: value}, field path the CLI must name, CRD verdict)
+    ("student-model-missing", {"spec.student.model": DELETE}, "spec.student.model", AGREE),
+    ("student-model-empty", {"spec.student.model": ""}, "spec.student.model", AGREE),
+    ("student-missing", {"spec.student": DELETE}, "spec.student", AGREE),
+    ("teachers-empty", {"spec.teachers": []}, "spec.teachers", AGREE),
+    ("teachers-missing", {"spec.teachers": DELETE}, "spec.teachers", AGREE),
+    ("teachers-not-a-list", {"spec.teachers": {"name": "x"}}, "spec.teachers", AGREE),
+    ("teacher-names-duplicate", {"spec.teachers[1].name": "math"}, "spec.teachers", AGREE),
+    ("external-without-endpoint", {"spec.teachers[1].endpoint": DELETE}, "spec.teachers[1].endpoint", AGREE),
+    (
+        "standalone-with-endpoint",
+        {"spec.teachers[0].endpoint": "http://x:1"},
+        "spec.teachers[0].endpoint",
+        AGREE,
+    ),
+    ("placement-unknown", {"spec.teachers[0].placement": "remote"}, "spec.teachers[0].placement", AGREE),
+    ("teacher-name-uppercase", {"spec.teachers[0].name": "Math"}, "spec.teachers[0].name", AGREE),
+    ("teacher-name-too-long", {"spec.teachers[0].name": "t" * 41}, "spec.teachers[0].name", AGREE),
+    ("endpoint-not-http", {"spec.teachers[1].endpoint": "ftp://x"}, "spec.teachers[1].endpoint", AGREE),
+    ("two-defaults", {"spec.teachers[0].default": True}, "spec.teachers", AGREE),
+    ("no-route-no-default", {"spec.teachers[1].default": False}, "spec.teachers", AGREE),
+    (
+        "route-listed-twice",
+        {"spec.teachers[1].routes": ["math"], "spec.teachers[1].default": False},
+        "spec.teachers",
+        AGREE,
+    ),
+    ("teacher-replicas-negative", {"spec.teachers[0].replicas": -1}, "spec.teachers[0].replicas", AGREE),
+    (
+        "teacher-gpus-not-multiple-of-tp",
+        {"spec.teachers[0].pool": {"gpusPerReplica": 3, "tensorParallel": 2}},
+        "spec.teachers[0].pool.gpusPerReplica",
+        AGREE,
+    ),
+    (
+        "hf-secret-without-key",
+        {"spec.teachers[0].inference": {"hfTokenSecret": {"name": "hf"}}},
+        "spec.teachers[0].inference.hfTokenSecret.key",
+        AGREE,
+    ),
+    (
+        "toleration-operator",
+        {"spec.teachers[0].pool": {"tolerations": [{"key": "a", "operator": "Maybe"}]}},
+        "spec.teachers[0].pool.tolerations[0].operator",
+        AGREE,
+    ),
+    (
+        "colocated-without-student-gpus",
+        {
+            "spec.teachers[1]": {"name": "co", "model": "m", "placement": "colocated", "default": True},
+            "spec.student.pool": {"gpusPerWorker": 0},
+        },
+        "spec.teachers",
+        AGREE,
+    ),
+    (
+        "colocated-memory-over-the-gpu",
+        {
+            "spec.teachers[1]": {
+                "name": "co",
+                "model": "m",
+                "placement": "colocated",
+                "default": True,
+                "inference": {"memoryFraction": 0.5},
+            },
+            "spec.student.rollout": {"memoryFraction": 0.5},
+        },
+        "spec.teachers",
+        AGREE,
+    ),
+    (
+        "colocated-default-share-left-empty",
+        {
+            "spec.teachers[1]": {"name": "co", "model": "m", "placement": "colocated", "default": True},
+            "spec.student.rollout": {"memoryFraction": 0.88},
+        },
+        "spec.teachers",
+        AGREE,
+    ),
+    ("pvc-without-path", {"spec.student.model": "pvc://models"}, "spec.student.model", AGREE),
+    ("pvc-tokenizer-empty-claim", {"spec.student.tokenizer": "pvc:///tok"}, "spec.student.tokenizer", AGREE),
+    ("pvc-claim-uppercase", {"spec.data.train.path": "pvc://Data/x.jsonl"}, "spec.data.train.path", AGREE),
+    ("pvc-teacher-model", {"spec.teachers[0].model": "pvc://-models/x"}, "spec.teachers[0].model", AGREE),
+    ("loss-mode-unknown", {"spec.loss.mode": "kl"}, "spec.loss.mode", AGREE),
+    ("topk-zero-forward-kl", {"spec.loss.topK": 0}, "spec.loss.topK", AGREE),
+    ("topk-zero-jsd", {"spec.loss": {"mode": "jsd", "topK": 0}}, "spec.loss.topK", AGREE),
+    ("topk-too-large", {"spec.loss.topK": 5000}, "spec.loss.topK", AGREE),
+    ("k1-direct", {"spec.loss": {"mode": "k1", "objective": "direct"}}, "spec.loss.objective", AGREE),
+    ("pg-with-topk-mode", {"spec.loss.objective": "policy_gradient"}, "spec.loss.objective", AGREE),
+    ("beta-above-one", {"spec.loss": {"mode": "jsd", "topK": 8, "beta": 1.5}}, "spec.loss.beta", AGREE),
+    ("beta-negative", {"spec.loss": {"mode": "jsd", "topK": 8, "beta": -0.1}}, "spec.loss.beta", AGREE),
+    ("loss-temperature-zero", {"spec.loss.temperature": 0}, "spec.loss.temperature", AGREE),
+    ("add-tail-with-k3", {"spec.loss": {"mode": "k3", "addTail": True}}, "spec.loss.addTail", AGREE),
+    ("reduction-unknown", {"spec.loss.reduction": "mean"}, "spec.loss.reduction", AGREE),
+    ("lambda-without-responses", {"spec.loss.onPolicyFraction": 0.5}, "spec.loss.onPolicyFraction", AGREE),
+    ("lambda-above-one", {"spec.loss.onPolicyFraction": 2.0}, "spec.loss.onPolicyFraction", AGREE),
+    ("clamp-negative", {"spec.loss.lossMaxClamp": -1.0}, "spec.loss.lossMaxClamp", AGREE),
+    ("steps-zero", {"spec.schedule": {"steps": 0}}, "spec.schedule.steps", AGREE),
+    ("steps-string", {"spec.schedule": {"steps": "ten"}}, "spec.schedule.steps", AGREE),
+    ("steps-numeric-string", {"spec.schedule": {"steps": "10"}}, "spec.schedule.steps", AGREE),
+    (
+        "micro-batch-above-step",
+        {"spec.schedule": {"promptsPerStep": 4, "microBatchSize": 8}},
+        "spec.schedule.microBatchSize",
+        AGREE,
+    ),
+    ("eval-every-without-eval", {"spec.schedule": {"evalEvery": 5}}, "spec.schedule.evalEvery", AGREE),
+    ("checkpoint-keep-zero", {"spec.checkpoint": {"keep": 0}}, "spec.checkpoint.keep", AGREE),
+    ("resume-policy-unknown", {"spec.checkpoint": {"resume": "sometimes"}}, "spec.checkpoint.resume", AGREE),
+    ("checkpoint-pvc-bad-name", {"spec.checkpoint": {"pvc": "My_PVC"}}, "spec.checkpoint.pvc", AGREE),
+    ("top-p-zero", {"spec.student.rollout": {"topP": 0}}, "spec.student.rollout.topP", AGREE),
+    (
+        "rollout-temperature-negative",
+        {"spec.student.rollout": {"temperature": -1}},
+        "spec.student.rollout.temperature",
+        AGREE,
+    ),
+    (
+        "max-new-tokens-zero",
+        {"spec.student.rollout": {"maxNewTokens": 0}},
+        "spec.student.rollout.maxNewTokens",
+        AGREE,
+    ),
+    (
+        "rollout-engine-unknown",
+        {"spec.student.rollout": {"engine": "sglang"}},
+        "spec.student.rollout.engine",
+        AGREE,
+    ),
+    ("lr-zero", {"spec.student.optimizer": {"lr": 0}}, "spec.student.optimizer.lr", AGREE),
+    ("lr-string", {"spec.student.optimizer": {"lr": "fast"}}, "spec.student.optimizer.lr", AGREE),
+    (
+        "betas-wrong-length",
+        {"spec.student.optimizer": {"betas": [0.9]}},
+        "spec.student.optimizer.betas",
+        AGREE,
+    ),
+    ("workers-zero", {"spec.student.pool": {"workers": 0}}, "spec.student.pool.workers", AGREE),
+    (
+        "node-selector-not-strings",
+        {"spec.student.pool": {"nodeSelector": {"a": 1}}},
+        "spec.student.pool.nodeSelector.a",
+        AGREE,
+    ),
+    ("data-train-missing", {"spec.data.train": DELETE}, "spec.data.train", AGREE),
+    ("data-format-unknown", {"spec.data.train.format": "csv"}, "spec.data.train.format", AGREE),
+    ("max-prompt-tokens-zero", {"spec.data.maxPromptTokens": 0}, "spec.data.maxPromptTokens", AGREE),
+    ("overlong-policy-unknown", {"spec.data.overlongPrompts": "drop"}, "spec.data.overlongPrompts", AGREE),
+    ("suspend-not-bool", {"spec.suspend": "yes"}, "spec.suspend", AGREE),
+    ("backoff-negative", {"spec.backoffLimit": -1}, "spec.backoffLimit", AGREE),
+    ("deadline-zero", {"spec.activeDeadlineSeconds": 0}, "spec.activeDeadlineSeconds", AGREE),
+    ("labels-not-strings", {"spec.labels": {"team": 7}}, "spec.labels.team", AGREE),
+    ("unknown-spec-field", {"spec.studnet": {"model": "x"}}, "spec.studnet", AGREE),
+    ("unknown-loss-field", {"spec.loss.topk": 8}, "spec.loss.topk", AGREE),
+    ("unknown-teacher-field", {"spec.teachers[1].endpont": "http://x"}, "spec.teachers[1].endpont", AGREE),
+    ("api-version-wrong", {"apiVersion": "distillery.io/v1"}, "apiVersion", NOT_IN_SCHEMA),
+    ("kind-wrong", {"kind": "DistillJob"}, "kind", NOT_IN_SCHEMA),
+    ("name-missing", {"metadata.name": DELETE}, "metadata.name", NOT_IN_SCHEMA),
+    # Found by the server: what it decided differently before the fix (see each comment).
+    # A Go (RE2) `$` is the end of the text; Python's re also matched before a trailing newline, so
+    # `pvc.is_valid` passed this (a YAML `|` block ends with one) and the offline regexes passed the next two.
+    ("pvc-trailing-newline", {"spec.student.model": "pvc://models/qwen\n"}, "spec.student.model", AGREE),
+    (
+        "endpoint-trailing-newline",
+        {"spec.teachers[1].endpoint": "http://t:8000\n"},
+        "spec.teachers[1].endpoint",
+        AGREE,
+    ),
+    ("teacher-name-trailing-newline", {"spec.teachers[0].name": "math\n"}, "spec.teachers[0].name", AGREE),
+    # RE2's \s is [\t\n\f\r ] only: the server took a vertical tab in a URL that we refused; the pattern
+    # now names its characters, the same in every engine.
+    (
+        "endpoint-vertical-tab",
+        {"spec.teachers[1].endpoint": "http://t\x0b:8000"},
+        "spec.teachers[1].endpoint",
+        AGREE,
+    ),
+    # The server decodes integers as int64; we accepted (or crashed on) larger ones.
+    ("seed-above-int64", {"spec.schedule": {"seed": 2**63}}, "spec.schedule.seed", AGREE),
+    # Every integer is now bounded by 2^53 - 1: a CRD bound of 2^63 - 1 is refused by the server.
+    ("seed-above-the-bound", {"spec.schedule": {"seed": 2**53}}, "spec.schedule.seed", AGREE),
+    ("seed-above-uint64", {"spec.schedule": {"seed": 2**64}}, "spec.schedule.seed", AGREE),
+    (
+        "toleration-seconds-below-int64",
+        {"spec.teachers[0].pool": {"tolerations": [{"key": "a", "tolerationSeconds": -(2**63) - 1}]}},
+        "spec.teachers[0].pool.tolerations[0].tolerationSeconds",
+        AGREE,
+    ),
+    ("seed-float-at-2^53", {"spec.schedule": {"seed": 2.0**53}}, "spec.schedule.seed", AGREE),
+    ("steps-fractional", {"spec.schedule": {"steps": 10.5}}, "spec.schedule.steps", AGREE),
+    # int-or-string: the offline check did not type it at all.
+    (
+        "quantity-fractional",
+        {"spec.student.pool": {"resources": {"requests": {"cpu": 1.5}}}},
+        "spec.student.pool.resources.requests.cpu",
+        AGREE,
+    ),
+    (
+        "quantity-bool",
+        {"spec.student.pool": {"resources": {"requests": {"cpu": True}}}},
+        "spec.student.pool.resources.requests.cpu",
+        AGREE,
+    ),
+    # The route-uniqueness rule costs (routes in all)^2: 1024 routes exceeded the server's per-call CEL
+    # cost limit at admission ("actual cost limit exceeded") although the CRD's static estimate passed.
+    ("routes-too-many-in-all", {"spec.teachers": _teachers(16, 64, 16)}, "spec.teachers", AGREE),
+    ("route-null", {"spec.teachers[0].routes": [None]}, "spec.teachers[0].routes[0]", AGREE),
+    ("spec-null", {"spec": None}, "spec", AGREE),
+    # Metadata: the server validates it as ObjectMeta; we let anything through.
+    ("metadata-unknown-field", {"metadata.lables": {"a": "b"}}, "metadata.lables", NOT_IN_SCHEMA),
+    ("metadata-name-double-dot", {"metadata.name": "a..b"}, "metadata.name", NOT_IN_SCHEMA),
+    ("metadata-name-dot-dash", {"metadata.name": "a.-b"}, "metadata.name", NOT_IN_SCHEMA),
+    ("metadata-name-too-long", {"metadata.name": "a" * 254}, "metadata.name", NOT_IN_SCHEMA),
+    ("metadata-label-key", {"metadata.labels": {"bad key": "x"}}, "metadata.labels", NOT_IN_SCHEMA),
+    ("metadata-label-value", {"metadata.labels": {"k": "bad value"}}, "metadata.labels", NOT_IN_SCHEMA),
+    ("metadata-label-value-too-long", {"metadata.labels": {"k": "v" * 64}}, "metadata.labels", NOT_IN_SCHEMA),
+    (
+        "metadata-label-prefix-too-long",
+        {"metadata.labels": {"a" * 254 + "/k": "v"}},
+        "metadata.labels",
+        NOT_IN_SCHEMA,
+    ),
+    (
+        "metadata-annotation-key",
+        {"metadata.annotations": {"bad key": "x"}},
+        "metadata.annotations",
+        NOT_IN_SCHEMA,
+    ),
+    ("metadata-null", {"metadata": None}, "metadata.name", NOT_IN_SCHEMA),
+    # Strict decoding covers the whole object, status included (whose values a create then drops).
+    ("status-unknown-field", {"status": {"phse": "Running"}}, "status.phse", NOT_IN_SCHEMA),
+    (
+        "status-nested-unknown-field",
+        {"status": {"progress": {"stp": 1}}},
+        "status.progress.stp",
+        NOT_IN_SCHEMA,
+    ),
+    ("top-level-unknown-field", {"extra": 1}, "extra", NOT_IN_SCHEMA),
+]
+
+ACCEPTED: list[tuple[str, dict[str, Any]]] = [
+    # (id, {path: value}): valid manifests next to an edge, accepted by both. Found by the server (we
+    # refused each before the fix) unless marked.
+    ("base", {}),
+    # JSON has one number type: the server takes an integral number for an integer (2^53 - 1 at most).
+    ("steps-integral-float", {"spec.schedule": {"steps": 10.0}}),
+    ("seed-float-2^53-minus-1", {"spec.schedule": {"seed": 2.0**53 - 1}}),
+    ("quantity-integral-float", {"spec.student.pool": {"resources": {"requests": {"cpu": 2.0}}}}),
+    ("grad-clip-beyond-int64", {"spec.student.optimizer": {"gradClip": 2**64}}),
+    ("seed-at-the-bound", {"spec.schedule": {"seed": 2**53 - 1}}),
+    # A null field is the field left out: the server prunes it (or puts its default there).
+    ("loss-null", {"spec.loss": None}),
+    ("steps-null", {"spec.schedule": {"steps": None}}),
+    ("label-value-null", {"spec.labels": {"a": None, "b": "x"}}),
+    ("inference-null", {"spec.teachers[0].inference": None}),
+    ("node-selector-null", {"spec.student.pool": {"nodeSelector": None}}),
+    ("tokenizer-null", {"spec.student.tokenizer": None}),  # the offline check refused these three
+    ("enforce-eager-null", {"spec.student.rollout": {"enforceEager": None}}),
+    ("hf-token-secret-null", {"spec.teachers[0].inference": {"hfTokenSecret": None}}),
+    ("metadata-annotation-null", {"metadata.annotations": {"a": None}}),
+    ("endpoint-non-ascii-space", {"spec.teachers[1].endpoint": "http://t\u00a0x:8000"}),
+    # The CEL rule counts the teachers listing a route, so one teacher may repeat its own.
+    ("route-repeated-by-its-teacher", {"spec.teachers[0].routes": ["math", "math"]}),
+    ("metadata-generate-name", {"metadata.name": DELETE, "metadata.generateName": "job-"}),
+    ("metadata-qualified-labels", {"metadata.labels": {"kueue.x-k8s.io/queue-name": "q", "a": ""}}),
+    ("status-values-of-any-type", {"status": {"progress": 5}}),  # a create drops the status it is given
+    ("routes-cost-worst-case", {"spec.teachers": _teachers(32, 16, 128)}),
+    (
+        "colocated-memory-at-the-limit",
+        {
+            "spec.teachers[1]": {
+                "name": "co",
+                "model": "m",
+                "placement": "colocated",
+                "default": True,
+                "inference": {"memoryFraction": 0.45},
+            },
+            "spec.student.rollout": {"memoryFraction": 0.5},
+        },
+    ),
+]
+
+
+# ---------------------------------------------------------------------------------------------- bounds
+
+# Where a bounded field is put when the first list item or a fresh map key would break a rule.
+_TARGETS = {"spec.teachers[].endpoint": "spec.teachers[1].endpoint"}
+
+
+def _schema_nodes(node: dict[str, Any], path: str = "spec") -> list[tuple[str, dict[str, Any]]]:
+    out = [(path, node)]
+    for name, sub in node.get("properties", {}).items():
+        out.extend(_schema_nodes(sub, f"{path}.{name}"))
+    if isinstance(node.get("items"), dict):
+        out.extend(_schema_nodes(node["items"], f"{path}[]"))
+    if isinstance(node.get("additionalProperties"), dict):
+        out.extend(_schema_nodes(node["additionalProperties"], f"{path}{{}}"))
+    return out
+
+
+def _concrete(schema_path: str) -> str:
+    """spec.teachers[].routes[] -> spec.teachers[0].routes[0]; a map value -> key `k`."""
+    return _TARGETS.get(schema_path, schema_path.replace("[]", "[0]").replace("{}", ".k"))
+
+
+def _string(node: dict[str, Any], length: int) -> str | None:
+    """A string of exactly `length` characters that the node's pattern accepts, if we can make one."""
+    pattern = node.get("pattern")
+    alternatives = re.findall(r"[A-Za-z]+", pattern) if pattern and "|" in pattern else []
+    for candidate in ["a" * length, "http://" + "a" * (length - 7), *alternatives]:
+        if len(candidate) == length and (pattern is None or re.fullmatch(pattern, candidate)):
+            return candidate
+    return None
+
+
+def _minimal(node: dict[str, Any]) -> Any:
+    """The smallest valid value of a node (required fields only): used for parents a case creates."""
+    kind = node.get("type")
+    if kind == "object":
+        return {name: _minimal(node["properties"][name]) for name in node.get("required", [])}
+    if kind == "array":
+        return []
+    return "x"
+
+
+def _place(doc: dict[str, Any], schema: dict[str, Any], path: str, value: Any) -> None:
+    """Sets `path` (concrete) to `value`, creating the missing parents as their minimal valid value."""
+    parts = split_path(path)[1:]
+    node: Any = doc["spec"]
+    sub = schema
+    for part, following in itertools.pairwise(parts):
+        if isinstance(part, int):
+            sub = sub["items"]
+            while len(node) <= part:
+                node.append(_minimal(sub))
+        else:
+            sub = sub.get("properties", {}).get(part) or sub["additionalProperties"]
+            if part not in node:
+                node[part] = [] if isinstance(following, int) else _minimal(sub)
+        node = node[part]
+    last = parts[-1]
+    if isinstance(last, int) and len(node) <= last:
+        node.append(value)
+    else:
+        node[last] = value
+
+
+def _items(path: str, node: dict[str, Any], count: int) -> list[Any]:
+    if path == "spec.teachers":
+        return _teachers(count, 1, 8)
+    item = node["items"]
+    if item.get("type") == "string":
+        return [f"v{i}" for i in range(count)]
+    if item.get("type") == "number":
+        return [0.5] * count
+    return [_minimal(item) for _ in range(count)]
+
+
+def _entries(node: dict[str, Any], count: int) -> dict[str, Any]:
+    value: Any = 1 if node["additionalProperties"].get("x-kubernetes-int-or-string") else "v"
+    return {f"k{i}": value for i in range(count)}
+
+
+def boundary_cases() -> list[tuple[str, dict[str, Any], str | None]]:
+    """(id, manifest, field) at and just over every maxLength/maxItems/maxProperties of the spec schema:
+    at the bound both sides accept (field None), one over both refuse naming `field`. The bounds exist
+    for the API server's CEL cost estimate, so they are ours to keep, not only the server's."""
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    cases: list[tuple[str, dict[str, Any], str | None]] = []
+
+    def add(name: str, path: str, at: Any, over: Any, enum: bool = False) -> None:
+        for label, value, field in (("at", at, None), ("over", over, path)):
+            if label == "at" and enum:
+                continue  # an enum's maxLength is its longest value; the corpus covers its values
+            doc = copy.deepcopy(BASE)
+            _place(doc, schema, path, value)
+            cases.append((f"{name}-{label}:{path}", doc, field))
+
+    for schema_path, node in _schema_nodes(schema):
+        path = _concrete(schema_path)
+        if "maxLength" in node:
+            n = node["maxLength"]
+            if "enum" in node:
+                add("maxLength", path, None, max(node["enum"], key=len) + "x", enum=True)
+                continue
+            at = _string(node, n)
+            if at is None:
+                raise ValueError(f"{schema_path}: no string of length {n} matches {node.get('pattern')}")
+            add("maxLength", path, at, at + "a")
+        if "maxItems" in node:
+            n = node["maxItems"]
+            add("maxItems", path, _items(schema_path, node, n), _items(schema_path, node, n + 1))
+        if "maxProperties" in node:
+            n = node["maxProperties"]
+            add("maxProperties", path, _entries(node, n), _entries(node, n + 1))
+    return cases
