@@ -19,9 +19,10 @@ from typing import Any, cast
 
 import kopf
 
-from distillery.api import Phase
-from distillery_operator import metrics
+from distillery.api import TERMINAL_PHASES, Phase
+from distillery_operator import metrics, naming
 from distillery_operator.decide import Decision, decide
+from distillery_operator.identity import identity_actions
 from distillery_operator.kube import ApiError, Kube
 from distillery_operator.observe import Child, JobKey, assemble
 from distillery_operator.probes import TeacherProber
@@ -43,6 +44,9 @@ class ControllerSettings:
     backoff_cap: float = 60.0
     create_grace_seconds: float = 30.0
     """A child created this recently and not yet seen by the watch is not created again."""
+    conflict_grace_seconds: float = 2.0
+    """A create answered 409 (the name is taken) is tried again this much later; a 409 again, with the watch
+    still not showing the object as the job's, is an error shown in the status (someone else's object)."""
 
 
 def now_iso() -> str:
@@ -84,6 +88,8 @@ class Controller:
         self._triggers: dict[JobKey, str] = {}
         self._written: dict[JobKey, _Written] = {}
         self._created: dict[tuple[JobKey, str, str], float] = {}
+        self._conflicts: dict[tuple[JobKey, str, str], float] = {}
+        """Children whose create got 409 (the name is taken) and that the watch has not shown: since when."""
         self._workers: list[asyncio.Task[None]] = []
         for phase in Phase:  # every phase is a series from the start, at 0
             metrics.JOBS.labels(phase=phase.value)
@@ -103,6 +109,7 @@ class Controller:
         child is deleted before that reconcile runs: it would never be seen, and the create-grace window
         would hold its re-creation back with nothing left to wake the job up."""
         self._created.pop((key, kind, name), None)
+        self._conflicts.pop((key, kind, name), None)
 
     def job_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         if self._event_context is None:
@@ -169,6 +176,8 @@ class Controller:
         self._written.pop(key, None)
         for created in [c for c in self._created if c[0] == key]:
             del self._created[created]
+        for conflict in [c for c in self._conflicts if c[0] == key]:
+            del self._conflicts[conflict]
 
     def _set_phase(self, key: JobKey, phase: str | None) -> None:
         """Keeps the jobs-by-phase gauge by counting transitions (no scan of every job per reconcile)."""
@@ -199,8 +208,12 @@ class Controller:
             return "unchanged"
         body = self._as_seen(key, body)
         # Every child in the indexes came with a watch event, which already confirmed it (`child_seen`).
-        observed = assemble(list(self.children_of(key)), self.prober.health(key))
+        children = list(self.children_of(key))
+        observed = assemble(children, self.prober.health(key))
         decision = decide(body, observed, now_iso())
+        # The trainer's identity first: KubeRay's pods need their ServiceAccount when they are made.
+        terminal = decision.phase in TERMINAL_PHASES
+        decision.actions[:0] = identity_actions(body, children, terminal=terminal)
         self.prober.sync(key, decision.external)
         error = await self._act(key, decision)
         wrote_status = await self._write_status(key, body, decision, error)
@@ -224,15 +237,27 @@ class Controller:
                         continue
                     await self.kube.create(namespace, action.body)
                     self._created[(key, action.kind, action.name)] = now
+                    self._conflicts.pop((key, action.kind, action.name), None)
                     log.info("%s/%s: created %s/%s", *key, action.kind, action.name)
                 else:
                     await self.kube.patch(namespace, action.kind, action.name, action.body)
                     log.info("%s/%s: patched %s/%s (%s)", *key, action.kind, action.name, action.why)
             except ApiError as error:
                 if action.verb == "create" and error.code == 409:
-                    # It exists already (we created it before a restart): the watch will show it.
-                    self._created[(key, action.kind, action.name)] = now
-                    continue
+                    # The name is taken: by our own create that the watch has not shown yet (a race with a
+                    # previous incarnation), which it will show in a moment; or by an object that is not
+                    # the job's (no owner reference to it, or not labelled as ours), which it never will.
+                    child = (key, action.kind, action.name)
+                    since = self._conflicts.setdefault(child, now)
+                    if now - since < self.settings.conflict_grace_seconds:
+                        self.queue.add_after(key, self.settings.conflict_grace_seconds)
+                        continue
+                    error = ApiError(
+                        409,
+                        "AlreadyExists",
+                        f"{action.kind} {action.name} exists and is not this job's (no owner reference to "
+                        f"it or no label {naming.MANAGED_BY_LABEL}={naming.MANAGED_BY}): delete or rename it",
+                    )
                 if action.verb == "patch" and error.code == 404:
                     continue  # deleted meanwhile: the watch will tell, and the next reconcile recreates it
                 log.warning("%s/%s: %s failed: %s", *key, what, error)

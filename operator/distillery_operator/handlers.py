@@ -23,6 +23,10 @@ CHILD_RESOURCES: dict[str, tuple[str, ...]] = {
     "Service": ("v1", "services"),
     "ConfigMap": ("v1", "configmaps"),
     "RayJob": ("ray.io", "v1", "rayjobs"),
+    # The trainer's identity (render.render_trainer_identity), repaired like any child.
+    "ServiceAccount": ("v1", "serviceaccounts"),
+    "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
 }
 INDEX_NAMES = {kind: f"{kind.lower()}_index" for kind in CHILD_RESOURCES}
 

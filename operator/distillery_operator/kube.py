@@ -66,6 +66,7 @@ class Kube:
         self._core = kubernetes.client.CoreV1Api(self._client)
         self._apps = kubernetes.client.AppsV1Api(self._client)
         self._custom = kubernetes.client.CustomObjectsApi(self._client)
+        self._rbac = kubernetes.client.RbacAuthorizationV1Api(self._client)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
 
     def close(self) -> None:
@@ -75,6 +76,9 @@ class Kube:
     async def _call(self, verb: str, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         def run() -> None:
             response = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+            # Read the body to its end before the connection goes back to the pool: released unread, its
+            # rest (a large object's managedFields) is taken by the next request on it as its response.
+            response.drain_conn()
             response.release_conn()
 
         loop = asyncio.get_running_loop()
@@ -99,6 +103,12 @@ class Kube:
             await self._call("create", kind, self._core.create_namespaced_service, namespace, obj)
         elif kind == "Deployment":
             await self._call("create", kind, self._apps.create_namespaced_deployment, namespace, obj)
+        elif kind == "ServiceAccount":
+            await self._call("create", kind, self._core.create_namespaced_service_account, namespace, obj)
+        elif kind == "Role":
+            await self._call("create", kind, self._rbac.create_namespaced_role, namespace, obj)
+        elif kind == "RoleBinding":
+            await self._call("create", kind, self._rbac.create_namespaced_role_binding, namespace, obj)
         elif kind == "RayJob":
             await self._call(
                 "create",
@@ -124,6 +134,16 @@ class Kube:
         elif kind == "Deployment":
             await self._call(
                 "patch", kind, self._apps.patch_namespaced_deployment, name, namespace, body, **ct
+            )
+        elif kind == "ServiceAccount":
+            await self._call(
+                "patch", kind, self._core.patch_namespaced_service_account, name, namespace, body, **ct
+            )
+        elif kind == "Role":
+            await self._call("patch", kind, self._rbac.patch_namespaced_role, name, namespace, body, **ct)
+        elif kind == "RoleBinding":
+            await self._call(
+                "patch", kind, self._rbac.patch_namespaced_role_binding, name, namespace, body, **ct
             )
         elif kind == "RayJob":
             await self._call(

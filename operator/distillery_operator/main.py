@@ -10,7 +10,7 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import kopf
 
@@ -49,6 +49,27 @@ async def _wait_flag(flag: asyncio.Event | threading.Event | None) -> None:
     else:
         while not flag.is_set():
             await asyncio.sleep(0.05)
+
+
+def _take_signals(handler: Callable[[], None]) -> None:
+    """SIGTERM and SIGINT call `handler` (idempotent) instead of kopf's handlers.
+
+    kopf's handlers set the result of a one-shot future and stay installed: a second signal (Ctrl-C after
+    a SIGTERM, a supervisor signalling again) while the operator stops made asyncio log a traceback of
+    `InvalidStateError`. Only the main thread's loop has signal handlers (in-process tests run elsewhere).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, handler)
+
+
+async def _signals_once_kopf_started(controller: Controller, stopped: asyncio.Event) -> None:
+    # kopf installs its handlers before it runs the startup handler that makes the controller ready.
+    await controller.ready.wait()
+    _take_signals(stopped.set)
 
 
 async def run(
@@ -103,6 +124,8 @@ async def run(
             tasks.append(hold)
             hold.add_done_callback(lambda task: None if task.cancelled() else lost.set())
             hold.add_done_callback(lambda _: stopped.set())
+        # A signal then stops kopf through its stop flag (the same path as our stop flag).
+        tasks.append(asyncio.create_task(_signals_once_kopf_started(controller, stopped)))
         await kopf.operator(
             settings=kopf_settings(),
             standalone=True,
@@ -113,6 +136,8 @@ async def run(
             ready_flag=ready_flag,
         )
     finally:
+        # kopf's handlers outlive it: signals during the cleanup below must find ours.
+        _take_signals(stopped.set)
         for task in tasks:
             task.cancel()
         if elector is not None:

@@ -43,6 +43,11 @@ def rayjob_name(job_name: str) -> str:
     return shorten(dns1035(child_name(job_name, "trainer")), MAX_RAYJOB_NAME)
 
 
+def trainer_identity_name(job_name: str) -> str:
+    """The ServiceAccount, Role and RoleBinding the operator makes for a job's trainer (one name, three kinds)."""
+    return child_name(job_name, "trainer")
+
+
 def teacher_name(job_name: str, teacher: str) -> str:
     """Name of a standalone teacher's Deployment and Service (the runtime config resolves the same one)."""
     return teacher_service_name(job_name, teacher)

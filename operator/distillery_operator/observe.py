@@ -119,11 +119,27 @@ def summarize_rayjob(body: Mapping[str, Any]) -> Child:
     return Child(kind="RayJob", name=name, owner_uid=uid, spec_hash=spec_hash, state=state)
 
 
+def _summarize_plain(kind: str):  # type: ignore[no-untyped-def]
+    """The trainer's identity objects: only whether they exist, whose they are and their content hash."""
+
+    def summarize(body: Mapping[str, Any]) -> Child:
+        name, uid, spec_hash = _base(body)
+        # What grants: an edited rule or subject is put back even when the edit kept our hash annotation.
+        state = {k: body[k] for k in ("rules", "subjects") if k in body}
+        return Child(kind=kind, name=name, owner_uid=uid, spec_hash=spec_hash, state=state)
+
+    return summarize
+
+
+IDENTITY_KINDS = ("ServiceAccount", "Role", "RoleBinding")
+"""Children that `identity.identity_actions` looks after (`decide` and `assemble` leave them alone)."""
+
 SUMMARIZERS = {
     "Deployment": summarize_deployment,
     "Service": summarize_service,
     "ConfigMap": summarize_config_map,
     "RayJob": summarize_rayjob,
+    **{kind: _summarize_plain(kind) for kind in IDENTITY_KINDS},
 }
 
 

@@ -18,7 +18,7 @@ import orjson
 import yaml
 
 from distillery import pvc
-from distillery.api import API_VERSION, KIND, DistillationJob, Placement, Teacher
+from distillery.api import API_VERSION, GROUP, KIND, PLURAL, DistillationJob, Placement, Teacher
 from distillery.runtime_config import (
     CONFIG_KEY,
     CONFIG_MOUNT_DIR,
@@ -30,6 +30,7 @@ from distillery.validation import load_jobs
 from distillery_operator import naming
 
 RAYJOB_API_VERSION = "ray.io/v1"
+RBAC_API_VERSION = "rbac.authorization.k8s.io/v1"
 ENTRYPOINT = f"distillery run {CONFIG_MOUNT_DIR}/{CONFIG_KEY}"
 TEACHER_MODULE = "distillery_runtime.teachers.server"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -347,9 +348,11 @@ def _ray_pod_template(job: DistillationJob, container_name: str, *, worker: bool
         container["resources"] = _resources(
             pool.gpus_per_worker, pool.gpu_resource, pool.resources.requests, pool.resources.limits
         )
-    pod: dict[str, Any] = {"containers": [container], "volumes": volumes}
-    if spec.service_account_name:
-        pod["serviceAccountName"] = spec.service_account_name
+    pod: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "serviceAccountName": trainer_service_account(job),
+    }
     if worker and pool.node_selector:
         pod["nodeSelector"] = dict(pool.node_selector)
     if worker and pool.tolerations:
@@ -400,6 +403,53 @@ def render_rayjob(job: DistillationJob, ctx: RenderContext) -> dict[str, Any]:
     )
 
 
+# ---------------------------------------------------------------------------------------------- identity
+
+
+def trainer_service_account(job: DistillationJob) -> str:
+    """The trainer pods' ServiceAccount: the user's, or the one the operator makes for the job."""
+    return job.spec.service_account_name or naming.trainer_identity_name(job.metadata.name)
+
+
+def trainer_identity_rules(job: DistillationJob) -> list[dict[str, Any]]:
+    """What the runtime does with the API: merge-patch its own job's status (progress, checkpoint)."""
+    return [
+        {
+            "apiGroups": [GROUP],
+            "resources": [f"{PLURAL}/status"],
+            "resourceNames": [job.metadata.name],
+            "verbs": ["patch"],
+        }
+    ]
+
+
+def render_trainer_identity(job: DistillationJob, ctx: RenderContext) -> list[dict[str, Any]]:
+    """A ServiceAccount for the trainer pods and a Role (bound to it) that lets them patch this job's status
+    and nothing else; none when the job names its own ServiceAccount. Owned by the job like every child.
+
+    The operator can create the Role because it holds what the Role grants (RBAC refuses to grant more).
+    """
+    if job.spec.service_account_name:
+        return []
+    name = naming.trainer_identity_name(job.metadata.name)
+    labels = naming.child_labels(job.metadata.name, "trainer", user_labels(job))
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(job, ctx, name, labels)}
+    role = {
+        "apiVersion": RBAC_API_VERSION,
+        "kind": "Role",
+        "metadata": _metadata(job, ctx, name, labels),
+        "rules": trainer_identity_rules(job),
+    }
+    binding = {
+        "apiVersion": RBAC_API_VERSION,
+        "kind": "RoleBinding",
+        "metadata": _metadata(job, ctx, name, labels),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ctx.namespace}],
+    }
+    return [_stamp(account), _stamp(role), _stamp(binding)]
+
+
 # ---------------------------------------------------------------------------------------------- job
 
 
@@ -422,7 +472,7 @@ def render_manifest_stream(path: str | Path, namespace: str = "default") -> str:
     chunks: list[str] = []
     for job in load_jobs(path):
         ctx = RenderContext(namespace=namespace)
-        for obj in render_job(job, ctx):
+        for obj in [*render_trainer_identity(job, ctx), *render_job(job, ctx)]:
             header = f"# Source: {job.metadata.name} -> {obj['kind']}/{obj['metadata']['name']}\n"
             chunks.append("---\n" + header + yaml.safe_dump(obj, sort_keys=False, width=120))
     return "".join(chunks)

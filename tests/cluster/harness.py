@@ -193,13 +193,19 @@ def operator_args(installation: Installation, namespace: str, *extra: str) -> li
 
 
 def spawn_operator(
-    installation: Installation, namespace: str, log: Path, *extra: str, pod_name: str = "operator-0"
+    installation: Installation,
+    namespace: str,
+    log: Path,
+    *extra: str,
+    pod_name: str = "operator-0",
+    kubeconfig: Path | None = None,
 ) -> OperatorProcess:
+    """`kubeconfig`: another identity than the chart's operator ServiceAccount (e.g. one lacking a grant)."""
     metrics_port, health_port = free_port(), free_port()
     args = operator_args(installation, namespace, *extra)
     env = {
         **os.environ,
-        "KUBECONFIG": str(installation.operator_kubeconfig),
+        "KUBECONFIG": str(kubeconfig or installation.operator_kubeconfig),
         # What the Deployment's downward API gives the pod.
         "POD_NAMESPACE": RELEASE_NAMESPACE,
         "POD_NAME": pod_name,
@@ -235,10 +241,15 @@ def ready(port: int) -> bool:
 
 @contextlib.contextmanager
 def running_operator(
-    installation: Installation, namespace: str, log: Path, *extra: str, pod_name: str = "operator-0"
+    installation: Installation,
+    namespace: str,
+    log: Path,
+    *extra: str,
+    pod_name: str = "operator-0",
+    kubeconfig: Path | None = None,
 ) -> Iterator[OperatorProcess]:
     """An operator process, ready (health endpoint says so) before the body runs; stopped after."""
-    operator = spawn_operator(installation, namespace, log, *extra, pod_name=pod_name)
+    operator = spawn_operator(installation, namespace, log, *extra, pod_name=pod_name, kubeconfig=kubeconfig)
     try:
         wait_until(
             lambda: ready(operator.health_port) or operator.proc.poll() is not None,

@@ -1,8 +1,10 @@
-"""End to end: the real kopf operator against the emulated API server, driven as a user drives a cluster.
+"""End to end against the emulated API server (kmock): what a real control plane cannot show.
 
-The emulator has no controllers, so the tests play them where the story needs it: KubeRay (RayJob status),
-the Deployment controller (readyReplicas), Kueue (unsuspending) and the garbage collector (in the
-emulator). Everything the operator does, it does through the real HTTP API.
+The lifecycle, suspend/resume, Kueue, spec changes, drift and deletion run on a real control plane now
+(tests/cluster/test_operator_on_server.py). What stays here needs the emulator: injected API faults, a spec
+the real CRD would refuse, every version of every object (its history) to prove nothing was deleted and
+made again, and the operator in this process with shortened probe and resync intervals. The emulator has
+no controllers: tests play KubeRay and the Deployment controller where the story needs it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from kube_emulator import CONFIGMAPS, DEPLOYMENTS, DJ, EVENTS, RAYJOBS, SERVICES
 from operator_harness import (
     FAST,
-    REPO,
     Cluster,
     free_port,
     load_example,
@@ -33,8 +34,6 @@ from operator_harness import (
     verbs_used,
     wait_for,
 )
-
-from distillery.api import API_VERSION
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,198 +65,10 @@ def writes(cluster: Cluster) -> list[Any]:
     ]
 
 
-async def test_lifecycle_with_kubectl(operator: Cluster) -> None:
-    c = operator
-    await c.kubectl("apply", "--validate=false", "-f", str(REPO / "examples" / "multi-teacher.yaml"))
-
-    # Children appear, each owned by the job.
-    await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, f"{MOPD}-trainer"), what="the RayJob")
-    assert c.emulator.object_names(DEPLOYMENTS, c.namespace) == sorted(MOPD_TEACHERS)
-    assert c.emulator.object_names(SERVICES, c.namespace) == sorted(MOPD_TEACHERS)
-    assert c.emulator.object_names(CONFIGMAPS, c.namespace) == [f"{MOPD}-config"]
-    uid = c.job(MOPD)["metadata"]["uid"]
-    for resource, name in [(RAYJOBS, f"{MOPD}-trainer"), (CONFIGMAPS, f"{MOPD}-config")] + [
-        (r, n) for r in (DEPLOYMENTS, SERVICES) for n in MOPD_TEACHERS
-    ]:
-        refs = c.emulator.obj(resource, c.namespace, name)["metadata"]["ownerReferences"]
-        assert refs == [
-            {"apiVersion": API_VERSION, "kind": "DistillationJob", "name": MOPD, "uid": uid,
-             "controller": True, "blockOwnerDeletion": True}
-        ]  # fmt: skip
-    await wait_for(lambda: phase(c, MOPD) == "StartingTeachers", what="StartingTeachers")
-    assert c.status(MOPD)["teachersReady"] == "0/3"
-    assert c.status(MOPD)["observedGeneration"] == 1
-
-    # The Deployment controller reports the teachers ready, one by one.
-    for index, name in enumerate(MOPD_TEACHERS):
-        await c.play_deployment(name, 1)
-        await wait_for(
-            lambda i=index: c.status(MOPD).get("teachersReady") == f"{i + 1}/3", what="teacher ready"
-        )
-    await wait_for(
-        lambda: (c.condition(MOPD, "TeachersReady") or {}).get("status") == "True", what="TeachersReady"
-    )
-    await wait_for(lambda: phase(c, MOPD) == "Pending", what="Pending while the trainer starts")
-
-    # KubeRay starts the job.
-    await c.play_rayjob(f"{MOPD}-trainer", "RUNNING", "Running")
-    await wait_for(lambda: phase(c, MOPD) == "Running", what="Running")
-    assert c.condition(MOPD, "TrainerReady")["status"] == "True"
-    assert c.status(MOPD)["startTime"]
-
-    # The runtime reports progress through the status subresource; the operator keeps it.
-    progress = {"step": 7, "totalSteps": 500, "loss": 0.25}
-    await c.emulator.play(DJ, c.namespace, MOPD, {"status": {"progress": progress}})
-    await c.play_deployment(MOPD_TEACHERS[0], 1)  # any child event makes the operator reconcile
-    await asyncio.sleep(0.3)
-    assert c.status(MOPD)["progress"] == progress
-    assert phase(c, MOPD) == "Running"
-
-    # KubeRay finishes it: Succeeded, Complete, teachers scaled to zero (their GPUs go back).
-    await c.play_rayjob(f"{MOPD}-trainer", "SUCCEEDED", "Complete")
-    await wait_for(lambda: phase(c, MOPD) == "Succeeded", what="Succeeded")
-    assert c.condition(MOPD, "Complete")["status"] == "True"
-    await wait_for(
-        lambda: all(
-            c.emulator.obj(DEPLOYMENTS, c.namespace, n)["spec"]["replicas"] == 0 for n in MOPD_TEACHERS
-        ),
-        what="teachers scaled to zero",
-    )
-    assert c.status(MOPD)["completionTime"]
-    assert c.status(MOPD)["progress"] == progress
-
-    # Events tell the story; kubectl sees the phase.
-    expected = {"StartingTeachers", "Pending", "Running", "Succeeded", "AllTeachersReady", "RayJobRunning"}
-    # kopf posts Events from a queue, a moment after the status write.
-    await wait_for(lambda: expected <= {e["reason"] for e in events_for(c, MOPD)}, what=f"events {expected}")
-    out = await c.kubectl("get", "dj", MOPD, "-o", "jsonpath={.status.phase}")
-    assert out == "Succeeded"
-
-    # Level-triggered and idempotent: more events change nothing once converged.
-    await quiet(c)
-    before = len(writes(c))
-    await c.play_rayjob(f"{MOPD}-trainer", "SUCCEEDED", "Complete")  # KubeRay repeats itself
-    await c.emulator.play(
-        DJ, c.namespace, MOPD, {"metadata": {"annotations": {"touched": "yes"}}}, subresource=""
-    )
-    await asyncio.sleep(0.5)
-    assert len(writes(c)) == before + 2  # only the two writes this test made
-    assert phase(c, MOPD) == "Succeeded"
-
-
-async def test_suspend_and_resume(operator: Cluster) -> None:
-    c = operator
-    await c.create(load_example("gkd.yaml"))
-    deployment, rayjob = "gkd-jsd-teacher-teacher", "gkd-jsd-trainer"
-    await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, rayjob), what="RayJob")
-    assert c.emulator.obj(RAYJOBS, c.namespace, rayjob)["spec"]["suspend"] is False
-    await c.play_deployment(deployment, 1)
-    await c.play_rayjob(rayjob, "RUNNING", "Running")
-    await wait_for(lambda: phase(c, "gkd-jsd") == "Running", what="Running")
-
-    await c.kubectl("patch", "dj", "gkd-jsd", "--type=merge", "-p", '{"spec":{"suspend":true}}')
-    await wait_for(lambda: phase(c, "gkd-jsd") == "Suspended", what="Suspended")
-    await wait_for(
-        lambda: c.emulator.obj(RAYJOBS, c.namespace, rayjob)["spec"]["suspend"] is True, what="suspend"
-    )
-    await wait_for(
-        lambda: c.emulator.obj(DEPLOYMENTS, c.namespace, deployment)["spec"]["replicas"] == 0, what="0"
-    )
-    assert c.condition("gkd-jsd", "Suspended")["status"] == "True"
-    assert c.condition("gkd-jsd", "SpecApplied")["status"] == "True"  # suspend is a live field
-
-    await c.kubectl("patch", "dj", "gkd-jsd", "--type=merge", "-p", '{"spec":{"suspend":false}}')
-    await wait_for(
-        lambda: c.emulator.obj(RAYJOBS, c.namespace, rayjob)["spec"]["suspend"] is False, what="resume"
-    )
-    await wait_for(
-        lambda: c.emulator.obj(DEPLOYMENTS, c.namespace, deployment)["spec"]["replicas"] == 1, what="1"
-    )
-    await wait_for(lambda: c.condition("gkd-jsd", "Suspended")["status"] == "False", what="not suspended")
-    await wait_for(
-        lambda: phase(c, "gkd-jsd") == "Running", what="Running again"
-    )  # KubeRay still says RUNNING
-
-
-async def test_kueue_owns_the_unsuspend(operator: Cluster) -> None:
-    c = operator
-    name, rayjob = "qwen-7b-to-1p5b", "qwen-7b-to-1p5b-trainer"
-    await c.create(load_example("standalone-teacher.yaml"))
-    await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, rayjob), what="RayJob")
-    created = c.emulator.obj(RAYJOBS, c.namespace, rayjob)
-    assert created["spec"]["suspend"] is True
-    assert created["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
-    assert (
-        c.emulator.obj(DEPLOYMENTS, c.namespace, f"{name}-teacher-qwen-7b")["metadata"]["labels"].get(
-            "kueue.x-k8s.io/queue-name"
-        )
-        is None
-    )  # teachers are not queued by Kueue
-    await wait_for(lambda: (c.condition(name, "TrainerReady") or {}).get("reason") == "Queued", what="Queued")
-    assert phase(c, name) == "Pending"
-
-    # Kueue admits the workload: it unsuspends the RayJob. The operator must not suspend it again.
-    await c.emulator.play(RAYJOBS, c.namespace, rayjob, {"spec": {"suspend": False}}, subresource="")
-    await c.play_rayjob(rayjob, "RUNNING", "Running")
-    await c.play_deployment(f"{name}-teacher-qwen-7b", 2)
-    await wait_for(lambda: phase(c, name) == "Running", what="Running")
-    assert c.emulator.obj(RAYJOBS, c.namespace, rayjob)["spec"]["suspend"] is False
-
-    # Suspending the DistillationJob does force the RayJob's suspend.
-    await c.patch_spec(name, {"suspend": True})
-    await wait_for(
-        lambda: c.emulator.obj(RAYJOBS, c.namespace, rayjob)["spec"]["suspend"] is True, what="forced"
-    )
-
-
-async def test_spec_update_live_and_refused(operator: Cluster) -> None:
-    c = operator
-    await c.create(load_example("multi-teacher.yaml"))
-    await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, f"{MOPD}-trainer"), what="RayJob")
-    config_before = c.emulator.obj(CONFIGMAPS, c.namespace, f"{MOPD}-config")["data"]
-
-    # Replicas are live: the Deployment follows.
-    teachers = c.job(MOPD)["spec"]["teachers"]
-    teachers[0]["replicas"] = 3
-    await c.patch_spec(MOPD, {"teachers": teachers})
-    await wait_for(
-        lambda: c.emulator.obj(DEPLOYMENTS, c.namespace, MOPD_TEACHERS[0])["spec"]["replicas"] == 3, what="3"
-    )
-    await wait_for(lambda: c.status(MOPD).get("observedGeneration") == 2, what="generation 2")
-    assert c.condition(MOPD, "SpecApplied")["status"] == "True"
-
-    # The loss is not: refused with the field path, nothing half-applied.
-    await c.patch_spec(MOPD, {"loss": {"mode": "forward_kl_topk", "topK": 16}})
-    await wait_for(lambda: c.condition(MOPD, "SpecApplied")["status"] == "False", what="SpecApplied False")
-    cond = c.condition(MOPD, "SpecApplied")
-    assert cond["reason"] == "SpecChangeRefused"
-    assert "spec.loss.mode" in cond["message"] and "spec.loss.topK" in cond["message"]
-    assert c.status(MOPD)["observedGeneration"] == 3
-    config_after = c.emulator.obj(CONFIGMAPS, c.namespace, f"{MOPD}-config")["data"]
-    assert '"mode":"k3"' in config_after["runtime-config.json"]
-    warnings = await wait_for(
-        lambda: [e for e in events_for(c, MOPD) if e["reason"] == "SpecChangeRefused"], what="a Warning event"
-    )
-    assert warnings and warnings[0]["type"] == "Warning" and "spec.loss.topK" in warnings[0]["message"]
-    assert config_before != config_after  # the live replicas change was recorded
-
-    # Reverting the refused change clears the condition.
-    await c.patch_spec(MOPD, {"loss": {"mode": "k3", "topK": None}})
-    await wait_for(lambda: c.condition(MOPD, "SpecApplied")["status"] == "True", what="SpecApplied True")
-
-
-async def test_delete_cascades_and_nothing_is_recreated(operator: Cluster) -> None:
-    c = operator
-    await c.kubectl("apply", "--validate=false", "-f", str(REPO / "examples" / "multi-teacher.yaml"))
-    await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, f"{MOPD}-trainer"), what="RayJob")
-    await c.kubectl("delete", "-f", str(REPO / "examples" / "multi-teacher.yaml"))
-    await asyncio.sleep(0.5)
-    for resource in (DEPLOYMENTS, SERVICES, CONFIGMAPS, RAYJOBS):
-        assert c.emulator.object_names(resource, c.namespace) == [], resource
-    assert c.job(MOPD) is None
-
-
 async def test_invalid_spec_gets_a_condition_an_event_and_no_children(operator: Cluster) -> None:
+    """Emulator: the real CRD refuses this spec (a standalone teacher with an endpoint) before the operator
+    sees it; here the operator's own defence is tested (a CRD older than the operator, or none).
+    On a real server: test_invalid_labels_the_server_lets_through_are_shown."""
     c = operator
     bad = load_example("multi-teacher.yaml")
     bad["spec"]["teachers"][1]["endpoint"] = "http://somewhere:8000"  # not allowed for standalone
@@ -297,6 +108,8 @@ async def start_fake_teacher(port: int) -> web.AppRunner:
 
 
 async def test_external_teacher_outage_and_recovery(operator: Cluster) -> None:
+    """Emulator: the operator runs in this process with 0.2 s probes (the process a real-server test
+    starts probes every 30 s), against a teacher served by this test."""
     c = operator
     port = free_port()
     server = await start_fake_teacher(port)
@@ -325,6 +138,7 @@ async def test_external_teacher_outage_and_recovery(operator: Cluster) -> None:
 
 
 async def test_api_errors_are_retried_and_shown(operator: Cluster) -> None:
+    """Emulator: a real API server cannot be told to fail a given request (injected 422, 500, 503)."""
     c = operator
     # The first two Deployment creates fail (422, then 500), and the first status write too.
     c.emulator.faults[("create", "apps/v1/deployments")] = [422, 500]
@@ -351,6 +165,8 @@ async def test_api_errors_are_retried_and_shown(operator: Cluster) -> None:
 
 
 async def test_idle_jobs_cost_no_api_writes(cluster: Cluster) -> None:
+    """Emulator: every request is logged, reads included, and the resync is shortened to 0.1 s in
+    process. (On a real server: test_an_idle_job_costs_no_writes, from the audit log.)"""
     c = cluster
     settings = type(FAST)(**{**FAST.__dict__, "resync_seconds": 0.1})  # resync very often
     async with running_operator(c, settings):
@@ -368,6 +184,8 @@ async def test_idle_jobs_cost_no_api_writes(cluster: Cluster) -> None:
 async def test_operator_killed_mid_reconcile_converges_without_duplicates(
     cluster: Cluster, tmp_path: Path
 ) -> None:
+    """Emulator: it keeps every version of every object, so "never deleted or made again" is checked on
+    each object's history, and the kill lands between creates at a known count of requests."""
     c = cluster
     jobs = [f"crash-{i}" for i in range(4)]
     for name in jobs:
@@ -448,35 +266,3 @@ async def test_rbac_pairs_are_what_the_chart_grants(operator: Cluster) -> None:
         ("create", "core:events"),
     }
     assert ("patch", "distillery.io:distillationjobs") not in pairs  # no finalizers, no annotations
-
-
-async def test_a_deleted_or_edited_child_is_put_back(operator: Cluster) -> None:
-    c = operator
-    await c.create(load_example("gkd.yaml"))
-    deployment = "gkd-jsd-teacher-teacher"
-    await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, "gkd-jsd-trainer"), what="RayJob")
-    first_uid = c.emulator.obj(DEPLOYMENTS, c.namespace, deployment)["metadata"]["uid"]
-
-    await c.delete(DEPLOYMENTS, deployment)  # someone deletes the teacher
-    await wait_for(
-        lambda: (
-            (c.emulator.obj(DEPLOYMENTS, c.namespace, deployment) or {}).get("metadata", {}).get("uid")
-            not in (None, first_uid)
-        ),
-        what="the Deployment recreated",
-    )
-    # Someone edits its image: the operator restores what it rendered.
-    original = c.emulator.obj(DEPLOYMENTS, c.namespace, deployment)["spec"]["template"]["spec"]["containers"]
-    edited = [{**original[0], "image": "someone/else:latest"}]
-    patch = {
-        "metadata": {"annotations": {"distillery.io/spec-hash": "edited"}},
-        "spec": {"template": {"spec": {"containers": edited}}},
-    }
-    await c.emulator.play(DEPLOYMENTS, c.namespace, deployment, patch, subresource="")
-    await wait_for(
-        lambda: (
-            c.emulator.obj(DEPLOYMENTS, c.namespace, deployment)["spec"]["template"]["spec"]["containers"]
-            == original
-        ),
-        what="the edit reverted",
-    )

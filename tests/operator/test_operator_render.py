@@ -280,7 +280,8 @@ def test_render_cli_prints_a_yaml_stream() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
-    assert [d["kind"] for d in docs] == ["ConfigMap"] + ["Service", "Deployment"] * 3 + ["RayJob"]
+    identity = ["ServiceAccount", "Role", "RoleBinding"]  # the trainer's, made by the operator
+    assert [d["kind"] for d in docs] == identity + ["ConfigMap"] + ["Service", "Deployment"] * 3 + ["RayJob"]
     assert all(d["metadata"]["namespace"] == "ml" for d in docs)
     assert "&id" not in result.stdout  # no YAML anchors: kubectl users read this
 
