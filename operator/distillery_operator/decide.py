@@ -14,8 +14,9 @@ from typing import Any, Literal
 from distillery.api import TERMINAL_PHASES, DistillationJob, DistillationJobSpec, ObjectMeta, Phase, Placement
 from distillery.validation import InvalidManifest, parse_spec
 from distillery_operator import naming
+from distillery_operator.drift import drifted
 from distillery_operator.observe import Child, Observed
-from distillery_operator.render import RenderContext, queued_by_kueue, render_job
+from distillery_operator.render import KUEUE_QUEUE_LABEL, RenderContext, queued_by_kueue, render_job
 from distillery_operator.spec_changes import effective_spec, refused_changes
 from distillery_operator.status import (
     bad_condition,
@@ -122,7 +123,8 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
 
     decision = Decision()
     suspend = bool(spec and spec.suspend)
-    trainer = trainer_state(observed.rayjob, suspend=suspend)
+    queue = kueue_queue(job) if job is not None else None
+    trainer = trainer_state(observed.rayjob, suspend=suspend, queue=queue)
     previous_phase = previous.get("phase")
     terminal: Phase | None = None
     if previous_phase in TERMINAL_PHASES:
@@ -131,12 +133,26 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         terminal = Phase.SUCCEEDED
     elif trainer.state == "failed":
         terminal = Phase.FAILED
-    scaled_to_zero = suspend or terminal is not None
+    # While Kueue holds the trainer (its RayJob suspended, or about to be created so), the standalone
+    # teachers hold no GPUs either: they start when Kueue admits the RayJob by unsuspending it.
+    held_for_kueue = (
+        queue is not None
+        and not suspend
+        and terminal is None
+        and (observed.rayjob is None or bool(observed.rayjob.state.get("suspend")))
+    )
+    scaled_to_zero = suspend or terminal is not None or held_for_kueue
 
     teachers: list[dict[str, Any]] = []
     failing: set[str] = set()
     if job is not None:
-        teachers, failing = teacher_statuses(job, observed, trainer, scaled_to_zero=scaled_to_zero)
+        teachers, failing = teacher_statuses(
+            job,
+            observed,
+            trainer,
+            scaled_to_zero=scaled_to_zero,
+            zero_message=HELD_FOR_KUEUE if held_for_kueue else "scaled to zero",
+        )
         ctx = RenderContext(
             namespace=meta.namespace or "", owner_uid=meta.uid, teachers_scaled_to_zero=scaled_to_zero
         )
@@ -168,6 +184,7 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         teachers=teachers,
         failing_teachers=failing,
         terminal=terminal,
+        held_for_kueue=held_for_kueue,
     )
     generation = meta.generation
     status: dict[str, Any] = {
@@ -187,6 +204,16 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
     decision.phase = phase
     decision.events = transition_events(previous, status)
     return decision
+
+
+HELD_FOR_KUEUE = "held at zero replicas until Kueue admits the trainer"
+
+
+def kueue_queue(job: DistillationJob) -> str | None:
+    """The Kueue queue the job asks for (its `kueue.x-k8s.io/queue-name` label), if any."""
+    if not queued_by_kueue(job):
+        return None
+    return job.spec.labels.get(KUEUE_QUEUE_LABEL) or job.metadata.labels.get(KUEUE_QUEUE_LABEL)
 
 
 def _children(job: DistillationJob) -> dict[str, Any]:
@@ -215,27 +242,62 @@ def plan_actions(
         if f"{kind}/{name}" in blocked:
             continue
         seen = _observed_child(observed, kind, name)
-        want_hash = obj["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION]
         if seen is None:
             # A finished job gets no new objects: a deleted RayJob must not run again.
             if not terminal:
                 actions.append(Action("create", kind, name, obj, "missing"))
             continue
+        edited = _drift(obj, seen)
         if kind == "RayJob":
+            if terminal:
+                continue  # KubeRay is done with it; nothing of it matters any more
             patch = _rayjob_patch(job, seen)
-            if patch is not None and not terminal:
+            if edited:
+                body = _restore(obj)
+                body["spec"].pop("suspend", None)  # the trainer's suspend is decided below, not restored
+                actions.append(Action("patch", kind, name, _merge(body, patch or {}), edited))
+            elif patch is not None:
                 actions.append(Action("patch", kind, name, patch, "suspend"))
             continue
-        if seen.spec_hash != want_hash:
-            # Drift (someone edited the object) or a live change of the config: make it ours again.
-            body = {k: v for k, v in obj.items() if k in ("spec", "data")}
-            body["metadata"] = {k: obj["metadata"][k] for k in ("labels", "annotations")}
-            actions.append(Action("patch", kind, name, body, "drift"))
+        if edited:
+            # Someone edited the object, or a live change of the config: make it ours again.
+            actions.append(Action("patch", kind, name, _restore(obj), edited))
         elif kind == "Deployment" and seen.state.get("replicas") != obj["spec"]["replicas"]:
             actions.append(
                 Action("patch", kind, name, {"spec": {"replicas": obj["spec"]["replicas"]}}, "scale")
             )
     return actions
+
+
+def _drift(rendered: dict[str, Any], seen: Child) -> str:
+    """Why a child must be patched back ('' if it need not): its spec-hash annotation is not the rendered
+    one (a live change of the config, or an edited annotation), or a field the operator renders holds
+    another value (someone edited the object; fields the API server or other controllers fill in do not
+    count: `drift.drifted`)."""
+    if seen.spec_hash != rendered["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION]:
+        return "drift: spec-hash"
+    live = seen.owned_view()
+    paths = drifted(rendered, live) if live is not None else []
+    if paths:
+        shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        return f"drift: {shown}"
+    return ""
+
+
+def _restore(rendered: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch putting back what the operator renders (and its labels and spec-hash annotation)."""
+    body = {k: v for k, v in rendered.items() if k in ("spec", "data")}
+    body["metadata"] = {k: rendered["metadata"][k] for k in ("labels", "annotations")}
+    return body
+
+
+def _merge(body: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(body.get(key), dict):
+            _merge(body[key], value)
+        else:
+            body[key] = value
+    return body
 
 
 def _rayjob_patch(job: DistillationJob, seen: Child) -> dict[str, Any] | None:

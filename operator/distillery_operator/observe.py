@@ -14,7 +14,7 @@ import orjson
 
 from distillery.api import API_VERSION, KIND
 from distillery.runtime_config import CONFIG_KEY
-from distillery_operator import naming
+from distillery_operator import drift, naming
 
 JobKey = tuple[str, str]
 """(namespace, name) of a DistillationJob."""
@@ -30,6 +30,12 @@ class Child:
     spec_hash: str | None
     state: Mapping[str, Any] = field(default_factory=dict)
     """Kind-specific facts: replicas and readiness of a Deployment, status of a RayJob, spec of a config."""
+    owned: bytes = b""
+    """The live object's `drift.owned_view` as compact JSON (empty: not known), compared with the rendered
+    object to find edits made by someone else."""
+
+    def owned_view(self) -> dict[str, Any] | None:
+        return orjson.loads(self.owned) if self.owned else None
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,16 @@ def owner_key(body: Mapping[str, Any]) -> tuple[JobKey, str] | None:
     return None
 
 
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):  # kopf's read-only views of the body
+        return dict(value)
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def _owned(body: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(drift.owned_view(body), default=_plain)
+
+
 def _base(body: Mapping[str, Any]) -> tuple[str, str | None, str | None]:
     meta = body.get("metadata", {})
     owner = owner_key(body)
@@ -87,12 +103,13 @@ def summarize_deployment(body: Mapping[str, Any]) -> Child:
             "readyReplicas": status.get("readyReplicas", 0) or 0,
             "failure": failure,
         },
+        owned=_owned(body),
     )
 
 
 def summarize_service(body: Mapping[str, Any]) -> Child:
     name, uid, spec_hash = _base(body)
-    return Child(kind="Service", name=name, owner_uid=uid, spec_hash=spec_hash)
+    return Child(kind="Service", name=name, owner_uid=uid, spec_hash=spec_hash, owned=_owned(body))
 
 
 def summarize_config_map(body: Mapping[str, Any]) -> Child:
@@ -105,7 +122,14 @@ def summarize_config_map(body: Mapping[str, Any]) -> Child:
             spec = orjson.loads(raw).get("spec")
         except (orjson.JSONDecodeError, AttributeError):
             spec = None
-    return Child(kind="ConfigMap", name=name, owner_uid=uid, spec_hash=spec_hash, state={"spec": spec})
+    return Child(
+        kind="ConfigMap",
+        name=name,
+        owner_uid=uid,
+        spec_hash=spec_hash,
+        state={"spec": spec},
+        owned=_owned(body),
+    )
 
 
 RAYJOB_STATUS_FIELDS = ("jobStatus", "jobDeploymentStatus", "reason", "message", "startTime", "endTime")
@@ -116,7 +140,9 @@ def summarize_rayjob(body: Mapping[str, Any]) -> Child:
     status = body.get("status") or {}
     state = {k: status.get(k) for k in RAYJOB_STATUS_FIELDS}
     state["suspend"] = bool((body.get("spec") or {}).get("suspend", False))
-    return Child(kind="RayJob", name=name, owner_uid=uid, spec_hash=spec_hash, state=state)
+    return Child(
+        kind="RayJob", name=name, owner_uid=uid, spec_hash=spec_hash, state=state, owned=_owned(body)
+    )
 
 
 def _summarize_plain(kind: str):  # type: ignore[no-untyped-def]

@@ -18,10 +18,12 @@ from distillery.api import (
     Phase,
     Placement,
     Teacher,
+    TeacherStatus,
 )
 from distillery.runtime_config import TEACHER_PORT
 from distillery_operator import naming
 from distillery_operator.observe import Child, Observed
+from distillery_operator.render import KUEUE_QUEUE_LABEL
 from distillery_operator.spec_changes import LIVE_FIELDS_DOC
 
 OPERATOR_STATUS_FIELDS = (
@@ -51,7 +53,8 @@ class Trainer:
     message: str
 
 
-def trainer_state(rayjob: Child | None, *, suspend: bool) -> Trainer:
+def trainer_state(rayjob: Child | None, *, suspend: bool, queue: str | None = None) -> Trainer:
+    """`queue`: the Kueue queue the job names (its `kueue.x-k8s.io/queue-name` label), if any."""
     if rayjob is None:
         return Trainer("missing", "TrainerNotCreated", "the RayJob does not exist yet")
     s = rayjob.state
@@ -69,9 +72,14 @@ def trainer_state(rayjob: Child | None, *, suspend: bool) -> Trainer:
     if s.get("suspend") or deployment in SUSPENDED_DEPLOYMENT_STATES:
         if suspend:
             return Trainer("suspended", "Suspended", f"RayJob {rayjob.name} is suspended")
-        return Trainer(
-            "queued", "Queued", f"RayJob {rayjob.name} is suspended, waiting for admission (Kueue)"
-        )
+        if queue is not None:
+            return Trainer(
+                "queued",
+                "Queued",
+                f"RayJob {rayjob.name} is suspended, waiting for Kueue to admit it (queue {queue}); "
+                f"without Kueue, remove the {KUEUE_QUEUE_LABEL} label from the job",
+            )
+        return Trainer("queued", "Queued", f"RayJob {rayjob.name} is suspended; the operator resumes it")
     if job_status == "RUNNING":
         return Trainer("running", "RayJobRunning", f"RayJob {rayjob.name} is running")
     return Trainer(
@@ -86,21 +94,35 @@ def _reason(text: str, fallback: str) -> str:
 
 
 def teacher_statuses(
-    job: DistillationJob, observed: Observed, trainer: Trainer, *, scaled_to_zero: bool
+    job: DistillationJob,
+    observed: Observed,
+    trainer: Trainer,
+    *,
+    scaled_to_zero: bool,
+    zero_message: str = "scaled to zero",
 ) -> tuple[list[dict[str, Any]], set[str]]:
-    """The TeacherStatus of each teacher, and the names of those failing (not merely starting)."""
+    """The TeacherStatus of each teacher, and the names of those failing (not merely starting).
+
+    Each is written with the defaults the CRD gives its fields (the API server fills them in: written
+    without them, the status read back would differ from the one decided, and be written again).
+    """
     statuses: list[dict[str, Any]] = []
     failing: set[str] = set()
     for teacher in job.spec.teachers:
-        status, failed = _teacher_status(job, teacher, observed, trainer, scaled_to_zero)
-        statuses.append(status)
+        status, failed = _teacher_status(job, teacher, observed, trainer, scaled_to_zero, zero_message)
+        statuses.append(TeacherStatus.model_validate(status).to_yaml_dict())
         if failed:
             failing.add(teacher.name)
     return statuses, failing
 
 
 def _teacher_status(
-    job: DistillationJob, teacher: Teacher, observed: Observed, trainer: Trainer, scaled_to_zero: bool
+    job: DistillationJob,
+    teacher: Teacher,
+    observed: Observed,
+    trainer: Trainer,
+    scaled_to_zero: bool,
+    zero_message: str,
 ) -> tuple[dict[str, Any], bool]:
     status: dict[str, Any] = {"name": teacher.name, "placement": teacher.placement.value}
     failing = False
@@ -121,7 +143,7 @@ def _teacher_status(
             status["message"] = str(deployment.state["failure"])
             failing = not status["ready"]
         elif desired == 0:
-            status["message"] = "scaled to zero"
+            status["message"] = zero_message
         else:
             status["message"] = f"{ready_replicas}/{desired} replicas ready"
     elif teacher.placement == Placement.EXTERNAL:
@@ -153,6 +175,7 @@ def derive_conditions(
     teachers: Sequence[Mapping[str, Any]],
     failing_teachers: set[str],
     terminal: Phase | None,
+    held_for_kueue: bool = False,
 ) -> list[Cond]:
     conds: list[Cond] = []
     if problems:
@@ -185,6 +208,9 @@ def derive_conditions(
         conds.append(Cond(ConditionType.TEACHERS_READY, False, "JobFinished", "teachers scaled to zero"))
     elif suspend:
         conds.append(Cond(ConditionType.TEACHERS_READY, False, "Suspended", "teachers scaled to zero"))
+    elif held_for_kueue:
+        message = "teachers held at zero replicas (no GPUs) until Kueue admits the trainer"
+        conds.append(Cond(ConditionType.TEACHERS_READY, False, "Queued", message))
     elif len(ready) == len(teachers):
         conds.append(Cond(ConditionType.TEACHERS_READY, True, "AllTeachersReady", summary))
     elif failing:

@@ -183,20 +183,36 @@ def test_colocated_teacher_is_ready_when_the_trainer_runs() -> None:
     world.settle()
     assert world.body["status"]["phase"] == "Running"
     assert world.body["status"]["teachers"][0] == {
-        "name": "teacher", "placement": "colocated", "ready": True,
+        "name": "teacher",
+        "placement": "colocated",
+        "ready": True,
+        "replicas": 0,
+        "readyReplicas": 0,
         "message": "runs inside the trainer on the student's GPUs",
-    }  # fmt: skip
+    }  # fmt: skip; replicas: the CRD's defaults, written as the server would fill them in
+
+
+KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def kueue_body() -> dict[str, Any]:
+    """The README's example with the Kueue label its comment shows."""
+    body = job_body("standalone-teacher.yaml")
+    body["metadata"]["labels"] = {KUEUE_LABEL: "gpu-queue"}
+    return body
 
 
 def test_kueue_queued_job_is_pending_and_the_operator_never_unsuspends_it() -> None:
-    world = World(job_body("standalone-teacher.yaml"))
+    world = World(kueue_body())
     world.settle()
     assert world.objects[("RayJob", "qwen-7b-to-1p5b-trainer")]["spec"]["suspend"] is True
     assert world.body["status"]["phase"] == "Pending"
     assert world.condition("TrainerReady")["reason"] == "Queued"
-    # Kueue admits: it sets suspend false. The next reconciles leave it.
+    # Kueue admits: it sets suspend false. The next reconciles leave it (and start the teachers).
     world.objects[("RayJob", "qwen-7b-to-1p5b-trainer")]["spec"]["suspend"] = False
+    world.settle()
     assert world.settle().actions == []
+    assert world.objects[("RayJob", "qwen-7b-to-1p5b-trainer")]["spec"]["suspend"] is False
     # Suspending the DistillationJob forces it.
     world.body["spec"]["suspend"] = True
     decision = world.step()
@@ -208,6 +224,46 @@ def test_kueue_queued_job_is_pending_and_the_operator_never_unsuspends_it() -> N
     world.body["spec"]["suspend"] = False
     decision = world.step()
     assert [a for a in decision.actions if a.kind == "RayJob"] == []
+
+
+def test_kueue_held_teachers_hold_no_gpus_until_admission() -> None:
+    world = World(kueue_body())
+    deployment, rayjob = (
+        ("Deployment", "qwen-7b-to-1p5b-teacher-qwen-7b"),
+        ("RayJob", "qwen-7b-to-1p5b-trainer"),
+    )
+    first = world.step()
+    created = {a.kind: a.body for a in first.actions}
+    assert created["Deployment"]["spec"]["replicas"] == 0  # created at zero: no GPUs while queued
+    world.settle()
+    assert world.objects[deployment]["spec"]["replicas"] == 0
+    teachers = world.condition("TeachersReady")
+    assert (teachers["status"], teachers["reason"]) == ("False", "Queued")
+    assert "until Kueue admits the trainer" in world.body["status"]["teachers"][0]["message"]
+    trainer = world.condition("TrainerReady")["message"]
+    assert "waiting for Kueue to admit it (queue gpu-queue)" in trainer
+    assert f"without Kueue, remove the {KUEUE_LABEL} label" in trainer
+    assert world.body["status"]["phase"] == "Pending"
+
+    # Kueue admits the RayJob: the teachers go to their replicas (2).
+    world.objects[rayjob]["spec"]["suspend"] = False
+    decision = world.settle()
+    assert world.objects[deployment]["spec"]["replicas"] == 2
+    assert decision.actions == [] or all(a.kind == "Deployment" for a in decision.actions)
+    assert world.condition("TeachersReady")["reason"] == "TeachersStarting"
+
+    # Kueue preempts it (suspends the RayJob again): the teachers give their GPUs back.
+    world.objects[rayjob]["spec"]["suspend"] = True
+    world.settle()
+    assert world.objects[deployment]["spec"]["replicas"] == 0
+
+
+def test_a_job_without_kueue_starts_its_teachers_at_once() -> None:
+    world = World(job_body("standalone-teacher.yaml"))
+    world.settle()
+    assert world.objects[("Deployment", "qwen-7b-to-1p5b-teacher-qwen-7b")]["spec"]["replicas"] == 2
+    assert world.objects[("RayJob", "qwen-7b-to-1p5b-trainer")]["spec"]["suspend"] is False
+    assert world.body["status"]["phase"] == "StartingTeachers"
 
 
 def test_suspend_scales_teachers_to_zero_and_resume_restores_them() -> None:
@@ -272,11 +328,85 @@ def test_drift_is_repaired_and_nothing_else_is_touched() -> None:
     world = World(job_body("gkd.yaml"))
     world.settle()
     deployment = world.objects[("Deployment", "gkd-jsd-teacher-teacher")]
-    deployment["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:latest"
     deployment["metadata"]["annotations"]["distillery.io/spec-hash"] = "edited"
     decision = world.step()
-    assert [(a.verb, a.kind, a.why) for a in decision.actions] == [("patch", "Deployment", "drift")]
+    assert [(a.verb, a.kind, a.why) for a in decision.actions] == [
+        ("patch", "Deployment", "drift: spec-hash")
+    ]
     assert world.settle().actions == []
+
+
+def _defaulted(obj: dict[str, Any]) -> None:
+    """What the API server and other controllers add to a child: defaults, labels, annotations, extras."""
+    obj["metadata"]["labels"]["owner"] = "platform-team"
+    spec = obj.get("spec") or {}
+    if obj["kind"] == "Deployment":
+        spec.update(revisionHistoryLimit=10)
+        pod = spec["template"]["spec"]
+        pod.update(restartPolicy="Always", dnsPolicy="ClusterFirst", schedulerName="default-scheduler")
+        spec["template"]["metadata"]["annotations"] = {"kubectl.kubernetes.io/restartedAt": T1}
+        container = pod["containers"][0]
+        container.update(imagePullPolicy="IfNotPresent", terminationMessagePath="/dev/termination-log")
+        container["readinessProbe"].update(successThreshold=1)
+        container["readinessProbe"]["httpGet"]["scheme"] = "HTTP"
+        container.setdefault("env", []).append({"name": "INJECTED", "value": "by a webhook"})
+        container["resources"]["requests"]["cpu"] = "500m"  # rendered "0.5": the same quantity
+    if obj["kind"] == "Service":
+        spec.update(clusterIPs=["None"], sessionAffinity="None", type="ClusterIP", ipFamilies=["IPv4"])
+    if obj["kind"] == "RayJob":
+        spec["rayClusterSpec"]["workerGroupSpecs"][0].update(numOfHosts=1)
+        spec["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"] = {"flavor": "a100"}
+    obj["status"] = {"anything": "of another controller"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "edit", "path"),
+    [
+        ("Deployment", lambda o: o["spec"]["template"]["spec"]["containers"][0].update(image="x:1"),
+         "spec.template.spec.containers[0]"),
+        ("Deployment", lambda o: o["spec"]["template"]["spec"]["containers"][0]["command"].append("--evil"),
+         "spec.template.spec.containers[0]"),
+        ("Deployment", lambda o: o["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"].update(
+            {"nvidia.com/gpu": "8"}), "spec.template.spec.containers[0]"),
+        ("Deployment", lambda o: o["spec"]["template"]["spec"]["volumes"].pop(), "spec.template.spec.volumes[0]"),
+        ("Service", lambda o: o["spec"]["ports"][0].update(port=9000), "spec.ports[0]"),
+        ("Service", lambda o: o["spec"].update(selector={"app": "else"}), "spec.selector.app.kubernetes.io/instance"),
+        ("ConfigMap", lambda o: o["data"].update({"runtime-config.json": "{}"}), "data.runtime-config.json"),
+        ("RayJob", lambda o: o["spec"].update(entrypoint="sleep infinity"), "spec.entrypoint"),
+        ("RayJob", lambda o: o["metadata"]["labels"].pop("distillery.io/job"), "labels.distillery.io/job"),
+    ],
+)  # fmt: skip
+def test_an_edited_field_the_operator_renders_is_put_back(kind: str, edit: Any, path: str) -> None:
+    """Drift is what the operator renders holding another value, whatever the spec-hash annotation says;
+    what the server or others add (defaults, labels, a webhook's env var, Kueue's nodeSelector) is not."""
+    body = job_body("gkd.yaml")
+    body["spec"]["teachers"][0]["pool"]["resources"] = {"requests": {"cpu": "0.5"}}
+    world = World(body)
+    world.settle()
+    for obj in world.objects.values():
+        _defaulted(obj)
+    assert world.step().actions == []  # defaults and others' additions are not drift
+
+    name = next(n for (k, n) in world.objects if k == kind)
+    edit(world.objects[(kind, name)])
+    decision = world.step()
+    assert [(a.verb, a.kind) for a in decision.actions] == [("patch", kind)]
+    assert path in decision.actions[0].why
+    assert world.step().actions == []  # put back: nothing more to do
+
+
+def test_a_drifted_rayjob_keeps_the_suspend_kueue_gave_it() -> None:
+    world = World(kueue_body())
+    world.settle()
+    rayjob = world.objects[("RayJob", "qwen-7b-to-1p5b-trainer")]
+    rayjob["spec"]["suspend"] = False  # Kueue admitted it
+    rayjob["spec"]["entrypoint"] = "sleep infinity"  # and someone edited it
+    decision = world.step()
+    (patch,) = [a for a in decision.actions if a.kind == "RayJob"]
+    assert "suspend" not in patch.body["spec"] and patch.body["spec"]["entrypoint"].startswith(
+        "distillery run"
+    )
+    assert rayjob["spec"]["suspend"] is False
 
 
 def test_the_runtimes_fields_are_never_written() -> None:

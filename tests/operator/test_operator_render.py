@@ -106,8 +106,18 @@ def load(name: str) -> DistillationJob:
     return load_job(ROOT / "examples" / name)
 
 
+def kueue_labelled(name: str) -> DistillationJob:
+    """An example with the Kueue label the README's example shows commented out."""
+    job = load(name)
+    return job.model_copy(
+        update={
+            "metadata": job.metadata.model_copy(update={"labels": {"kueue.x-k8s.io/queue-name": "gpu-queue"}})
+        }
+    )
+
+
 def test_standalone_teacher_deployment_and_service() -> None:
-    job = load("standalone-teacher.yaml")
+    job = kueue_labelled("standalone-teacher.yaml")
     objects = render_job(job, CTX)
     (deployment,) = by_kind(objects, "Deployment")
     (service,) = by_kind(objects, "Service")
@@ -195,7 +205,7 @@ def test_a_job_name_starting_with_a_digit_names_services_and_endpoints_alike() -
 
 
 def test_rayjob_runs_the_runtime_with_the_config() -> None:
-    job = load("standalone-teacher.yaml")
+    job = kueue_labelled("standalone-teacher.yaml")
     (rayjob,) = by_kind(render_job(job, CTX), "RayJob")
     spec = rayjob["spec"]
     assert spec["entrypoint"] == ENTRYPOINT == "distillery run /etc/distillery/runtime-config.json"
