@@ -14,7 +14,7 @@ from chart.helm_chart import CHART, SCENARIOS, by_kind, render_objects
 from chart.operator_scenario import NAMESPACE
 
 Grant = tuple[str, str]
-"""(verb, "group:resource") with the core group spelt "core", as `verbs_used` reports requests."""
+"""(verb, "group:resource") with the core group spelt "core"."""
 
 
 def documented_grants() -> set[Grant]:

@@ -3,7 +3,6 @@
 `running_cluster()` serves the emulator on loopback and writes a kubeconfig for it; `running_operator()`
 runs the real kopf operator in the test's event loop (as `distillery operator` would, minus the process);
 `spawn_operator()` runs `python -m distillery_operator` as a process (for kill -9 tests and the bench).
-`verbs_used()` turns the request log into the (verb, resource) pairs the operator needs in its RBAC.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -212,24 +211,6 @@ def spawn_operator(cluster: Cluster, *args: str, log: Path | None = None) -> sub
         stdout=out,
         stderr=subprocess.STDOUT,
     )
-
-
-WRITE_ACTIONS = {"create", "update", "delete"}
-
-
-def verbs_used(requests: Iterable[Any], *, writes_only: bool = False) -> set[tuple[str, str]]:
-    """(verb, resource) pairs of a request log, in RBAC terms (fetch -> get, update -> patch)."""
-    rbac = {"fetch": "get", "update": "patch"}
-    pairs: set[tuple[str, str]] = set()
-    for request in requests:
-        if request.resource is None or request.action is None:
-            continue
-        action = str(getattr(request.action, "value", request.action)).lower()
-        if writes_only and action not in WRITE_ACTIONS:
-            continue
-        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
-        pairs.add((rbac.get(action, action), f"{request.resource.group or 'core'}:{resource}"))
-    return pairs
 
 
 def load_example(file: str, /, **metadata: Any) -> dict[str, Any]:

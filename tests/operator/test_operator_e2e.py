@@ -31,7 +31,6 @@ from operator_harness import (
     quiet,
     running_operator,
     spawn_operator,
-    verbs_used,
     wait_for,
 )
 
@@ -244,25 +243,3 @@ async def test_operator_killed_mid_reconcile_converges_without_duplicates(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-
-
-async def test_rbac_pairs_are_what_the_chart_grants(operator: Cluster) -> None:
-    """The (verb, resource) pairs the operator really uses, as the chart's Role must grant them."""
-    c = operator
-    await c.create(load_example("multi-teacher.yaml"))
-    await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, f"{MOPD}-trainer"), what="RayJob")
-    await c.play_deployment(MOPD_TEACHERS[0], 1)
-    await wait_for(lambda: events_for(c, MOPD), what="an event")
-    operator_requests = [
-        r for r in c.emulator.api_requests()[1:] if r.resource is not None
-    ]  # [0]: our create
-    pairs = verbs_used(operator_requests, writes_only=True)
-    assert pairs >= {
-        ("create", "core:configmaps"),
-        ("create", "core:services"),
-        ("create", "apps:deployments"),
-        ("create", "ray.io:rayjobs"),
-        ("patch", "distillery.io:distillationjobs/status"),
-        ("create", "core:events"),
-    }
-    assert ("patch", "distillery.io:distillationjobs") not in pairs  # no finalizers, no annotations
