@@ -499,6 +499,9 @@ class DistillationJobSpec(ApiModel):
     """Retries of the trainer (each resumes from the newest checkpoint)."""
     teacher_ready_timeout_seconds: int = Field(default=1800, ge=1, le=MAX_INT)
     """How long the trainer waits for its teachers before it fails."""
+    teacher_outage_timeout_seconds: int = Field(default=1800, ge=0, le=MAX_INT)
+    """How long the trainer waits for a teacher that stops answering mid-run (scoring pauses; scored
+    samples and finished steps are kept) before it saves a checkpoint and fails; 0 = fail at once."""
     labels: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP)
     """Labels added to every child object (metadata.labels of the job are passed through as well)."""
 

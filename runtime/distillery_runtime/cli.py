@@ -136,6 +136,7 @@ async def _run(
     from distillery_runtime.loop import Loop, RunOptions, start_components, stop_components
     from distillery_runtime.metrics import RuntimeMetrics
     from distillery_runtime.report import write_report
+    from distillery_runtime.teachers.outage import TeacherOutageError
 
     stop = threading.Event()
     metrics = RuntimeMetrics()
@@ -170,6 +171,7 @@ async def _run(
     _install_interrupt(stop, progress.event)
     teachers = None
     components = None
+    failure: TeacherOutageError | None = None
     started = time.monotonic()
     try:
         if not in_cluster:
@@ -180,7 +182,11 @@ async def _run(
         waited = await local.wait_for_teachers(config, config.spec.teacher_ready_timeout_seconds, teachers)
         progress.event(f"teachers ready after {waited:.1f} s")
         components = await components_task
-        result = await loop.run(components)
+        try:
+            result = await loop.run(components)
+        except TeacherOutageError as error:
+            # The loop saved a checkpoint of its finished steps; the report shows them, then the run fails.
+            failure, result = error, loop.result(stopped=True)
     finally:
         progress.close()
         if components is not None:
@@ -195,6 +201,7 @@ async def _run(
         "teachers": ", ".join(f"{t.name} ({t.placement.value})" for t in config.spec.teachers),
         "rollout engine": config.spec.student.rollout.engine.value,
         "last checkpoint": result.last_checkpoint,
+        **({"failed": str(failure)} if failure is not None else {}),
         "prompts": f"{len(loop.train_data.records)} train"
         + (f", {len(loop.eval_data.records)} eval" if loop.eval_data else "")
         + (f"; {'; '.join(loop.notes)}" if loop.notes else ""),
@@ -210,6 +217,8 @@ async def _run(
             flush=True,
         )
     print(f"report: {report}", flush=True)
+    if failure is not None:
+        raise failure
     return EXIT_INTERRUPTED if result.stopped else EXIT_OK
 
 

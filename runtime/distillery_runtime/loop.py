@@ -31,6 +31,7 @@ from distillery_runtime.losses import LossConfig
 from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.samples import RolloutSample, TrainSample
+from distillery_runtime.teachers.outage import OutageChange, OutageTracker, TeacherOutageError
 from distillery_runtime.teachers.types import ScoreRequest
 from distillery_runtime.trainer import SUMMED_OVER_RANKS, TrainerSettings, step_normalizer
 from distillery_runtime.uris import resolve_location
@@ -148,9 +149,24 @@ class Loop:
         self.position = 0
         self.version = 0
         self.last_checkpoint: str | None = None
+        self.saved_step = 0
+        """Step of the newest checkpoint this run wrote or resumed from."""
         self.model_dir = self.student_dir
 
     # ---------------------------------------------------------------------------------------- setup
+
+    def teacher_outage(self, change: OutageChange) -> None:
+        """A teacher stopped answering past its client's retries, or came back: said at once."""
+        self.metrics.teacher_down(change.teacher, change.down)
+        if change.down:
+            self._event(
+                f"teacher {change.teacher} is not answering; scoring waits for it up to {change.seconds:.0f} s "
+                f"(spec.teacherOutageTimeoutSeconds), keeping what is scored: {change.error}"
+            )
+        else:
+            self._event(
+                f"teacher {change.teacher} answers again after {change.seconds:.0f} s; scoring goes on"
+            )
 
     def _event(self, message: str) -> None:
         log.info(message)
@@ -179,6 +195,7 @@ class Loop:
         self.version = int(state["version"])
         self.model_dir = str(ref.path / checkpoint.MODEL_DIR)
         self.last_checkpoint = str(ref.path)
+        self.saved_step = self.step_done
         self.metrics_file.truncate_after(self.step_done)
         self.eval_file.truncate_after(self.step_done)
         from distillery_runtime.metrics import read_jsonl
@@ -261,7 +278,12 @@ class Loop:
             for sample in dataset:
                 submit(sample)
         rollout_done = time.perf_counter()
-        scored = await asyncio.gather(*scoring_tasks)
+        try:
+            scored = await asyncio.gather(*scoring_tasks)
+        except BaseException:
+            for task in scoring_tasks:  # a teacher gave up: the samples still waiting on others stop too
+                task.cancel()
+            raise
         done = time.perf_counter()
         # Samples stream out in completion order; train in request order so a run is reproducible.
         position = {sample_id: i for i, sample_id in enumerate(wanted)}
@@ -309,6 +331,15 @@ class Loop:
     # ---------------------------------------------------------------------------------------- the loop
 
     async def run(self, c: Components) -> RunResult:
+        try:
+            return await self._run(c)
+        except TeacherOutageError:
+            # The finished steps are not thrown away with the run: save them, then fail.
+            if self.step_done > self.saved_step:
+                await self.save(c, self.step_done)
+            raise
+
+    async def _run(self, c: Components) -> RunResult:
         if self.step_done == 0 and self.eval_data is not None:
             await self.evaluate(c, 0)
         one_step_off = self.spec.schedule.one_step_off
@@ -353,6 +384,10 @@ class Loop:
                 break
         if pending is not None:
             await pending
+        return self.result(stopped)
+
+    def result(self, stopped: bool) -> RunResult:
+        """What the run did so far (its end, or where a failure left it)."""
         return RunResult(self.step_done, self.total, stopped, self.records, self.evals, self.last_checkpoint)
 
     def _record(
@@ -413,6 +448,7 @@ class Loop:
         self.metrics.checkpoint_seconds.observe(seconds)
         self.metrics.checkpoint_step.set(step)
         self.last_checkpoint = path
+        self.saved_step = step
         self._event(f"checkpoint step {step}: {path} ({seconds:.2f} s)")
         if self.options.status is not None:
             self.options.status.checkpoint(step, path)
@@ -472,7 +508,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     import ray
 
     from distillery_runtime import workers
-    from distillery_runtime.scoring import TeacherScoring, build_client
+    from distillery_runtime.scoring import TeacherScoring, build_client, client_retry
 
     spec = config.spec
     gpus = spec.student.pool.gpus_per_worker
@@ -521,15 +557,21 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
         )
         colocated_actors[teacher.name] = actor
     await asyncio.gather(*(a.start.remote() for a in colocated_actors.values()))
+    # Past a client's own retries a teacher counts as down: scoring waits for it, up to the job's budget.
+    retry = client_retry(spec.teacher_outage_timeout_seconds)
     clients = {
         t.name: build_client(
             t,
             next(s.max_concurrency for s in spec.teachers if s.name == t.name),
             colocated_actors.get(t.name),
+            retry,
         )
         for t in config.teachers
     }
-    scoring = TeacherScoring(config, clients)
+    outages = OutageTracker(
+        spec.teacher_outage_timeout_seconds, detected_after=retry.total_timeout, on_change=loop.teacher_outage
+    )
+    scoring = TeacherScoring(config, clients, outages)
     dtype = await rollout.dtype.remote()
     components = Components(trainers, rollout, scoring, list(colocated_actors.values()), dtype)
     if loop.version:  # resumed: the trainers restore optimizer, schedule and RNG states

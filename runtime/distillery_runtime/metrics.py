@@ -39,6 +39,7 @@ METRIC_NAMES = (
     "distillery_runtime_teacher_request_duration_seconds",
     "distillery_runtime_teacher_retries_total",
     "distillery_runtime_teacher_samples_total",
+    "distillery_runtime_teacher_unavailable",
     "distillery_runtime_checkpoint_duration_seconds",
     "distillery_runtime_checkpoint_step",
     "distillery_runtime_eval_accuracy_ratio",
@@ -100,6 +101,12 @@ class RuntimeMetrics:
         self.teacher_samples = Counter(
             PREFIX + "teacher_samples", "Samples scored, per teacher.", ["teacher"], registry=r
         )
+        self.teacher_unavailable = Gauge(
+            PREFIX + "teacher_unavailable",
+            "1 while the trainer waits for this teacher (unreachable past its retries), else 0.",
+            ["teacher"],
+            registry=r,
+        )
         self.checkpoint_seconds = Histogram(
             PREFIX + "checkpoint_duration_seconds",
             "Time to write a checkpoint.",
@@ -137,6 +144,10 @@ class RuntimeMetrics:
             for seconds in latencies:
                 self.teacher_seconds.labels(name).observe(seconds)
             self.teacher_samples.labels(name).inc(len(latencies))
+
+    def teacher_down(self, teacher: str, down: bool) -> None:
+        """Set at once when a teacher goes down or comes back (not at step end: no step ends meanwhile)."""
+        self.teacher_unavailable.labels(teacher).set(1 if down else 0)
 
     def record_retries(self, totals: dict[str, int]) -> None:
         for name, total in totals.items():

@@ -17,6 +17,7 @@ from typing import Any
 
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
 from distillery_runtime.teachers.outage import OutageTracker
+from distillery_runtime.teachers.retry import RetryPolicy
 from distillery_runtime.teachers.router import MultiTeacherScorer
 from distillery_runtime.teachers.types import ScoreRequest, TeacherScores, TeacherUnavailableError
 
@@ -49,8 +50,24 @@ class RayTeacher:
         return None
 
 
-def build_client(teacher: ResolvedTeacher, max_concurrency: int, colocated_actor: Any | None = None) -> Any:
+def client_retry(outage_budget_seconds: float) -> RetryPolicy:
+    """How long one scoring call retries before its teacher counts as down: RetryPolicy's default, or a
+    quarter of a smaller outage budget, so that the outage wait (live-reported) is most of the budget."""
+    default = RetryPolicy()
+    if 0 < outage_budget_seconds / 4 < default.total_timeout:
+        seconds = outage_budget_seconds / 4
+        return RetryPolicy(total_timeout=seconds, request_timeout=min(default.request_timeout, seconds))
+    return default
+
+
+def build_client(
+    teacher: ResolvedTeacher,
+    max_concurrency: int,
+    colocated_actor: Any | None = None,
+    retry: RetryPolicy | None = None,
+) -> Any:
     """The scoring client of one resolved teacher."""
+    retry = retry or RetryPolicy()
     if teacher.protocol == TeacherProtocol.COMPACT:
         from distillery_runtime.teachers.compact_http import CompactTeacher
 
@@ -62,6 +79,7 @@ def build_client(teacher: ResolvedTeacher, max_concurrency: int, colocated_actor
             concurrency=max_concurrency,
             batch_size=1,
             resolve_dns=True,
+            retry=retry,
         )
     if teacher.protocol == TeacherProtocol.OPENAI:
         from distillery_runtime.teachers.openai_http import OpenAITeacher
@@ -72,6 +90,7 @@ def build_client(teacher: ResolvedTeacher, max_concurrency: int, colocated_actor
             name=teacher.name,
             concurrency=max_concurrency,
             resolve_dns=True,
+            retry=retry,
         )
     if colocated_actor is None:
         raise ValueError(f"teacher {teacher.name}: a colocated teacher needs its engine actor")

@@ -6,7 +6,8 @@
 - two trainers are `distillery_runtime.metrics.RuntimeMetrics` exporters served in-process, fed through
   the calls the training loop makes (record_step, record_retries, total_steps, checkpoint, eval):
   `demo` trains (a step every 0.25 s, two teachers answering, a few retries), `stuck` finished one
-  step and since then only retries its teacher `math`, which never answers.
+  step and since then waits for its teacher `math`, which never answers (the loop's OutageTracker sets
+  `teacher_down` the moment the client's retries are spent).
 - Prometheus scrapes all three every second, with the labels the chart's PodMonitor adds to trainers
   (namespace, distillery_job), and evaluates the chart's alert rules (rendered with short windows).
 """
@@ -77,6 +78,8 @@ class Trainers:
             metrics.total_steps.set(100)
         rng = random.Random(0)
         self.stuck.record_step(step_record(1, rng), {"code": [0.05]})
+        self.stuck.teacher_down("math", True)
+        self.demo.teacher_down("code", False)  # it was down once and came back
         self.demo.eval_accuracy.set(0.25)
         self.demo.checkpoint_seconds.observe(0.4)
         self.demo.checkpoint_step.set(0)
