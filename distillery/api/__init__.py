@@ -45,6 +45,7 @@ from distillery.api.status import (
     DistillationJobStatus,
     Phase,
     Progress,
+    TeacherOutage,
     TeacherStatus,
 )
 
@@ -90,6 +91,7 @@ __all__ = [
     "Student",
     "StudentPool",
     "Teacher",
+    "TeacherOutage",
     "TeacherPool",
     "TeacherStatus",
     "Toleration",

@@ -76,6 +76,17 @@ class CheckpointStatus(ApiModel):
     time: str | None = None
 
 
+class TeacherOutage(ApiModel):
+    """A teacher the trainer cannot reach, as the runtime reports it while it waits (up to
+    spec.teacherOutageTimeoutSeconds)."""
+
+    name: str
+    since: str
+    """When the trainer's retries for it ran out (RFC 3339)."""
+    message: str = ""
+    """The last error the trainer saw."""
+
+
 class Children(ApiModel):
     """Names of the objects the operator created for the job."""
 
@@ -100,3 +111,5 @@ class DistillationJobStatus(ApiModel):
     start_time: str | None = None
     completion_time: str | None = None
     last_checkpoint: CheckpointStatus | None = None
+    teacher_outages: list[TeacherOutage] = Field(default_factory=list)
+    """Written by the runtime: the teachers it is waiting for now (empty when all answer)."""

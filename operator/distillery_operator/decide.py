@@ -23,6 +23,7 @@ from distillery_operator.status import (
     derive_conditions,
     derive_phase,
     merge_conditions,
+    runtime_outages,
     teacher_statuses,
     trainer_state,
 )
@@ -152,6 +153,7 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
             trainer,
             scaled_to_zero=scaled_to_zero,
             zero_message=HELD_FOR_KUEUE if held_for_kueue else "scaled to zero",
+            outages=runtime_outages(previous),
         )
         ctx = RenderContext(
             namespace=meta.namespace or "", owner_uid=meta.uid, teachers_scaled_to_zero=scaled_to_zero

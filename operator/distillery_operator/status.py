@@ -18,6 +18,7 @@ from distillery.api import (
     Phase,
     Placement,
     Teacher,
+    TeacherOutage,
     TeacherStatus,
 )
 from distillery.runtime_config import TEACHER_PORT
@@ -93,6 +94,21 @@ def _reason(text: str, fallback: str) -> str:
     return cleaned if cleaned[:1].isalpha() else fallback
 
 
+def runtime_outages(status: Mapping[str, Any]) -> dict[str, str]:
+    """The teachers the trainer reports it is waiting for (status.teacherOutages, the runtime's), with
+    their last error; malformed entries are skipped (the runtime, not the operator, writes them)."""
+    out: dict[str, str] = {}
+    for entry in status.get("teacherOutages") or []:
+        try:
+            outage = TeacherOutage.model_validate(entry)
+        except ValueError:
+            continue
+        out[outage.name] = f"not answering since {outage.since}" + (
+            f": {outage.message}" if outage.message else ""
+        )
+    return out
+
+
 def teacher_statuses(
     job: DistillationJob,
     observed: Observed,
@@ -100,9 +116,12 @@ def teacher_statuses(
     *,
     scaled_to_zero: bool,
     zero_message: str = "scaled to zero",
+    outages: Mapping[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], set[str]]:
     """The TeacherStatus of each teacher, and the names of those failing (not merely starting).
 
+    `outages`: the teachers the trainer reports it cannot reach (status.teacherOutages, the runtime's),
+    with its last error: whatever their Deployment says, they are failing for the job.
     Each is written with the defaults the CRD gives its fields (the API server fills them in: written
     without them, the status read back would differ from the one decided, and be written again).
     """
@@ -110,6 +129,9 @@ def teacher_statuses(
     failing: set[str] = set()
     for teacher in job.spec.teachers:
         status, failed = _teacher_status(job, teacher, observed, trainer, scaled_to_zero, zero_message)
+        if outages and teacher.name in outages and not scaled_to_zero:
+            status.update(ready=False, message=f"the trainer cannot reach it: {outages[teacher.name]}")
+            failed = True
         statuses.append(TeacherStatus.model_validate(status).to_yaml_dict())
         if failed:
             failing.add(teacher.name)
@@ -211,11 +233,11 @@ def derive_conditions(
     elif held_for_kueue:
         message = "teachers held at zero replicas (no GPUs) until Kueue admits the trainer"
         conds.append(Cond(ConditionType.TEACHERS_READY, False, "Queued", message))
-    elif len(ready) == len(teachers):
-        conds.append(Cond(ConditionType.TEACHERS_READY, True, "AllTeachersReady", summary))
     elif failing:
         detail = "; ".join(f"{t['name']}: {t.get('message')}" for t in failing)
         conds.append(Cond(ConditionType.TEACHERS_READY, False, "TeacherUnavailable", f"{summary}; {detail}"))
+    elif len(ready) == len(teachers):
+        conds.append(Cond(ConditionType.TEACHERS_READY, True, "AllTeachersReady", summary))
     else:
         waiting = "; ".join(f"{t['name']}: {t.get('message')}" for t in teachers if not t["ready"])
         conds.append(Cond(ConditionType.TEACHERS_READY, False, "TeachersStarting", f"{summary}; {waiting}"))

@@ -167,6 +167,8 @@ class Loop:
             self._event(
                 f"teacher {change.teacher} answers again after {change.seconds:.0f} s; scoring goes on"
             )
+        if self.options.status is not None:  # in a cluster: the job's TeachersReady condition shows it
+            self.options.status.teacher_outage(change.teacher, change.down, change.error)
 
     def _event(self, message: str) -> None:
         log.info(message)

@@ -1,6 +1,7 @@
 """Progress into the DistillationJob's status, from the trainer, in a cluster.
 
-The runtime owns `status.progress` and `status.lastCheckpoint` (the operator never writes them) and
+The runtime owns `status.progress`, `status.lastCheckpoint` and `status.teacherOutages` (the operator
+never writes them; it shows an outage as TeachersReady False, reason TeacherUnavailable) and
 patches them through the `status` subresource with a JSON merge patch, using the namespaced Role
 `distillery-runtime` (get/patch on distillationjobs/status). Patches are rate-limited (at most one per
 `min_interval` seconds; checkpoints and the final step always go through) and a failed patch is logged,
@@ -15,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from distillery.api.spec import GROUP, PLURAL, VERSION
-from distillery.api.status import CheckpointStatus, Progress
+from distillery.api.status import CheckpointStatus, Progress, TeacherOutage
 
 log = logging.getLogger("distillery.runtime.status")
 
@@ -43,6 +44,15 @@ def checkpoint_patch(step: int, path: str) -> dict[str, Any]:
     return {"status": {"lastCheckpoint": ckpt.model_dump(by_alias=True, exclude_none=True)}}
 
 
+def outages_patch(outages: dict[str, TeacherOutage]) -> dict[str, Any]:
+    """The merge patch for the teachers the trainer waits for now (a list: a merge patch replaces it)."""
+    return {
+        "status": {
+            "teacherOutages": [o.model_dump(by_alias=True) for _, o in sorted(outages.items())],
+        }
+    }
+
+
 class StatusReporter:
     """Patches the job's status subresource with the official kubernetes client."""
 
@@ -51,6 +61,7 @@ class StatusReporter:
         self.min_interval = min_interval
         self._last = float("-inf")
         self._eval: float | None = None
+        self._outages: dict[str, TeacherOutage] = {}
         if api is None:
             from kubernetes import client, config
 
@@ -83,3 +94,11 @@ class StatusReporter:
 
     def checkpoint(self, step: int, path: str) -> None:
         self._patch(checkpoint_patch(step, path))
+
+    def teacher_outage(self, teacher: str, down: bool, message: str = "") -> None:
+        """A teacher stopped answering, or came back: patched at once (never rate-limited)."""
+        if down:
+            self._outages[teacher] = TeacherOutage(name=teacher, since=now_iso(), message=message[:1024])
+        elif self._outages.pop(teacher, None) is None:
+            return
+        self._patch(outages_patch(self._outages))

@@ -464,14 +464,35 @@ reporter.checkpoint(7, "/checkpoints/step-7")
 """What the trainer does (distillery_runtime.cli): the real reporter, its own client and config loading."""
 
 
-def report_progress(kubeconfig: Path, namespace: str, job: str) -> str:
+OUTAGE = """
+import sys
+from distillery_runtime.status import StatusReporter
+
+reporter = StatusReporter(sys.argv[1], sys.argv[2], min_interval=0)
+reporter.teacher_outage("qwen-7b", True, "no answer from http://qwen-7b within 120.0 s")
+if sys.argv[3] == "back":
+    reporter.teacher_outage("qwen-7b", False)
+"""
+"""What the trainer's loop does when its OutageTracker says a teacher went down (and came back)."""
+
+
+def report_progress(kubeconfig: Path, namespace: str, job: str, script: str = REPORT, *args: str) -> str:
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     result = subprocess.run(
-        [sys.executable, "-c", REPORT, namespace, job], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", script, namespace, job, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     return result.stderr
+
+
+def teachers_ready(installation: Installation, namespace: str, job: str) -> dict[str, Any]:
+    conditions = status(installation, namespace, job).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "TeachersReady"), {})
 
 
 def get_dj_column(installation: Installation, namespace: str, job: str, column: str) -> str:
@@ -522,12 +543,38 @@ def test_the_trainer_reports_progress_as_the_account_the_operator_made_for_its_j
         assert step_column(installation, namespace, "other") == ""
         # The operator's own fields survived the runtime's patch (each writer names only its fields).
         assert quick["phase"] and quick["conditions"]
+        # A teacher the trainer cannot reach: the runtime says so, the operator shows it on the job.
+        report_progress(token, namespace, "quick", OUTAGE, "down")
+        unavailable = wait_until(
+            lambda: (
+                (c := teachers_ready(installation, namespace, "quick")).get("reason") == "TeacherUnavailable"
+                and c
+            ),
+            what="TeachersReady reason TeacherUnavailable",
+        )
+        assert "qwen-7b: the trainer cannot reach it: not answering since" in unavailable["message"]
+        assert "no answer from http://qwen-7b within 120.0 s" in unavailable["message"]
+        wait_until(
+            lambda: any(
+                e["reason"] == "TeacherUnavailable" for e in events(installation, namespace, "quick")
+            ),
+            what="a TeacherUnavailable Event",
+        )
+        report_progress(token, namespace, "quick", OUTAGE, "back")
+        wait_until(
+            lambda: (
+                teachers_ready(installation, namespace, "quick").get("reason")
+                not in (None, "TeacherUnavailable")
+            ),
+            what="the outage to clear",
+        )
+        assert status(installation, namespace, "quick")["teacherOutages"] == []
     user = f"system:serviceaccount:{namespace}:{account}"
     used = {(r.grant, r.name, r.code) for r in audit_requests(installation, since, {user})}
     assert used == {
         (("patch", "distillery.io:distillationjobs/status"), "quick", 200),
         (("patch", "distillery.io:distillationjobs/status"), "other", 403),
-    }
+    }  # the outage reports are status patches too: nothing more is needed
 
 
 def test_a_job_naming_the_charts_runtime_account_reports_progress_through_the_charts_role(

@@ -1,7 +1,8 @@
 """Fixtures of the operator tests: an emulated cluster per test and the real operator running against it.
 
 The harness lives in `operator_harness.py` and `kube_emulator.py` (importable from this directory) so that
-other areas (the Helm chart's RBAC test) can start the same cluster and operator and read the request log.
+other areas (the observability stack, tests/chart/operator_scenario.py) can start the same cluster and
+operator and read the request log.
 """
 
 from __future__ import annotations

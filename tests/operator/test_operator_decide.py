@@ -120,6 +120,35 @@ def test_standalone_job_from_creation_to_success() -> None:
     assert again.actions == [] and world.body["status"]["phase"] == "Succeeded"
 
 
+def test_a_teacher_the_trainer_cannot_reach_is_shown_until_it_answers_again() -> None:
+    """The runtime reports the teachers it waits for in status.teacherOutages; the operator turns that into
+    TeachersReady False (reason TeacherUnavailable) with the trainer's last error, and a Warning Event."""
+    world = World(job_body("gkd.yaml"))
+    world.settle(T0)
+    world.play("Deployment", "gkd-jsd-teacher-teacher", {"readyReplicas": 1})
+    world.play("RayJob", "gkd-jsd-trainer", {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"})
+    world.settle(T1)
+    assert world.condition("TeachersReady")["reason"] == "AllTeachersReady"
+
+    outage = {"name": "teacher", "since": T1, "message": "connection refused"}
+    world.body["status"]["teacherOutages"] = [outage]  # the runtime's field, patched by the trainer
+    decision = decide(world.body, world.observed(), T2)
+    ready = next(c for c in decision.status["conditions"] if c["type"] == "TeachersReady")
+    assert ready["status"] == "False" and ready["reason"] == "TeacherUnavailable"
+    assert (
+        f"teacher: the trainer cannot reach it: not answering since {T1}: connection refused"
+        in ready["message"]
+    )
+    assert decision.status["phase"] == "Running" and decision.status["teachersReady"] == "0/1"
+    assert [e.type for e in decision.events if e.reason == "TeacherUnavailable"] == ["Warning"]
+    assert "teacherOutages" not in decision.status  # never written by the operator
+
+    world.body["status"] = {**decision.status, "teacherOutages": []}
+    back = decide(world.body, world.observed(), T2)
+    ready = next(c for c in back.status["conditions"] if c["type"] == "TeachersReady")
+    assert ready["reason"] == "AllTeachersReady" and back.status["teachersReady"] == "1/1"
+
+
 def test_failed_rayjob_fails_the_job_with_kuberays_reason_but_retrying_does_not() -> None:
     world = World(job_body("gkd.yaml", backoffLimit=1))
     world.settle()
