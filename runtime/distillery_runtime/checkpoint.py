@@ -67,6 +67,10 @@ class PreflightError(RuntimeError):
     """The checkpoint folder cannot take this run's checkpoints; found before the first step."""
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, folder gone); the complete ones are untouched."""
+
+
 def parameter_count(model_dir: str | Path) -> int | None:
     """Parameters of a safetensors model, read from the files' headers (no tensor is loaded); None when
     the folder holds no safetensors (a hub id resolved elsewhere, or pickled weights)."""
@@ -174,14 +178,28 @@ def save(
     tmp = root / f".tmp-{step_dir_name(step)}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    model.save_pretrained(tmp / MODEL_DIR, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp / MODEL_DIR)
-    torch.save(trainer_state, tmp / TRAINER_FILE)
-    (tmp / STATE_FILE).write_bytes(orjson.dumps({**state, "step": step, "saved_at": time.time()}))
-    (tmp / MARKER).write_text(str(step))
-    _fsync_tree(tmp)
+    try:
+        tmp.mkdir()
+        model.save_pretrained(tmp / MODEL_DIR, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / MODEL_DIR)
+        torch.save(trainer_state, tmp / TRAINER_FILE)
+        (tmp / STATE_FILE).write_bytes(orjson.dumps({**state, "step": step, "saved_at": time.time()}))
+        (tmp / MARKER).write_text(str(step))
+        _fsync_tree(tmp)
+    except Exception as error:
+        # A full or failing disk, however the writer reports it (OSError; RuntimeError from torch.save;
+        # SafetensorError from the weights): drop the partial copy so the space is back, and keep every
+        # complete checkpoint as it is.
+        shutil.rmtree(tmp, ignore_errors=True)
+        newest = latest(root)
+        kept = (
+            f"the newest complete checkpoint is {newest.path}" if newest else "no complete checkpoint exists"
+        )
+        reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
+        raise CheckpointWriteError(
+            f"{root}: could not write checkpoint step {step} ({reason}); {kept}"
+        ) from error
     if final.exists():  # a checkpoint of this step from a run that died after it; ours replaces it
         shutil.rmtree(final)
     os.rename(tmp, final)

@@ -106,6 +106,11 @@ def _install_interrupt(stop: threading.Event, say: Any) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def root_cause(error: BaseException) -> BaseException:
+    """The error an actor raised, without Ray's wrapping (whose text is the remote traceback)."""
+    return getattr(error, "cause", None) or error
+
+
 def check_teacher_tokenizers(config: RuntimeConfig, student_tokenizer: Any) -> None:
     """Refuse teachers whose tokenizer maps tokens differently (only those whose files are at hand)."""
     from transformers import AutoTokenizer
@@ -133,6 +138,7 @@ async def _run(
     gpus: LocalGpuPlan | None,
 ) -> int:
     from distillery_runtime import local
+    from distillery_runtime.checkpoint import CheckpointWriteError
     from distillery_runtime.loop import Loop, RunOptions, start_components, stop_components
     from distillery_runtime.metrics import RuntimeMetrics
     from distillery_runtime.report import write_report
@@ -171,7 +177,7 @@ async def _run(
     _install_interrupt(stop, progress.event)
     teachers = None
     components = None
-    failure: TeacherOutageError | None = None
+    failure: Exception | None = None
     started = time.monotonic()
     try:
         if not in_cluster:
@@ -184,8 +190,9 @@ async def _run(
         components = await components_task
         try:
             result = await loop.run(components)
-        except TeacherOutageError as error:
-            # The loop saved a checkpoint of its finished steps; the report shows them, then the run fails.
+        except (TeacherOutageError, CheckpointWriteError) as error:
+            # What is finished is kept (the loop saved it, or it was saved before the disk filled): the
+            # report shows it, then the run fails with the one line of what went wrong.
             failure, result = error, loop.result(stopped=True)
     finally:
         progress.close()
@@ -201,7 +208,7 @@ async def _run(
         "teachers": ", ".join(f"{t.name} ({t.placement.value})" for t in config.spec.teachers),
         "rollout engine": config.spec.student.rollout.engine.value,
         "last checkpoint": result.last_checkpoint,
-        **({"failed": str(failure)} if failure is not None else {}),
+        **({"failed": str(root_cause(failure))} if failure is not None else {}),
         "prompts": f"{len(loop.train_data.records)} train"
         + (f", {len(loop.eval_data.records)} eval" if loop.eval_data else "")
         + (f"; {'; '.join(loop.notes)}" if loop.notes else ""),
@@ -253,7 +260,7 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{args.file}: {refusal}", file=sys.stderr)
             return EXIT_INVALID
     out_dir.mkdir(parents=True, exist_ok=True)
-    from distillery_runtime.checkpoint import PreflightError
+    from distillery_runtime.checkpoint import CheckpointWriteError, PreflightError
     from distillery_runtime.data import DataError
     from distillery_runtime.local import TeachersNotReady
     from distillery_runtime.teachers.types import TeacherError
@@ -269,6 +276,9 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     except (TeachersNotReady, TeacherError) as error:
         print(f"teachers: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    except CheckpointWriteError as error:
+        print(f"checkpoint: {root_cause(error)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("aborted", file=sys.stderr)
