@@ -60,6 +60,9 @@ class RuntimeConfig(ApiModel):
     teachers: list[ResolvedTeacher]
     status_target: StatusTarget | None = None
     metrics_port: int = RUNTIME_METRICS_PORT
+    run_id: str | None = None
+    """In a cluster, the job's uid: every checkpoint records it, so a run never deletes, overwrites or
+    silently resumes the checkpoints of another run of the same job (one deleted and made again)."""
 
 
 def teacher_service_name(job_name: str, teacher_name: str) -> str:
@@ -109,4 +112,5 @@ def resolve_runtime_config(job: DistillationJob, namespace: str | None, *, in_cl
         spec=spec,
         teachers=teachers,
         status_target=status_target,
+        run_id=job.metadata.uid if in_cluster else None,
     )

@@ -459,7 +459,9 @@ class Checkpoint(ApiModel):
     keep: int = Field(default=3, ge=1, le=1000)
     """Complete checkpoints kept; older ones are deleted after a new one is written."""
     resume: ResumePolicy = ResumePolicy.AUTO
-    """auto: continue from the newest complete checkpoint if any; never: start fresh; required: fail if none."""
+    """auto: continue from this job's newest complete checkpoint if any; never: start fresh; required: fail if
+    none. A job deleted and made again finds the old one's checkpoints at the same path: auto and never stop
+    before the first step, naming them (never deleted); required continues from them."""
 
 
 # ---------------------------------------------------------------------------------------------- job

@@ -200,17 +200,39 @@ def save(
         raise CheckpointWriteError(
             f"{root}: could not write checkpoint step {step} ({reason}); {kept}"
         ) from error
-    if final.exists():  # a checkpoint of this step from a run that died after it; ours replaces it
-        shutil.rmtree(final)
+    run = state.get("run")
+    if final.exists():
+        if (final / STATE_FILE).is_file() and not belongs_to(read_state_at(final), run):
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointWriteError(f"{final} is a checkpoint of another run; it is never replaced")
+        shutil.rmtree(final)  # a checkpoint of this step from this run, which died after writing it
     os.rename(tmp, final)
     _fsync_dir(root)
-    prune(root, keep)
+    prune(root, keep, run)
     return final
 
 
-def prune(root: str | Path, keep: int) -> None:
-    """Delete complete checkpoints beyond the newest `keep`, oldest first."""
-    for ref in list_complete(root)[:-keep]:
+def belongs_to(state: dict[str, Any], run: str | None) -> bool:
+    """Whether a checkpoint's state is this run's: same run id, or either side has none (local runs and
+    checkpoints written before run ids were recorded)."""
+    theirs = state.get("run")
+    return run is None or theirs is None or theirs == run
+
+
+def read_state_at(path: Path) -> dict[str, Any]:
+    return orjson.loads((path / STATE_FILE).read_bytes())
+
+
+def other_runs(root: str | Path, run: str | None) -> list[CheckpointRef]:
+    """Complete checkpoints under root written by another run, oldest first."""
+    return [ref for ref in list_complete(root) if not belongs_to(read_state(ref), run)]
+
+
+def prune(root: str | Path, keep: int, run: str | None = None) -> None:
+    """Delete this run's complete checkpoints beyond its newest `keep`, oldest first; another run's
+    checkpoints are never deleted."""
+    mine = [ref for ref in list_complete(root) if belongs_to(read_state(ref), run)]
+    for ref in mine[:-keep]:
         # Un-mark first: if deletion is interrupted the remains are no longer "complete".
         (ref.path / MARKER).unlink(missing_ok=True)
         shutil.rmtree(ref.path, ignore_errors=True)
@@ -231,7 +253,7 @@ def sweep_temporary(root: str | Path) -> int:
 
 
 def read_state(ref: CheckpointRef) -> dict[str, Any]:
-    return orjson.loads((ref.path / STATE_FILE).read_bytes())
+    return read_state_at(ref.path)
 
 
 def load_trainer_state(ref: CheckpointRef) -> dict[str, Any]:

@@ -263,6 +263,7 @@ def run_command(args: argparse.Namespace) -> int:
     from distillery_runtime.checkpoint import CheckpointWriteError, PreflightError
     from distillery_runtime.data import DataError
     from distillery_runtime.local import TeachersNotReady
+    from distillery_runtime.loop import ResumeError
     from distillery_runtime.teachers.types import TeacherError
     from distillery_runtime.uris import UnresolvableLocation
 
@@ -271,7 +272,7 @@ def run_command(args: argparse.Namespace) -> int:
     except DataError as error:
         print(f"data: {error}", file=sys.stderr)
         return EXIT_INVALID
-    except (UnresolvableLocation, PreflightError) as error:
+    except (UnresolvableLocation, PreflightError, ResumeError) as error:
         print(f"{args.file}: {error}", file=sys.stderr)
         return EXIT_INVALID
     except (TeachersNotReady, TeacherError) as error:

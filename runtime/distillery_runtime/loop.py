@@ -182,7 +182,9 @@ class Loop:
             self._event(f"removed {swept} incomplete checkpoint(s) from {self.ckpt_root}")
         policy = self.spec.checkpoint.resume
         wanted = self.options.resume or (not self.options.local and policy != ResumePolicy.NEVER)
-        ref = checkpoint.latest(self.ckpt_root) if wanted else None
+        ref = self._own_latest(policy) if wanted else None
+        if ref is None and not self.options.local:
+            self._refuse_other_runs(policy)
         if ref is None:
             if not self.options.local and policy == ResumePolicy.REQUIRED:
                 raise ResumeError(
@@ -205,6 +207,33 @@ class Loop:
         self.records = read_jsonl(self.metrics_file.path)
         self.evals = read_jsonl(self.eval_file.path)
         self._event(f"resuming from {ref.path} (step {self.step_done})")
+
+    def _own_latest(self, policy: ResumePolicy) -> checkpoint.CheckpointRef | None:
+        """The checkpoint to resume from: this run's newest; another run's only when resume is required
+        (the user said to continue from what the folder holds)."""
+        run = self.config.run_id
+        mine = [
+            ref
+            for ref in checkpoint.list_complete(self.ckpt_root)
+            if checkpoint.belongs_to(checkpoint.read_state(ref), run)
+        ]
+        if mine:
+            return mine[-1]
+        if policy == ResumePolicy.REQUIRED:
+            return checkpoint.latest(self.ckpt_root)
+        return None
+
+    def _refuse_other_runs(self, policy: ResumePolicy) -> None:
+        """A fresh run must not write (and prune) beside another run's checkpoints, nor resume them
+        unasked: it stops before the first step, naming them."""
+        others = checkpoint.other_runs(self.ckpt_root, self.config.run_id)
+        if others and policy != ResumePolicy.REQUIRED:
+            run = checkpoint.read_state(others[-1]).get("run")
+            raise ResumeError(
+                f"spec.checkpoint.path: {self.ckpt_root} holds {len(others)} checkpoint(s) of another run of "
+                f"this job (job uid {run}, newest {others[-1].path.name}); set checkpoint.resume: required to "
+                "continue from it, or point checkpoint.path at a new folder (they are never deleted)"
+            )
 
     def preflight(self) -> None:
         """Before the first step: the checkpoint folder can be written and has room for this student's
@@ -442,7 +471,12 @@ class Loop:
 
     async def save(self, c: Components, step: int) -> None:
         started = time.perf_counter()
-        state = {"position": self.position, "version": self.version, "job": self.config.job_name}
+        state = {
+            "position": self.position,
+            "version": self.version,
+            "job": self.config.job_name,
+            "run": self.config.run_id,
+        }
         path = await c.trainers[0].save_checkpoint.remote(
             str(self.ckpt_root), step, state, self.spec.checkpoint.keep
         )

@@ -13,7 +13,7 @@ from distillery_runtime import checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
-def _save(root, step, model, tok, keep=2):
+def _save(root, step, model, tok, keep=2, run=None):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     state = {"optimizer": optimizer.state_dict(), "rng": checkpoint.rng_state()}
     return checkpoint.save(
@@ -22,7 +22,7 @@ def _save(root, step, model, tok, keep=2):
         model=model,
         tokenizer=tok,
         trainer_state=state,
-        state={"position": step * 4, "version": step},
+        state={"position": step * 4, "version": step, "run": run},
         keep=keep,
     )
 
@@ -119,3 +119,24 @@ def test_preflight_measures_a_real_full_disk(tmp_path, job_files):
         checkpoint.preflight(mount / "checkpoints", 1000, field="--output")  # a tiny one fits
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_run_never_prunes_or_replaces_another_runs_checkpoints(tmp_path, job_files):
+    """A job deleted and made again with the same name writes beside the old run's checkpoints (same
+    checkpoint.path): pruning counts only its own, and a step folder of the other run is never replaced."""
+    model = AutoModelForCausalLM.from_pretrained(job_files.student)
+    tok = AutoTokenizer.from_pretrained(job_files.student)
+    root = tmp_path / "ckpt"
+    for step in (2, 4):
+        _save(root, step, model, tok, keep=1, run="uid-old")
+    assert [r.step for r in checkpoint.list_complete(root)] == [4]  # its own pruning, as before
+    for step in (6, 8, 10):
+        _save(root, step, model, tok, keep=2, run="uid-new")
+    assert [r.step for r in checkpoint.list_complete(root)] == [4, 8, 10]  # step 4 is the old run's
+    assert [r.step for r in checkpoint.other_runs(root, "uid-new")] == [4]
+    with pytest.raises(checkpoint.CheckpointWriteError, match="step-00000004 is a checkpoint of another run"):
+        _save(root, 4, model, tok, keep=2, run="uid-new")
+    assert checkpoint.read_state(checkpoint.list_complete(root)[0])["run"] == "uid-old"
+    assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
+    # Local runs (no run id) and checkpoints from before run ids count as one's own.
+    assert checkpoint.other_runs(root, None) == []

@@ -142,6 +142,37 @@ def test_a_checkpoint_folder_that_cannot_be_written_fails_before_the_first_step(
     assert not (out / "metrics.jsonl").exists()
 
 
+def test_a_cluster_run_refuses_another_runs_checkpoints_before_any_process_starts(job_files, tmp_path):
+    """The job was deleted and made again (a new uid) over the same checkpoint.path: the new run neither
+    resumes the old run's checkpoints unasked nor writes (and prunes) beside them."""
+    from distillery_runtime import checkpoint
+    from distillery_runtime.workers import free_port
+
+    from distillery.runtime_config import resolve_runtime_config
+    from distillery.validation import parse_job
+
+    root = tmp_path / "checkpoints"
+    old = root / "step-00000050"
+    old.mkdir(parents=True)
+    (old / checkpoint.STATE_FILE).write_text('{"step": 50, "position": 200, "version": 50, "run": "uid-old"}')
+    (old / checkpoint.MARKER).write_text("50")
+    doc = manifest(job_files, name="again", checkpoint={"path": str(root)})
+    doc["metadata"]["uid"] = "uid-new"
+    config = resolve_runtime_config(parse_job(doc), "ns", in_cluster=True).model_copy(
+        update={"status_target": None, "metrics_port": free_port()}
+    )
+    path = tmp_path / "runtime-config.json"
+    path.write_text(config.model_dump_json(by_alias=True))
+    result = run_quick(path, tmp_path / "out")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"{path}: spec.checkpoint.path: {root} holds 1 checkpoint(s) of another run of this job (job uid "
+        "uid-old, newest step-00000050); set checkpoint.resume: required to continue from it, or point "
+        "checkpoint.path at a new folder (they are never deleted)"
+    ]
+    assert (old / checkpoint.MARKER).exists()
+
+
 def test_a_pvc_location_that_is_not_mounted_fails_before_any_process_starts(
     job_files, write_manifest, tmp_path
 ):
