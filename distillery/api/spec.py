@@ -504,6 +504,9 @@ class DistillationJobSpec(ApiModel):
     teacher_outage_timeout_seconds: int = Field(default=1800, ge=0, le=MAX_INT)
     """How long the trainer waits for a teacher that stops answering mid-run (scoring pauses; scored
     samples and finished steps are kept) before it saves a checkpoint and fails; 0 = fail at once."""
+    termination_grace_period_seconds: int = Field(default=600, ge=30, le=MAX_INT)
+    """How long a stopping trainer (its pods deleted or evicted) has to finish its step and save a
+    checkpoint: the Ray pods' terminationGracePeriodSeconds (the head's preStop hook stops the driver)."""
     labels: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP)
     """Labels added to every child object (metadata.labels of the job are passed through as well)."""
 

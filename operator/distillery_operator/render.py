@@ -299,6 +299,16 @@ def _claim_volumes(
     return volumes, mounts
 
 
+PRESTOP_MARGIN_SECONDS = 10
+"""Of the grace period, what the hook leaves for stopping Ray after the driver is gone."""
+
+
+def prestop_command(job: DistillationJob) -> list[str]:
+    """The head's preStop hook: stop the driver (it checkpoints) within the grace period, then Ray."""
+    timeout = job.spec.termination_grace_period_seconds - PRESTOP_MARGIN_SECONDS
+    return ["python", "-m", "distillery_runtime.prestop", "--timeout", str(timeout)]
+
+
 def _ray_pod_template(job: DistillationJob, container_name: str, *, worker: bool) -> dict[str, Any]:
     spec = job.spec
     pool = spec.student.pool
@@ -344,6 +354,9 @@ def _ray_pod_template(job: DistillationJob, container_name: str, *, worker: bool
         # The driver (`distillery run`) serves the runtime's Prometheus metrics; the chart's PodMonitor
         # scrapes this port by name.
         container["ports"] = [{"name": "runtime-metrics", "containerPort": RUNTIME_METRICS_PORT}]
+        # The kubelet's SIGTERM reaches only PID 1 (KubeRay's bash wrapper, which ignores it as PID 1):
+        # the hook stops the driver, which saves a checkpoint first, within the grace period.
+        container["lifecycle"] = {"preStop": {"exec": {"command": prestop_command(job)}}}
     if worker:
         container["resources"] = _resources(
             pool.gpus_per_worker, pool.gpu_resource, pool.resources.requests, pool.resources.limits
@@ -352,6 +365,8 @@ def _ray_pod_template(job: DistillationJob, container_name: str, *, worker: bool
         "containers": [container],
         "volumes": volumes,
         "serviceAccountName": trainer_service_account(job),
+        # Workers too: rank 0 writes the checkpoint, so they must outlive the driver's last step.
+        "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
     }
     if worker and pool.node_selector:
         pod["nodeSelector"] = dict(pool.node_selector)

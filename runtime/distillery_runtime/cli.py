@@ -184,6 +184,9 @@ async def _run(
             config, teachers = local.start_local_teachers(config, out_dir / "logs", gpus)
             loop.config = config
         local.init_ray(args.ray_address or ("auto" if in_cluster else None), gpus.student if gpus else None)
+        # ray.init installs its own SIGTERM handler in the driver (it logs a stack and aborts): ours again,
+        # so that a SIGTERM (a pod's deletion, the preStop hook) finishes the step and saves a checkpoint.
+        _install_interrupt(stop, progress.event)
         components_task = asyncio.create_task(start_components(loop, config))
         waited = await local.wait_for_teachers(config, config.spec.teacher_ready_timeout_seconds, teachers)
         progress.event(f"teachers ready after {waited:.1f} s")

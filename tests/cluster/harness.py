@@ -186,9 +186,13 @@ def free_port() -> int:
 
 def operator_args(installation: Installation, namespace: str, *extra: str) -> list[str]:
     """The Deployment's arguments, watching the test's namespace instead of the whole cluster (so one
-    test's operator never touches another test's jobs), with loopback ports."""
+    test's operator never touches another test's jobs), with loopback ports, and a Lease of the test's
+    own (as if each test installed its own release: a Lease left by an earlier test's operator, released
+    or not, would make this one wait or skip creating it)."""
     args = [a for a in installation.deployment_args() if a != "--all-namespaces"]
     args = [a for a in args if not a.startswith(("--metrics-port", "--health-port"))]
+    if "--leader-elect" in args:
+        args.append(f"--leader-elect-lease=distillery-operator-{namespace}")
     return [*args, f"--namespace={namespace}", *extra]
 
 

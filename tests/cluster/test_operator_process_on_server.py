@@ -118,7 +118,7 @@ def test_one_replica_leads_and_a_standby_takes_over_after_a_crash_and_at_once_af
         (leader,) = leading(procs)
         standby = 1 - leader
         assert first.startswith(f"replica-{leader}_")
-        assert "standing by" in procs[standby].output()
+        wait_until(lambda: "standing by" in procs[standby].output(), what="the standby's log")
         apply(installation, namespace, job("led-1", "gkd.yaml"))
         wait_until(lambda: phase(installation, namespace, "led-1"), what="the leader to reconcile")
 

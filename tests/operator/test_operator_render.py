@@ -225,6 +225,13 @@ def test_rayjob_runs_the_runtime_with_the_config() -> None:
             if "persistentVolumeClaim" in v
         ]
         assert claims == ["distill-checkpoints"]
+        assert template["spec"]["terminationGracePeriodSeconds"] == job.spec.termination_grace_period_seconds
+    head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    timeout = str(job.spec.termination_grace_period_seconds - 10)
+    assert head["lifecycle"]["preStop"]["exec"]["command"] == [
+        "python", "-m", "distillery_runtime.prestop", "--timeout", timeout
+    ]  # fmt: skip
+    assert "lifecycle" not in workers["template"]["spec"]["containers"][0]
 
 
 def test_suspend_deadline_backoff_and_service_account() -> None:
