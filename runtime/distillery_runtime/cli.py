@@ -130,6 +130,43 @@ def check_teacher_tokenizers(config: RuntimeConfig, student_tokenizer: Any) -> N
         )
 
 
+async def check_served_tokenizers(config: RuntimeConfig, student_tokenizer: Any, say: Any) -> None:
+    """Teachers whose files are not at hand here (external ones, a hub id served in the cluster): the
+    probe texts, encoded by the teacher's own server (`POST /tokenize`), must encode as the student's."""
+    import aiohttp
+
+    from distillery.api.spec import Placement
+    from distillery_runtime.teachers.tokenizer_compat import (
+        DEFAULT_PROBES,
+        probe_differences,
+        served_encodings,
+    )
+    from distillery_runtime.teachers.types import TokenizerMismatchError
+    from distillery_runtime.uris import resolve_location
+
+    resolved = {t.name: t for t in config.teachers}
+    for index, teacher in enumerate(config.spec.teachers):
+        if teacher.placement == Placement.COLOCATED or (
+            teacher.placement == Placement.STANDALONE and Path(resolve_location(teacher.model)).is_dir()
+        ):
+            continue  # its files were compared with the student's before anything started
+        served = resolved[teacher.name]
+        try:
+            encodings = await served_encodings(served.endpoints[0], served.served_model_name, DEFAULT_PROBES)
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            say(f"teacher {teacher.name}: its tokenizer could not be checked against the student's ({error})")
+            continue
+        if encodings is None:
+            say(f"teacher {teacher.name}: its server has no /tokenize, so its tokenizer is not checked")
+            continue
+        difference = probe_differences(student_tokenizer, encodings, DEFAULT_PROBES)
+        if difference:
+            raise TokenizerMismatchError(
+                f"spec.teachers[{index}] ({teacher.name}): its server tokenizes differently from the student "
+                f"({difference}), so its top-k ids would not index the student's vocabulary"
+            )
+
+
 async def _run(
     config: RuntimeConfig,
     in_cluster: bool,
@@ -190,6 +227,7 @@ async def _run(
         components_task = asyncio.create_task(start_components(loop, config))
         waited = await local.wait_for_teachers(config, config.spec.teacher_ready_timeout_seconds, teachers)
         progress.event(f"teachers ready after {waited:.1f} s")
+        await check_served_tokenizers(config, loop.tokenizer, progress.event)
         components = await components_task
         try:
             result = await loop.run(components)

@@ -20,20 +20,23 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from distillery.runtime_config import CONFIG_KEY
+from distillery.runtime_config import CONFIG_KEY, CONFIG_MOUNT_DIR
+
+CONFIG = f"{CONFIG_MOUNT_DIR}/{CONFIG_KEY}"
+"""The runtime config the RayJob's entrypoint runs: `distillery run CONFIG`."""
 
 
-def is_driver(argv: Sequence[str]) -> bool:
-    """`distillery run .../runtime-config.json`, however it was started (console script or -m)."""
+def is_driver(argv: Sequence[str], config: str = CONFIG) -> bool:
+    """`distillery run CONFIG`, however it was started (console script or -m)."""
     words = [Path(a).name for a in argv]
     if "run" not in words:
         return False
     at = words.index("run")
     launcher = "distillery" in words[:at] or any(a == "distillery.cli" for a in argv[:at])
-    return launcher and any(w == CONFIG_KEY for w in words[at + 1 :])
+    return launcher and config in argv[at + 1 :]
 
 
-def driver_pids(proc: Path = Path("/proc")) -> list[int]:
+def driver_pids(config: str = CONFIG, proc: Path = Path("/proc")) -> list[int]:
     pids = []
     for entry in proc.iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -42,7 +45,7 @@ def driver_pids(proc: Path = Path("/proc")) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:  # gone meanwhile
             continue
-        if is_driver([a.decode(errors="replace") for a in argv if a]):
+        if is_driver([a.decode(errors="replace") for a in argv if a], config):
             pids.append(int(entry.name))
     return pids
 
@@ -55,9 +58,9 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def stop_driver(timeout: float, proc: Path = Path("/proc")) -> tuple[list[int], bool]:
+def stop_driver(timeout: float, config: str = CONFIG, proc: Path = Path("/proc")) -> tuple[list[int], bool]:
     """SIGTERM to every driver, then wait until they are gone; (the pids, whether they all exited)."""
-    pids = driver_pids(proc)
+    pids = driver_pids(config, proc)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):  # gone meanwhile
             os.kill(pid, signal.SIGTERM)
@@ -72,9 +75,10 @@ def stop_driver(timeout: float, proc: Path = Path("/proc")) -> tuple[list[int], 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, required=True, help="seconds to wait for the driver")
+    parser.add_argument("--config", default=CONFIG, help="the driver's runtime config (default: %(default)s)")
     parser.add_argument("--no-ray-stop", action="store_true", help="leave Ray running afterwards")
     args = parser.parse_args(argv)
-    pids, done = stop_driver(args.timeout)
+    pids, done = stop_driver(args.timeout, args.config)
     print(
         f"prestop: driver {pids or 'not running'}: {'stopped' if done else 'still running at the deadline'}"
     )

@@ -29,11 +29,12 @@ from tests.runtime.test_run import finish, read_records, start, wait_for_step
             True,
         ),
         (["distillery", "run", "/etc/distillery/runtime-config.json", "--ray-address", "auto"], True),
-        (["python", "-m", "distillery.cli", "run", "runtime-config.json"], True),
+        (["python", "-m", "distillery.cli", "run", "/etc/distillery/runtime-config.json"], True),
         (["distillery", "run", "job.yaml"], False),  # a local run of a manifest
         (["python", "-m", "distillery_runtime.teachers.server", "--model", "m"], False),
         (["ray", "start", "--head", "--block"], False),
         (["bash", "-lc", "distillery run /etc/distillery/runtime-config.json"], False),  # the wrapper itself
+        (["distillery", "run", "/tmp/other/runtime-config.json"], False),  # another config
     ],
 )
 def test_the_driver_is_found_however_it_was_started(argv: list[str], driver: bool) -> None:
@@ -42,7 +43,8 @@ def test_the_driver_is_found_however_it_was_started(argv: list[str], driver: boo
 
 @pytest.mark.slow
 def test_the_hook_stops_the_driver_after_its_checkpoint(job_files, tmp_path) -> None:
-    # A local run whose job file has the cluster config's name: the hook finds it as it finds the driver.
+    # A local run stands in for the driver; the hook is pointed at its job file instead of the pod's config
+    # (so that it never touches another test session's runs on this machine).
     job = tmp_path / "runtime-config.json"
     doc = manifest(
         job_files,
@@ -55,7 +57,10 @@ def test_the_hook_stops_the_driver_after_its_checkpoint(job_files, tmp_path) -> 
     try:
         wait_for_step(process, out / "metrics.jsonl", 2)
         hook = subprocess.run(
-            [sys.executable, "-m", "distillery_runtime.prestop", "--timeout", "120", "--no-ray-stop"],
+            [
+                *(sys.executable, "-m", "distillery_runtime.prestop", "--timeout", "120", "--no-ray-stop"),
+                f"--config={job}",
+            ],
             env=run_env(),
             capture_output=True,
             text=True,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.conftest import distillery_command, manifest, run_env
-from tests.runtime.test_run import read_records
+from tests.runtime.test_run import finish, read_records, start
 from tests.teachers.fault_proxy import FaultProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -25,19 +25,20 @@ BUDGET = 24
 """spec.teacherOutageTimeoutSeconds: each scoring call retries BUDGET / 4 = 6 s, then the run waits."""
 
 
-def outage_job(job_files, vllm_server, endpoint: str, name: str) -> dict:
-    return manifest(
+def outage_job(job_files, vllm_server, endpoint: str, name: str, student: Path | None = None) -> dict:
+    """A job whose external teacher is the session's vLLM server; its student shares the teacher's
+    tokenizer (the teacher's own model) unless another student is given."""
+    doc = manifest(
         job_files,
         name=name,
         teachers=[
             {"name": "remote", "model": vllm_server.model, "placement": "external", "endpoint": endpoint}
         ],
-        # Sampled-token loss: the session's teacher has a larger vocabulary than the tiny student, so its
-        # top-k ids would not index the student's logits.
-        loss={"mode": "k3"},
         schedule={"steps": 4, "promptsPerStep": 4, "microBatchSize": 4, "checkpointEvery": 0},
         teacherOutageTimeoutSeconds=BUDGET,
     )
+    doc["spec"]["student"]["model"] = str(student or vllm_server.model_dir)
+    return doc
 
 
 async def _wait(predicate, timeout: float, what: str) -> None:
@@ -83,6 +84,22 @@ async def test_a_teacher_down_past_its_retries_is_waited_for_and_the_run_finishe
     records = read_records(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(r["samples"] == 8 for r in records)  # no sample lost to the outage
+
+
+def test_a_teacher_whose_server_tokenizes_differently_is_refused_before_step_1(
+    job_files, write_manifest, vllm_server, tmp_path
+):
+    """The tiny student's tokenizer is not the session teacher's: the probe through the server's
+    /tokenize finds it before any step (it was an index error inside the loss, mid-step)."""
+    doc = outage_job(job_files, vllm_server, vllm_server.url, "mismatch", student=job_files.student)
+    out = tmp_path / "out"
+    code, log = finish(start([str(write_manifest(doc)), "-o", str(out), "--no-progress"], tmp_path))
+    assert code == 2, log[-3000:]
+    last = log.strip().splitlines()[-1]
+    assert last.startswith(
+        "teachers: spec.teachers[0] (remote): its server tokenizes differently from the student"
+    )
+    assert not read_records(out / "metrics.jsonl")
 
 
 async def test_a_teacher_down_past_the_budget_checkpoints_then_fails_naming_it(

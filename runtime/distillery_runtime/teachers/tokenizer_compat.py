@@ -50,6 +50,18 @@ def tokenizer_differences(
     return diffs
 
 
+def probe_differences(
+    student_tok: Any, teacher_encodings: Sequence[Sequence[int]], probes: Sequence[str]
+) -> str | None:
+    """The first probe text the student encodes differently from a teacher's server (its `/tokenize`
+    answers, in `probes` order), as one line; None when they agree. Pure."""
+    for text, theirs in zip(probes, teacher_encodings, strict=True):
+        ours = student_tok.encode(text, add_special_tokens=False)
+        if list(ours) != list(theirs):
+            return f"probe {text!r}: student {list(ours)[:8]} vs teacher {list(theirs)[:8]}"
+    return None
+
+
 def check_tokenizer_compat(
     student_tok: Any,
     teacher_tok: Any,
@@ -64,3 +76,22 @@ def check_tokenizer_compat(
             f"{teacher_name}: tokenizer differs from the student's, so its top-k ids would not index the "
             "student's vocabulary (cross-tokenizer distillation is not supported):\n  " + "\n  ".join(diffs)
         )
+
+
+async def served_encodings(
+    base_url: str, model: str, probes: Sequence[str], timeout: float = 30.0
+) -> list[list[int]] | None:
+    """How a teacher's server encodes the probe texts, through vLLM's `POST /tokenize`; None when the
+    server has no such endpoint (not every OpenAI-compatible server does)."""
+    import aiohttp
+
+    out: list[list[int]] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        for text in probes:
+            body = {"model": model, "prompt": text, "add_special_tokens": False}
+            async with session.post(base_url.rstrip("/") + "/tokenize", json=body) as response:
+                if response.status in (404, 405):
+                    return None
+                response.raise_for_status()
+                out.append(list((await response.json())["tokens"]))
+    return out
