@@ -31,6 +31,8 @@ class ConditionType(StrEnum):
     COMPLETE = "Complete"
     FAILED = "Failed"
     SPEC_APPLIED = "SpecApplied"
+    TEACHER_UNAVAILABLE = "TeacherUnavailable"
+    """True while the trainer waits for a teacher that stopped answering (status.teacherOutages)."""
 
 
 class Condition(ApiModel):

@@ -146,6 +146,7 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
 
     teachers: list[dict[str, Any]] = []
     failing: set[str] = set()
+    outages = {} if scaled_to_zero else runtime_outages(previous)
     if job is not None:
         teachers, failing = teacher_statuses(
             job,
@@ -153,7 +154,7 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
             trainer,
             scaled_to_zero=scaled_to_zero,
             zero_message=HELD_FOR_KUEUE if held_for_kueue else "scaled to zero",
-            outages=runtime_outages(previous),
+            outages=outages,
         )
         ctx = RenderContext(
             namespace=meta.namespace or "", owner_uid=meta.uid, teachers_scaled_to_zero=scaled_to_zero
@@ -187,6 +188,7 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         failing_teachers=failing,
         terminal=terminal,
         held_for_kueue=held_for_kueue,
+        outages=outages,
     )
     generation = meta.generation
     status: dict[str, Any] = {

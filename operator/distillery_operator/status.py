@@ -198,6 +198,7 @@ def derive_conditions(
     failing_teachers: set[str],
     terminal: Phase | None,
     held_for_kueue: bool = False,
+    outages: Mapping[str, str] | None = None,
 ) -> list[Cond]:
     conds: list[Cond] = []
     if problems:
@@ -245,6 +246,20 @@ def derive_conditions(
     conds.append(
         Cond(ConditionType.TRAINER_READY, trainer.state == "running", trainer.reason, trainer.message)
     )
+    if outages and terminal is None:
+        waiting = "; ".join(f"{name}: {message}" for name, message in sorted(outages.items()))
+        conds.append(
+            Cond(
+                ConditionType.TEACHER_UNAVAILABLE,
+                True,
+                "TeacherNotAnswering",
+                f"the trainer waits for {waiting}",
+            )
+        )
+    elif terminal is None:
+        conds.append(
+            Cond(ConditionType.TEACHER_UNAVAILABLE, False, "TeachersAnswering", "no teacher outage reported")
+        )
     conds.append(
         Cond(
             ConditionType.SUSPENDED,

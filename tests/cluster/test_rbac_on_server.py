@@ -554,6 +554,9 @@ def test_the_trainer_reports_progress_as_the_account_the_operator_made_for_its_j
         )
         assert "qwen-7b: the trainer cannot reach it: not answering since" in unavailable["message"]
         assert "no answer from http://qwen-7b within 120.0 s" in unavailable["message"]
+        conditions = {c["type"]: c for c in status(installation, namespace, "quick")["conditions"]}
+        assert conditions["TeacherUnavailable"]["status"] == "True"
+        assert "qwen-7b: not answering since" in conditions["TeacherUnavailable"]["message"]
         wait_until(
             lambda: any(
                 e["reason"] == "TeacherUnavailable" for e in events(installation, namespace, "quick")
@@ -569,6 +572,8 @@ def test_the_trainer_reports_progress_as_the_account_the_operator_made_for_its_j
             what="the outage to clear",
         )
         assert status(installation, namespace, "quick")["teacherOutages"] == []
+        conditions = {c["type"]: c for c in status(installation, namespace, "quick")["conditions"]}
+        assert conditions["TeacherUnavailable"]["status"] == "False"
     user = f"system:serviceaccount:{namespace}:{account}"
     used = {(r.grant, r.name, r.code) for r in audit_requests(installation, since, {user})}
     assert used == {

@@ -140,6 +140,9 @@ def test_a_teacher_the_trainer_cannot_reach_is_shown_until_it_answers_again() ->
         in ready["message"]
     )
     assert decision.status["phase"] == "Running" and decision.status["teachersReady"] == "0/1"
+    waiting = next(c for c in decision.status["conditions"] if c["type"] == "TeacherUnavailable")
+    assert waiting["status"] == "True" and waiting["reason"] == "TeacherNotAnswering"
+    assert waiting["message"].startswith("the trainer waits for teacher: not answering since")
     assert [e.type for e in decision.events if e.reason == "TeacherUnavailable"] == ["Warning"]
     assert "teacherOutages" not in decision.status  # never written by the operator
 
@@ -147,6 +150,8 @@ def test_a_teacher_the_trainer_cannot_reach_is_shown_until_it_answers_again() ->
     back = decide(world.body, world.observed(), T2)
     ready = next(c for c in back.status["conditions"] if c["type"] == "TeachersReady")
     assert ready["reason"] == "AllTeachersReady" and back.status["teachersReady"] == "1/1"
+    waiting = next(c for c in back.status["conditions"] if c["type"] == "TeacherUnavailable")
+    assert waiting["status"] == "False" and waiting["reason"] == "TeachersAnswering"
 
 
 def test_failed_rayjob_fails_the_job_with_kuberays_reason_but_retrying_does_not() -> None:
