@@ -451,7 +451,8 @@ class Checkpoint(ApiModel):
     """Where checkpoints go and how a restarted job picks them up."""
 
     path: Location = "/checkpoints"
-    """Directory (or URI) inside the trainer; one sub-directory per step."""
+    """Absolute directory inside the trainer pods (mount a volume there with `pvc`); one sub-directory per
+    step. Object-store URIs are not supported."""
     pvc: str | None = Field(default=None, pattern=DNS_LABEL_RE, max_length=MAX_NAME)
     """PersistentVolumeClaim mounted at `path` in the Ray head and every worker pod (the driver on the head
     finds the checkpoint to resume, rank 0 writes them, every rank loads them): ReadWriteMany, unless all
@@ -462,6 +463,17 @@ class Checkpoint(ApiModel):
     """auto: continue from this job's newest complete checkpoint if any; never: start fresh; required: fail if
     none. A job deleted and made again finds the old one's checkpoints at the same path: auto and never stop
     before the first step, naming them (never deleted); required continues from them."""
+
+    rules = (
+        Rule(
+            # It was documented as "(or URI)" and an s3:// path became a local folder named "s3:".
+            check=lambda c: c.path.startswith("/"),
+            cel="self.path.startsWith('/')",
+            message="must be an absolute directory in the trainer pods (mount a volume there with "
+            "checkpoint.pvc); object-store URIs are not supported",
+            field="path",
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- job

@@ -190,6 +190,8 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     ("eval-every-without-eval", {"spec.schedule": {"evalEvery": 5}}, "spec.schedule.evalEvery", AGREE),
     ("checkpoint-keep-zero", {"spec.checkpoint": {"keep": 0}}, "spec.checkpoint.keep", AGREE),
+    ("checkpoint-uri", {"spec.checkpoint": {"path": "s3://bucket/ckpt"}}, "spec.checkpoint.path", AGREE),
+    ("checkpoint-relative", {"spec.checkpoint": {"path": "ckpt"}}, "spec.checkpoint.path", AGREE),
     ("resume-policy-unknown", {"spec.checkpoint": {"resume": "sometimes"}}, "spec.checkpoint.resume", AGREE),
     ("checkpoint-pvc-bad-name", {"spec.checkpoint": {"pvc": "My_PVC"}}, "spec.checkpoint.pvc", AGREE),
     ("top-p-zero", {"spec.student.rollout": {"topP": 0}}, "spec.student.rollout.topP", AGREE),
@@ -391,7 +393,8 @@ def _string(node: dict[str, Any], length: int) -> str | None:
     """A string of exactly `length` characters that the node's pattern accepts, if we can make one."""
     pattern = node.get("pattern")
     alternatives = re.findall(r"[A-Za-z]+", pattern) if pattern and "|" in pattern else []
-    for candidate in ["a" * length, "http://" + "a" * (length - 7), *alternatives]:
+    # An absolute path first: it is a valid value of every free-form field (checkpoint.path must be one).
+    for candidate in ["/" + "a" * (length - 1), "a" * length, "http://" + "a" * (length - 7), *alternatives]:
         if len(candidate) == length and (pattern is None or re.fullmatch(pattern, candidate)):
             return candidate
     return None
