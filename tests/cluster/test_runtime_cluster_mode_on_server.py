@@ -1,9 +1,9 @@
 """The RayJob entrypoint: `distillery run /etc/distillery/runtime-config.json` in a cluster.
 
-Everything a cluster provides is real except the API server: a Ray cluster started beforehand (the run
-joins it with --ray-address, as the RayJob's head does), the session's vLLM teacher server as the
-standalone teacher's Service (compact endpoint), a Prometheus scrape of the trainer's /metrics during the
-run, and the operator tests' kmock-based API emulator receiving the status patches.
+What a cluster provides is real: a Ray cluster started beforehand (the run joins it with --ray-address,
+as the RayJob's head does), the session's vLLM teacher server as the standalone teacher's Service
+(compact endpoint), a Prometheus scrape of the trainer's /metrics during the run, and the real
+kube-apiserver receiving the status patches. (The pods themselves are not run here.)
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,11 @@ from distillery_runtime.workers import free_port
 
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, StatusTarget, TeacherProtocol
 from distillery.validation import parse_job
-from tests.runtime.conftest import ROOT, distillery_command, run_env
+from tests.runtime.conftest import distillery_command, run_env
 
-sys.path.insert(0, str(ROOT / "tests" / "operator"))
+sys.path.insert(0, str(Path(__file__).parent))
 
-from operator_harness import running_cluster, wait_for
+from harness import Installation, yaml_stream
 
 RAY_HOLDER = (
     "import ray, sys, time\n"
@@ -48,8 +49,21 @@ async def _scrape(url: str) -> str:
         return ""
 
 
+async def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
 @pytest.mark.slow
-async def test_cluster_entrypoint_joins_ray_serves_metrics_and_patches_status(vllm_server, tmp_path):
+async def test_cluster_entrypoint_joins_ray_serves_metrics_and_patches_status(
+    vllm_server, tmp_path, installation: Installation, namespace: str
+):
     student = tmp_path / "student"
     shutil.copytree(vllm_server.model_dir, student)  # same tokenizer as the session's teacher
     data = tmp_path / "prompts.jsonl"
@@ -88,7 +102,7 @@ async def test_cluster_entrypoint_joins_ray_serves_metrics_and_patches_status(vl
                 max_model_len=vllm_server.max_model_len,
             )
         ],
-        status_target=StatusTarget(namespace="test", name="demo"),
+        status_target=StatusTarget(namespace=namespace, name="demo"),
         metrics_port=metrics_port,
     )  # fmt: skip
     config_path = tmp_path / "runtime-config.json"
@@ -102,41 +116,41 @@ async def test_cluster_entrypoint_joins_ray_serves_metrics_and_patches_status(vl
     )
     try:
         address = (await asyncio.wait_for(holder.stdout.readline(), 120)).decode().strip()
-        async with running_cluster(tmp_path) as cluster:
-            await cluster.create(
-                job.model_dump(by_alias=True, exclude_none=True) | {"status": {"phase": "Running"}}
-            )
-            run = await asyncio.create_subprocess_exec(
-                *distillery_command(
-                    str(config_path), "--ray-address", address, "-o", str(tmp_path / "out"), "--no-progress"
-                ),
-                env={**env, "KUBECONFIG": str(cluster.kubeconfig)},
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-            )
-            url = f"http://127.0.0.1:{metrics_port}/metrics"
-            try:
-                scraped = await wait_for(
-                    lambda: _metric_after_first_step(url),
-                    timeout=300,
-                    what="a scrape after step 1",
-                    interval=0.5,
-                )
-            except AssertionError:
-                run.kill()
-                out, _ = await run.communicate()
-                raise AssertionError(out.decode(errors="replace")[-6000:]) from None
-            out, _ = await asyncio.wait_for(run.communicate(), 300)
-            log = out.decode(errors="replace")
-            assert run.returncode == 0, log
-            assert 'distillery_runtime_teacher_samples_total{teacher="teacher"}' in scraped
-            assert "distillery_runtime_step_phase_duration_seconds_bucket" in scraped
+        manifest = job.model_dump(by_alias=True, mode="json", exclude_none=True)
+        manifest["metadata"] = {"name": "demo", "namespace": namespace}
+        installation.admin("apply", "-f", "-", input=yaml_stream([manifest]))
+        # The operator's field, as the operator writes it (no operator runs here).
+        installation.admin(
+            "patch", "dj", "demo", "-n", namespace, "--subresource=status", "--type=merge",
+            "-p", '{"status": {"phase": "Running"}}',
+        )  # fmt: skip
+        run = await asyncio.create_subprocess_exec(
+            *distillery_command(
+                str(config_path), "--ray-address", address, "-o", str(tmp_path / "out"), "--no-progress"
+            ),
+            # Admin: which account may patch the status is test_rbac_on_server.py's business.
+            env={**env, "KUBECONFIG": str(installation.plane.admin_kubeconfig)},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        try:
+            scraped = await wait_for(lambda: _metric_after_first_step(url), 300, "a scrape after step 1")
+        except AssertionError:
+            run.kill()
+            out, _ = await run.communicate()
+            raise AssertionError(out.decode(errors="replace")[-6000:]) from None
+        out, _ = await asyncio.wait_for(run.communicate(), 300)
+        log = out.decode(errors="replace")
+        assert run.returncode == 0, log
+        assert 'distillery_runtime_teacher_samples_total{teacher="teacher"}' in scraped
+        assert "distillery_runtime_step_phase_duration_seconds_bucket" in scraped
 
-            status = cluster.status("demo")
-            assert status["phase"] == "Running"
-            assert status["progress"]["step"] == 3 and status["progress"]["totalSteps"] == 3
-            assert status["lastCheckpoint"]["step"] == 3
-            assert Path(status["lastCheckpoint"]["path"]).parent == tmp_path / "checkpoints"
+        status = installation.get("distillationjob", "demo", namespace)["status"]
+        assert status["phase"] == "Running"
+        assert status["progress"]["step"] == 3 and status["progress"]["totalSteps"] == 3
+        assert status["lastCheckpoint"]["step"] == 3
+        assert Path(status["lastCheckpoint"]["path"]).parent == tmp_path / "checkpoints"
     finally:
         if holder.returncode is None:
             os.killpg(holder.pid, signal.SIGTERM)
