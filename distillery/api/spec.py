@@ -50,7 +50,6 @@ Python and in Rust (pydantic), and RE2's leaves out \\v."""
 
 Location = Annotated[str, Field(min_length=1, max_length=MAX_LOCATION)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
-LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE)]
 FieldName = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 """A field of the dataset's rows."""
 
@@ -58,6 +57,27 @@ LABEL_NAME_RE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 LABEL_VALUE_RE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE, pattern=LABEL_VALUE_RE)]
+LABEL_KEY_RE = "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+"""A label key, [DNS-subdomain prefix/]name (written without backslashes: it is embedded in CEL)."""
+
+
+def _label_keys_rule(field: str, attr: str) -> Rule:
+    """Every key of a label map is a label key (the API server refuses the child objects otherwise)."""
+    return Rule(
+        check=lambda m: all(_is_label_key(k) for k in getattr(m, attr)),
+        cel=f"!has(self.{field}) || self.{field}.all(k, k.matches('{LABEL_KEY_RE}') && k.indexOf('/') <= {MAX_NAME})",
+        message="keys must be label keys: [prefix/]name, the prefix a DNS subdomain (<= 253), the name <= 63 "
+        "alphanumerics, '-', '_' or '.', starting and ending alphanumeric",
+        field=field,
+    )
+
+
+def _is_label_key(key: str) -> bool:
+    prefix, _, _ = key.rpartition("/")
+    return re.fullmatch(LABEL_KEY_RE, key) is not None and len(prefix) <= MAX_NAME
+
+
 # Every pattern is anchored with ^ and $ and read as Go's RE2 does: `$` is the end of the text (Python's
 # re also matches it before a final newline, so a Python check uses re.fullmatch).
 
@@ -99,6 +119,8 @@ class StudentPool(ApiModel):
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
     """Tolerations of the worker pods."""
 
+    rules = (_label_keys_rule("nodeSelector", "node_selector"),)
+
 
 class TeacherPool(ApiModel):
     """Where a standalone teacher's vLLM replicas run."""
@@ -122,6 +144,7 @@ class TeacherPool(ApiModel):
             message="must be a multiple of tensorParallel (one vLLM replica spans gpusPerReplica GPUs)",
             field="gpusPerReplica",
         ),
+        _label_keys_rule("nodeSelector", "node_selector"),
     )
 
 
@@ -523,6 +546,7 @@ class DistillationJobSpec(ApiModel):
     """Labels added to every child object (metadata.labels of the job are passed through as well)."""
 
     rules = (
+        _label_keys_rule("labels", "labels"),
         Rule(
             check=lambda s: len({t.name for t in s.teachers}) == len(s.teachers),
             cel="self.teachers.all(t, self.teachers.exists_one(u, u.name == t.name))",

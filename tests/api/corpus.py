@@ -236,6 +236,16 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("backoff-negative", {"spec.backoffLimit": -1}, "spec.backoffLimit", AGREE),
     ("deadline-zero", {"spec.activeDeadlineSeconds": 0}, "spec.activeDeadlineSeconds", AGREE),
     ("labels-not-strings", {"spec.labels": {"team": 7}}, "spec.labels.team", AGREE),
+    # Found by the real server on a child object (a 422 after the job was accepted): now both refuse it.
+    ("labels-bad-key", {"spec.labels": {"team name": "ml"}}, "spec.labels", AGREE),
+    ("labels-bad-value", {"spec.labels": {"team": "m l"}}, "spec.labels.team", AGREE),
+    ("labels-long-prefix", {"spec.labels": {"a" * 254 + "/k": "v"}}, "spec.labels", AGREE),
+    (
+        "node-selector-bad-key",
+        {"spec.student.pool": {"nodeSelector": {"-gpu": "a100"}}},
+        "spec.student.pool.nodeSelector",
+        AGREE,
+    ),
     ("unknown-spec-field", {"spec.studnet": {"model": "x"}}, "spec.studnet", AGREE),
     ("unknown-loss-field", {"spec.loss.topk": 8}, "spec.loss.topk", AGREE),
     ("unknown-teacher-field", {"spec.teachers[1].endpont": "http://x"}, "spec.teachers[1].endpont", AGREE),
@@ -328,6 +338,7 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     # (id, {path: value}): valid manifests next to an edge, accepted by both. Found by the server (we
     # refused each before the fix) unless marked.
     ("base", {}),
+    ("labels-qualified-keys", {"spec.labels": {"example.com/team": "ml", "a.b_c-d": ""}}),
     # JSON has one number type: the server takes an integral number for an integer (2^53 - 1 at most).
     ("steps-integral-float", {"spec.schedule": {"steps": 10.0}}),
     ("seed-float-2^53-minus-1", {"spec.schedule": {"seed": 2.0**53 - 1}}),

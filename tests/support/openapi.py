@@ -10,7 +10,7 @@ reject unknown fields (kubectl's default strict field validation), validate type
 Known differences from the real server: no CEL cost limits (the server refused 32 teachers x 64 routes
 at admission for the cost of a rule that this passed), no metadata validation and no strict decoding
 outside the schema it is given, Python's regex classes (`\\s` is Unicode here, ASCII in RE2), and
-cel-python's CEL dialect lacks some Kubernetes extension libraries (`sum` is added here).
+cel-python's CEL dialect lacks some Kubernetes extension libraries (`sum` and `indexOf` are added here).
 """
 
 from __future__ import annotations
@@ -121,7 +121,14 @@ def _list_sum(items: Any) -> Any:
 
 _ENV = celpy.Environment()
 _PROGRAMS: dict[str, Any] = {}
-_KUBERNETES_FUNCTIONS = {"sum": _list_sum}
+def _index_of(text: Any, sub: Any) -> Any:
+    """`string.indexOf(sub)` of the Kubernetes CEL strings library: the first index, or -1."""
+    from celpy import celtypes
+
+    return celtypes.IntType(str(text).find(str(sub)))
+
+
+_KUBERNETES_FUNCTIONS = {"sum": _list_sum, "indexOf": _index_of}
 
 
 def _program(rule: str) -> Any:
