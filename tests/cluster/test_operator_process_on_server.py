@@ -180,6 +180,13 @@ def created(installation: Installation, since: int, namespace: str) -> Counter[t
     )
 
 
+def children(installation: Installation, namespace: str) -> int:
+    """The operator's children that exist in `namespace` (by its managed-by label)."""
+    selector = f"{naming.MANAGED_BY_LABEL}={naming.MANAGED_BY}"
+    kinds = ("serviceaccounts", "roles", "rolebindings", "configmaps", "deployments", "services", "rayjobs")
+    return sum(len(installation.names(kind, namespace, selector)) for kind in kinds)
+
+
 CHILDREN_PER_JOB = 3 + 1 + 3 * 2 + 1
 """multi-teacher.yaml: the trainer's identity (3), the ConfigMap, 3 standalone teachers (Deployment and
 Service each), the RayJob."""
@@ -215,11 +222,13 @@ def test_killed_mid_reconcile_then_restarted_converges_without_duplicates_or_err
             what="every job reconciled",
         )
         wait_until(
-            lambda: len(created(installation, since, namespace)) == CHILDREN_PER_JOB * len(names),
+            lambda: children(installation, namespace) == CHILDREN_PER_JOB * len(names),
             what="every child created",
         )
+        # Never made twice. (A create in flight when the first was killed may be logged 504 by the server
+        # although it took effect: the object is there, counted above, and was not made again.)
         counts = created(installation, since, namespace)
-        assert [k for k, n in counts.items() if n != 1] == []
+        assert [k for k, n in counts.items() if n > 1] == []
         for name in names:
             assert installation.names("deployments", namespace, f"{naming.JOB_LABEL}={name}") == sorted(
                 naming.teacher_name(name, t["name"]) for t in job(name)["spec"]["teachers"]

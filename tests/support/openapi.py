@@ -121,6 +121,8 @@ def _list_sum(items: Any) -> Any:
 
 _ENV = celpy.Environment()
 _PROGRAMS: dict[str, Any] = {}
+
+
 def _index_of(text: Any, sub: Any) -> Any:
     """`string.indexOf(sub)` of the Kubernetes CEL strings library: the first index, or -1."""
     from celpy import celtypes
