@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from distillery import __version__
+from distillery.memory_plan import plan_job, refusal
 from distillery.validation import InvalidManifest, load_jobs
 
 
@@ -25,10 +26,48 @@ def _validate(args: argparse.Namespace) -> int:
             for problem in error.problems:
                 print(problem.format(error.source))
             continue
+        refused = False
+        for job in jobs:
+            # Not a rule of the API (the API server cannot know the model's shape): the CLI's own check.
+            plan = plan_job(job.spec)
+            reason = refusal(plan) if plan is not None else None
+            if reason:
+                refused = failed = True
+                print(f"{path}: spec.student.pool.gpuMemoryGiB: {reason}")
+        if refused:
+            continue
         if not args.quiet:
             names = ", ".join(job.metadata.name for job in jobs)
             print(f"{path}: valid ({names})", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    try:
+        jobs = load_jobs(args.file)
+    except InvalidManifest as error:
+        print(error, file=sys.stderr)
+        return 1
+    fits = True
+    for job in jobs:
+        plan = plan_job(job.spec)
+        print(f"{job.metadata.name}: student {job.spec.student.model}")
+        if plan is None:
+            why = (
+                "runs on CPU (student.pool.gpusPerWorker: 0)"
+                if job.spec.student.pool.gpus_per_worker == 0
+                else "its shape is unknown (not a local folder with config.json, nor a well-known model)"
+            )
+            print(f"  no memory plan: the student {why}")
+            continue
+        shape = plan.layout.shape
+        print(
+            f"  {shape.params / 1e9:.2f}B parameters ({shape.layers} layers, hidden {shape.hidden}), "
+            f"{plan.layout.ranks} trainer rank(s), {plan.layout.sharding}"
+        )
+        print("\n".join("  " + line for line in plan.table().splitlines()))
+        fits = fits and plan.fits
+    return 0 if fits else 1
 
 
 def _crd(_: argparse.Namespace) -> int:
@@ -91,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+")
     p.add_argument("-q", "--quiet", action="store_true", help="print problems only")
     p.set_defaults(func=_validate)
+
+    p = sub.add_parser("plan", help="print the per-GPU memory plan of a job (exit 1 if it does not fit)")
+    p.add_argument("file")
+    p.set_defaults(func=_plan)
 
     p = sub.add_parser("crd", help="print the DistillationJob CustomResourceDefinition")
     p.set_defaults(func=_crd)

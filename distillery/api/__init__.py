@@ -30,11 +30,13 @@ from distillery.api.spec import (
     RolloutEngine,
     Schedule,
     SecretKeyRef,
+    Sharding,
     Student,
     StudentPool,
     Teacher,
     TeacherPool,
     Toleration,
+    Training,
 )
 from distillery.api.status import (
     TERMINAL_PHASES,
@@ -88,6 +90,7 @@ __all__ = [
     "Rule",
     "Schedule",
     "SecretKeyRef",
+    "Sharding",
     "Student",
     "StudentPool",
     "Teacher",
@@ -95,4 +98,5 @@ __all__ = [
     "TeacherPool",
     "TeacherStatus",
     "Toleration",
+    "Training",
 ]

@@ -113,6 +113,9 @@ class StudentPool(ApiModel):
     """GPUs per worker pod (0 = CPU only, for tests and tiny jobs)."""
     gpu_resource: Name = "nvidia.com/gpu"
     """The extended resource name that counts GPUs."""
+    gpu_memory_gib: float = Field(default=80.0, gt=0.0, le=4096.0, alias="gpuMemoryGiB")
+    """Memory of one of the pool's GPUs in GiB (80: H100, A100 80GB), for the memory plan that
+    `distillery validate` and `distillery plan` check."""
     resources: Resources = Field(default_factory=Resources)
     node_selector: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP)
     """Node labels the worker pods must match."""
@@ -194,6 +197,35 @@ class Optimizer(ApiModel):
     """AdamW betas."""
 
 
+class Sharding(StrEnum):
+    FSDP = "fsdp"
+    REPLICATE = "replicate"
+
+
+class Training(ApiModel):
+    """How the student's weights, gradients and optimizer state are laid out over its trainer ranks."""
+
+    sharding: Sharding = Sharding.FSDP
+    """fsdp: FSDP2, each decoder layer's float32 weights, gradients and AdamW state sharded over the ranks
+    (16 bytes a parameter divided by the ranks); replicate: a full float32 copy on every rank (16 bytes a
+    parameter on each), gradients all-reduced."""
+    activation_checkpointing: bool = True
+    """Recompute each decoder layer in the backward pass instead of keeping its activations (about 30%
+    more compute, a layer's activations instead of all of them)."""
+    cpu_offload: bool = False
+    """fsdp only: keep the sharded float32 weights, gradients and AdamW state in host memory (FSDP2
+    CPUOffloadPolicy); the optimizer step runs on the CPU. For students whose state does not fit the GPUs."""
+
+    rules = (
+        Rule(
+            check=lambda t: not t.cpu_offload or t.sharding == Sharding.FSDP,
+            cel="!self.cpuOffload || self.sharding == 'fsdp'",
+            message="cpuOffload needs sharding: fsdp",
+            field="cpuOffload",
+        ),
+    )
+
+
 class Precision(StrEnum):
     AUTO = "auto"
     BFLOAT16 = "bfloat16"
@@ -222,6 +254,7 @@ class Student(ApiModel):
     """auto = bfloat16 where the device supports it, float32 otherwise."""
     rollout: Rollout = Field(default_factory=Rollout)
     optimizer: Optimizer = Field(default_factory=Optimizer)
+    training: Training = Field(default_factory=Training)
     pool: StudentPool = Field(default_factory=StudentPool)
 
     rules = (_pvc_rule("model", "model"), _pvc_rule("tokenizer", "tokenizer", optional=True))
@@ -451,6 +484,10 @@ class Schedule(ApiModel):
     """Prompts rolled out per step (each gives samplesPerPrompt samples)."""
     micro_batch_size: int = Field(default=8, ge=1, le=100_000)
     """Samples per forward/backward on one rank; gradients accumulate over micro-batches."""
+    micro_batch_tokens: int | None = Field(default=None, ge=16, le=1_048_576)
+    """Token budget of a micro-batch: samples are packed end to end (no padding, each attends only to
+    itself) until the next would exceed it; a longer sample gets a micro-batch of its own. Unset:
+    microBatchSize samples, right-padded to the longest."""
     checkpoint_every: int = Field(default=50, ge=0, le=MAX_INT)
     """Steps between checkpoints (0 = only at the end)."""
     eval_every: int = Field(default=0, ge=0, le=MAX_INT)

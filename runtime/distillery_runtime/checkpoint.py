@@ -161,6 +161,14 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _unwrap_architectures(config: Path) -> None:
+    """FSDP2 makes the model's class `FSDP<Class>`, which save_pretrained records as its architecture; the
+    checkpoint must name the class that loads it (vLLM and transformers look it up by name)."""
+    data = orjson.loads(config.read_bytes())
+    data["architectures"] = [a.removeprefix("FSDP") for a in data.get("architectures") or []]
+    config.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+
+
 def save(
     root: str | Path,
     step: int,
@@ -170,6 +178,7 @@ def save(
     trainer_state: dict[str, Any],
     state: dict[str, Any],
     keep: int,
+    state_dict: dict[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically, then delete all but the newest `keep` complete ones."""
     root = Path(root)
@@ -180,7 +189,10 @@ def save(
         shutil.rmtree(tmp)
     try:
         tmp.mkdir()
-        model.save_pretrained(tmp / MODEL_DIR, safe_serialization=True)
+        # A sharded (FSDP2) model saves the whole weights its ranks gathered (`state_dict`).
+        model.save_pretrained(tmp / MODEL_DIR, safe_serialization=True, state_dict=state_dict)
+        if state_dict is not None:
+            _unwrap_architectures(tmp / MODEL_DIR / "config.json")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / MODEL_DIR)
         torch.save(trainer_state, tmp / TRAINER_FILE)

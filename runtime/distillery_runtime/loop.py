@@ -269,6 +269,10 @@ class Loop:
             precision=self.spec.student.precision.value,
             seed=self.spec.schedule.seed,
             loss=self.loss,
+            sharding=self.spec.student.training.sharding.value,
+            activation_checkpointing=self.spec.student.training.activation_checkpointing,
+            cpu_offload=self.spec.student.training.cpu_offload,
+            micro_batch_tokens=self.spec.schedule.micro_batch_tokens,
         )
 
     # ---------------------------------------------------------------------------------------- step parts
@@ -356,8 +360,10 @@ class Loop:
         return _combine_rank_metrics(results)
 
     async def sync(self, c: Components) -> None:
-        weights = c.trainers[0].weights.remote(c.rollout_dtype)
-        await c.rollout.update_weights.remote(weights, self.version)
+        # Every rank takes part (FSDP2 gathers each tensor from the shards); rank 0's copy goes on.
+        refs = [t.weights.remote(c.rollout_dtype) for t in c.trainers]
+        await c.rollout.update_weights.remote(refs[0], self.version)
+        await asyncio.gather(*refs[1:])
 
     # ---------------------------------------------------------------------------------------- the loop
 
@@ -477,9 +483,14 @@ class Loop:
             "job": self.config.job_name,
             "run": self.config.run_id,
         }
-        path = await c.trainers[0].save_checkpoint.remote(
-            str(self.ckpt_root), step, state, self.spec.checkpoint.keep
+        # Every rank takes part (FSDP2 gathers weights and optimizer state); rank 0 writes.
+        paths = await asyncio.gather(
+            *(
+                t.save_checkpoint.remote(str(self.ckpt_root), step, state, self.spec.checkpoint.keep)
+                for t in c.trainers
+            )
         )
+        path = paths[0]
         seconds = time.perf_counter() - started
         self.metrics.checkpoint_seconds.observe(seconds)
         self.metrics.checkpoint_step.set(step)

@@ -4,7 +4,13 @@ One `Trainer` per data-parallel rank. Each rank gets its share of the step's sam
 global token (or sequence) count, so that every micro-batch's loss is weighted by its share of the whole
 step: the summed gradient is then the gradient of the step's loss whatever the split over ranks and
 micro-batches (2 ranks x 2 micro-batches == 1 rank x 4). Gradients are summed across ranks with
-torch.distributed (gloo on CPU, nccl on GPU). Master weights stay float32; bf16 autocast where supported.
+torch.distributed (gloo on CPU, nccl on GPU).
+
+Two layouts (`student.training.sharding`): fsdp, FSDP2 over the ranks (`sharding.py`: sharded float32
+master weights, gradients and AdamW state, bf16 compute where supported, optional CPU offload), and
+replicate, a float32 copy per rank with bf16 autocast and one flat all-reduce. Micro-batches are either
+`micro_batch_size` samples right-padded, or packed end to end up to a token budget (`micro_batch_tokens`:
+one row, positions restarting at each sample, which transformers turns into a block-diagonal causal mask).
 """
 
 from __future__ import annotations
@@ -42,6 +48,15 @@ class TrainerSettings:
     precision: str = "auto"
     seed: int = 0
     loss: LossConfig = field(default_factory=LossConfig)
+    sharding: str = "replicate"
+    """fsdp or replicate (student.training.sharding)."""
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    offload_pinned: bool = True
+    """Offloaded state in pinned host memory (fast copies; the pinned allocator rounds blocks up, so it
+    takes more host memory: +28% measured at 1.5B)."""
+    micro_batch_tokens: int | None = None
+    """Token budget of a packed micro-batch; None: micro_batch_size samples, padded."""
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
@@ -78,14 +93,49 @@ def step_normalizer(samples: Sequence[TrainSample], loss: LossConfig) -> float:
     return float(max(sum(counts), 1))
 
 
-def collate(samples: Sequence[TrainSample], loss: LossConfig, pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded inputs plus, per response position, the index of the logit that predicts it."""
-    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+def sample_tokens(sample: TrainSample) -> int:
+    return len(sample.prompt_ids) + len(sample.response_ids)
+
+
+def micro_batches(
+    samples: Sequence[TrainSample], size: int, token_budget: int | None
+) -> list[list[TrainSample]]:
+    """The step's micro-batches, in order: `size` samples each, or packed up to `token_budget` tokens
+    (a sample longer than the budget gets a micro-batch of its own)."""
+    if token_budget is None:
+        return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
+    out: list[list[TrainSample]] = []
+    current: list[TrainSample] = []
+    used = 0
+    for sample in samples:
+        n = sample_tokens(sample)
+        if current and used + n > token_budget:
+            out.append(current)
+            current, used = [], 0
+        current.append(sample)
+        used += n
+    if current:
+        out.append(current)
+    return out
+
+
+def collate(
+    samples: Sequence[TrainSample], loss: LossConfig, pad_id: int, *, packed: bool = False
+) -> dict[str, torch.Tensor]:
+    """The inputs plus, per response position, the row and index of the logit that predicts it.
+
+    Padded: one row per sample, right-padded. Packed: one row holding every sample end to end, with
+    position ids restarting at 0 for each (no padding; each sample attends only to itself)."""
+    lengths = [sample_tokens(s) for s in samples]
     t_max = max(len(s.response_ids) for s in samples)
     k = samples[0].topk_ids.shape[-1] if loss.uses_topk else 0
     b, l_max = len(samples), max(lengths)
-    input_ids = torch.full((b, l_max), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, l_max), dtype=torch.long)
+    rows = 1 if packed else b
+    width = sum(lengths) if packed else l_max
+    input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((rows, width), dtype=torch.long)
+    position_ids = torch.zeros((rows, width), dtype=torch.long)
+    row_of = torch.zeros((b, 1), dtype=torch.long) if packed else torch.arange(b)[:, None]
     positions = torch.zeros((b, t_max), dtype=torch.long)
     response = torch.zeros((b, t_max), dtype=torch.long)
     mask = torch.zeros((b, t_max), dtype=torch.bool)
@@ -95,11 +145,15 @@ def collate(samples: Sequence[TrainSample], loss: LossConfig, pad_id: int) -> di
     topk_ids = torch.zeros((b, t_max, k), dtype=torch.long)
     topk_lp = torch.full((b, t_max, k), float("-inf"))
     advantages = torch.zeros((b, t_max))
+    offset = 0
     for i, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
-        input_ids[i, : p + r] = torch.tensor([*s.prompt_ids, *s.response_ids])
-        attention[i, : p + r] = 1
-        positions[i, :r] = torch.arange(p - 1, p + r - 1)
+        row, start = (0, offset) if packed else (i, 0)
+        input_ids[row, start : start + p + r] = torch.tensor([*s.prompt_ids, *s.response_ids])
+        attention[row, start : start + p + r] = 1
+        position_ids[row, start : start + p + r] = torch.arange(p + r)
+        positions[i, :r] = torch.arange(start + p - 1, start + p + r - 1)
+        offset += p + r
         response[i, :r] = torch.tensor(s.response_ids)
         mask[i, :r] = torch.from_numpy(counted_positions(s, loss))
         token_lp[i, :r] = torch.from_numpy(np.asarray(s.token_logprobs, dtype=np.float32))
@@ -112,6 +166,8 @@ def collate(samples: Sequence[TrainSample], loss: LossConfig, pad_id: int) -> di
     batch = {
         "input_ids": input_ids,
         "attention_mask": attention,
+        "position_ids": position_ids,
+        "rows": row_of,
         "positions": positions,
         "response_ids": response,
         "mask": mask,
@@ -130,29 +186,59 @@ class Trainer:
 
     def __init__(
         self,
-        model_dir: str,
+        model_dir: str | None,
         settings: TrainerSettings,
         *,
         rank: int = 0,
         world_size: int = 1,
         device: str | None = None,
+        model: Any = None,
     ) -> None:
+        """`model_dir`: the student in Hugging Face format; or `model`, a float32 causal LM built by the
+        caller (on CPU or the meta device, for benchmarks), with `model_dir` None (no tokenizer)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.settings = settings
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.compute_dtype = resolve_precision(settings.precision, self.device)
+        self.fsdp = settings.sharding == "fsdp"
         torch.manual_seed(settings.seed)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)  # type: ignore[arg-type]
+        if model is None:
+            assert model_dir is not None, "a model_dir or a model"
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        # A transformers causal LM, an FSDPModule too when sharded (typed loosely: the two are mixed in).
+        self.model: Any
+        if self.fsdp:
+            from distillery_runtime.sharding import ensure_process_group, shard_student
+
+            ensure_process_group(self.device, world_size)
+            self.model = shard_student(
+                model,
+                device=self.device,
+                compute_dtype=self.compute_dtype,
+                cpu_offload=settings.cpu_offload,
+                offload_pinned=settings.offload_pinned,
+                activation_checkpointing=settings.activation_checkpointing,
+            )
+        else:
+            if settings.activation_checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model = model.to(self.device)
         self.model.train()
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir) if model_dir is not None else None
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
+        self.pad_id = pad if pad is not None else 0
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=settings.lr,
             betas=settings.betas,
             weight_decay=settings.weight_decay,
+            # foreach AdamW makes a whole-size temporary (4 bytes a parameter: measured, 1.5B peaked at 20
+            # bytes a parameter on an H200, 7B ran out of memory): on a GPU the fused kernel has none;
+            # offloaded, the step runs on the host, one tensor at a time.
+            fused=True if self.device.type == "cuda" and not settings.cpu_offload else None,
+            foreach=False if settings.cpu_offload else None,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -169,17 +255,23 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ step
 
     def _autocast(self) -> Any:
-        enabled = self.compute_dtype != torch.float32
+        # FSDP2 computes in its MixedPrecisionPolicy's dtype; autocast is the replicated path's.
+        enabled = self.compute_dtype != torch.float32 and not self.fsdp
         return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=enabled)
 
     def _micro_batch_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float], int]:
         batch = {k: v.to(self.device) for k, v in batch.items()}
         loss_cfg = self.settings.loss
         with self._autocast():
-            logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            if self.settings.micro_batch_tokens is not None:
+                # Packed: no attention mask; transformers reads the sample boundaries from position ids.
+                inputs = {"position_ids": batch["position_ids"]}
+            else:
+                inputs = {"attention_mask": batch["attention_mask"]}
+            # No KV cache in training: it costs memory, and transformers ignores packing when one is given.
+            logits = self.model(input_ids=batch["input_ids"], use_cache=False, **inputs).logits
         # Logits of the positions that predict each response token: [B, T, V].
-        index = batch["positions"].unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-        student = logits.gather(1, index).float()
+        student = logits[batch["rows"], batch["positions"]].float()
         teacher = TeacherTargets(
             topk_ids=batch["topk_ids"] if loss_cfg.uses_topk else None,
             topk_logprobs=batch["topk_logprobs"] if loss_cfg.uses_topk else None,
@@ -206,12 +298,14 @@ class Trainer:
         """One optimizer step on this rank's samples; `normalizer` is step_normalizer() of ALL ranks'."""
         started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        mb = self.settings.micro_batch_size
+        budget = self.settings.micro_batch_tokens
+        batches = micro_batches(samples, self.settings.micro_batch_size, budget)
+        idle = self._micro_batch_count(len(batches)) - len(batches)
         weighted_sums: dict[str, float] = {}
         total_share = 0
         step_loss = 0.0
-        for start in range(0, len(samples), mb):
-            batch = collate(samples[start : start + mb], self.settings.loss, self.pad_id)
+        for part in batches:
+            batch = collate(part, self.settings.loss, self.pad_id, packed=budget is not None)
             loss, metrics, share = self._micro_batch_loss(batch)
             weight = share / normalizer if self.settings.loss.reduction != "sum" else 1.0
             (loss * weight).backward()
@@ -220,8 +314,13 @@ class Trainer:
             for name, value in metrics.items():
                 add = value if name in COUNT_METRICS else value * share
                 weighted_sums[name] = weighted_sums.get(name, 0.0) + add
-        self._all_reduce_gradients()
-        grad_norm = self._clip()
+        for _ in range(idle):
+            self._idle_micro_batch()
+        if self.fsdp:
+            grad_norm = self._clip_sharded()
+        else:
+            self._all_reduce_gradients()
+            grad_norm = self._clip()
         lr = float(self.scheduler.get_last_lr()[0])
         self.optimizer.step()
         self.scheduler.step()
@@ -242,6 +341,29 @@ class Trainer:
             }
         )
         return metrics
+
+    def _micro_batch_count(self, mine: int) -> int:
+        """FSDP2 ranks all-gather and reduce-scatter in every forward and backward, so every rank runs as
+        many micro-batches as the busiest one (agreed before the first): the others run a one-token batch
+        whose loss counts zero."""
+        if not self.fsdp or self.world_size == 1:
+            return mine
+        most = torch.tensor([mine], device=self._collective_device())
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        return int(most)
+
+    def _idle_micro_batch(self) -> None:
+        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
+        (self.model(input_ids=ids, use_cache=False).logits.float().sum() * 0.0).backward()
+
+    def _collective_device(self) -> torch.device:
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def _clip_sharded(self) -> float:
+        from distillery_runtime.sharding import clip_sharded_gradients
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        return clip_sharded_gradients(params, self.settings.grad_clip, self._collective_device())
 
     def _all_reduce_gradients(self) -> None:
         if self.world_size == 1 or not dist.is_initialized():
@@ -280,7 +402,9 @@ class Trainer:
         on_gpu = self.device.type == "cuda"
         out = []
         for name, tensor in self.model.state_dict().items():
-            t = tensor.detach()
+            t = self._full(tensor.detach())
+            if self.fsdp and self.rank != 0:
+                continue
             cast = dtype is not None and t.is_floating_point() and t.dtype != dtype
             if cast:
                 t = t.to(dtype)
@@ -294,11 +418,25 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         return out
 
+    def _full(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A whole tensor from a sharded one (FSDP: a collective, every rank calls it)."""
+        if not self.fsdp:
+            return tensor
+        from distillery_runtime.sharding import full_tensor
+
+        return full_tensor(tensor, self._collective_device())
+
     def gradients(self) -> dict[str, torch.Tensor]:
         """The last step's gradients after all-reduce and clipping (what the optimizer applied)."""
         return {
-            n: p.grad.detach().cpu().clone() for n, p in self.model.named_parameters() if p.grad is not None
+            n: self._full(p.grad.detach()).cpu().clone()
+            for n, p in self.model.named_parameters()
+            if p.grad is not None
         }
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The student's float32 weights, whole, on CPU (FSDP: a collective; every rank gets them)."""
+        return {n: self._full(t.detach()).cpu() for n, t in self.model.state_dict().items()}
 
     @torch.no_grad()
     def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
@@ -311,13 +449,31 @@ class Trainer:
         return logp.gather(-1, torch.tensor(response_ids, device=self.device)[:, None])[:, 0].tolist()
 
     def trainer_state(self) -> dict[str, Any]:
+        """Optimizer, schedule and version (FSDP: the optimizer state gathered whole, a collective)."""
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        else:
+            optimizer = self.optimizer.state_dict()
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
         }
 
     def load_trainer_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(
+                self.model,
+                self.optimizer,
+                state["optimizer"],
+                options=StateDictOptions(full_state_dict=True),
+            )
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])

@@ -66,8 +66,16 @@ class TrainerWorker:
     def init_group(self, init_method: str) -> bool:
         import torch.distributed as dist
 
+        from distillery_runtime.sharding import COLLECTIVE_TIMEOUT
+
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=COLLECTIVE_TIMEOUT,
+        )
         return True
 
     def train_step(self, samples: Sequence[TrainSample], normalizer: float) -> dict[str, float]:
@@ -92,13 +100,18 @@ class TrainerWorker:
         return self.trainer.version
 
     def save_checkpoint(self, root: str, step: int, state: dict[str, Any], keep: int) -> str:
+        """Every rank calls it (FSDP2 gathers the weights and optimizer state); rank 0 writes ('' elsewhere)."""
         from distillery_runtime import checkpoint
 
         trainer_state = {**self.trainer.trainer_state(), "rng": checkpoint.rng_state()}
+        weights = self.trainer.full_state_dict() if self.trainer.fsdp else None
+        if self.rank != 0:
+            return ""
         path = checkpoint.save(
             root,
             step,
             model=self.trainer.model,
+            state_dict=weights,
             tokenizer=self.trainer.tokenizer,
             trainer_state=trainer_state,
             state=state,
