@@ -20,12 +20,22 @@ extras="operator,runtime,cpu"
 # transformers imports torchvision whenever it is installed; text models need none of them.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 
-if [ "$dev" = 1 ] && ! command -v promtool >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
-      || echo "setup: could not install Debian's prometheus; the observability tests will fail" >&2
-  else
-    echo "setup: install Debian's prometheus (apt-get install prometheus) for the observability tests" >&2
+# Debian packages of the dev tests: Prometheus (observability tests), and what a real node and the image
+# builds need (tests/workloads: containerd, runc, the CNI plugins, iptables, buildah, busybox-static for
+# node.sh's pause image, debootstrap for the images' Debian base).
+if [ "$dev" = 1 ]; then
+  packages=()
+  command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
+  for package in containerd runc containernetworking-plugins iptables buildah busybox-static debootstrap; do
+    dpkg -s "$package" >/dev/null 2>&1 || packages+=("$package")
+  done
+  if [ "${#packages[@]}" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" >/dev/null) \
+        || echo "setup: could not install ${packages[*]} from Debian; the tests that need them will fail" >&2
+    else
+      echo "setup: install ${packages[*]} (apt-get install) for the observability and node tests" >&2
+    fi
   fi
 fi
 echo "setup: done (.venv)"

@@ -649,6 +649,17 @@ class DistillationJobSpec(ApiModel):
             field="teachers",
         ),
         Rule(
+            # A retry is a new head pod: checkpoints anywhere but on a claim went with the old one, and the
+            # retry would start again from step 0 while the job said it resumes.
+            check=lambda s: s.backoff_limit == 0 or s.checkpoint.pvc is not None,
+            cel="self.backoffLimit == 0 || has(self.checkpoint.pvc)",
+            message=(
+                "backoffLimit > 0 promises retries that resume from the newest checkpoint: set checkpoint.pvc "
+                "(checkpoints in a pod's own filesystem are gone when a retry starts a new pod)"
+            ),
+            field="backoffLimit",
+        ),
+        Rule(
             check=lambda s: s.schedule.eval_every == 0 or s.data.eval is not None,
             cel="self.schedule.evalEvery == 0 || has(self.data.eval)",
             message="evalEvery > 0 needs data.eval",
@@ -683,6 +694,12 @@ class DistillationJobSpec(ApiModel):
                 return teacher
         known = sorted(r for t in self.teachers for r in t.routes)
         raise KeyError(f"no teacher for route {route!r} and no default teacher; known routes: {known}")
+
+    def loaded_models(self) -> list[str]:
+        """The model and tokenizer locations the trainer's processes load (external teachers are served
+        elsewhere and load nothing here)."""
+        models = [self.student.model, *(t.model for t in self.teachers if t.placement != Placement.EXTERNAL)]
+        return [*models, self.student.tokenizer] if self.student.tokenizer else models
 
     def teacher_memory_fraction(self, teacher: Teacher) -> float:
         """vLLM's gpu_memory_utilization for this teacher: its own, or the default of its placement."""

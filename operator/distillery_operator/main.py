@@ -13,11 +13,12 @@ import threading
 from collections.abc import Callable, Collection
 
 import kopf
+from kopf._core.engines.peering import Identity  # kopf exports the type only here
 
 from distillery_operator import handlers, naming
 from distillery_operator.controller import Controller, ControllerSettings
 from distillery_operator.kube import Kube, load_configuration
-from distillery_operator.leader import LeaderElector, LeaseSettings
+from distillery_operator.leader import LeaderElector, LeaseSettings, default_identity
 from distillery_operator.serving import health_app, metrics_app, serve
 
 log = logging.getLogger("distillery.operator")
@@ -132,6 +133,9 @@ async def run(
             clusterwide=clusterwide,
             namespaces=list(namespaces),
             memo=kopf.Memo(controller=controller, stopped=stopped),
+            # kopf would name itself from the user's passwd entry, which images running as a bare uid
+            # (the chart's 65532, OpenShift's random uids) lack: it raised KeyError before the first watch.
+            identity=Identity(elector.settings.identity if elector is not None else default_identity()),
             stop_flag=stopped,
             ready_flag=ready_flag,
         )

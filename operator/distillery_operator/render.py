@@ -326,9 +326,13 @@ def _ray_pod_template(job: DistillationJob, container_name: str, *, worker: bool
         },
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
     ]
+    mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint.path})
     if spec.checkpoint.pvc:
-        mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint.path})
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.pvc}})
+    else:
+        # Writable by the image's user, and it outlives a container restart. Not a retry (a new pod): a job
+        # that promises retries must name a claim (the spec's backoffLimit rule).
+        volumes.append({"name": "checkpoints", "emptyDir": {}})
     claim_volumes, claim_mounts = _claim_volumes(
         pvc.claims(_locations(job)), checkpoint_claim=spec.checkpoint.pvc
     )

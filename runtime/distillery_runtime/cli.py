@@ -220,7 +220,11 @@ async def _run(
         if not in_cluster:
             config, teachers = local.start_local_teachers(config, out_dir / "logs", gpus)
             loop.config = config
-        local.init_ray(args.ray_address or ("auto" if in_cluster else None), gpus.student if gpus else None)
+        local.init_ray(
+            args.ray_address or ("auto" if in_cluster else None),
+            gpus.student if gpus else None,
+            model_locations=config.spec.loaded_models(),
+        )
         # ray.init installs its own SIGTERM handler in the driver (it logs a stack and aborts): ours again,
         # so that a SIGTERM (a pod's deletion, the preStop hook) finishes the step and saves a checkpoint.
         _install_interrupt(stop, progress.event)
@@ -270,6 +274,16 @@ async def _run(
     return EXIT_INTERRUPTED if result.stopped else EXIT_OK
 
 
+def output_dir(config: RuntimeConfig, in_cluster: bool, requested: str | None) -> Path:
+    """Where metrics.jsonl, eval.jsonl and the report go: `--output`, else runs/JOB here, or in a cluster
+    beside the checkpoints (a pod's own folder is gone with the pod, and a retry resumes the same file)."""
+    if requested:
+        return Path(requested)
+    if in_cluster:
+        return Path(config.spec.checkpoint.path) / "runs" / config.job_name
+    return Path("runs") / config.job_name
+
+
 def run_command(args: argparse.Namespace) -> int:
     """`distillery run`: validate, then run locally or in the cluster; returns the exit code."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -292,7 +306,7 @@ def run_command(args: argparse.Namespace) -> int:
         except NotEnoughGpus as error:
             print(f"{args.file}: spec.{error.field}: {error}", file=sys.stderr)
             return EXIT_INVALID
-    out_dir = Path(args.output or (Path("runs") / config.job_name))
+    out_dir = output_dir(config, in_cluster, args.output)
     if not in_cluster:
         from distillery_runtime.loop import earlier_run_refusal
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from distillery.api.spec import Placement
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
 from distillery_runtime.local_gpus import LocalGpuPlan, TeacherGpus
-from distillery_runtime.uris import resolve_location
+from distillery_runtime.uris import is_hub_id, resolve_location
 from distillery_runtime.workers import free_port
 
 
@@ -94,7 +95,6 @@ def start_local_teachers(
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
     }
     for resolved in config.teachers:
         if resolved.placement != Placement.STANDALONE:
@@ -105,7 +105,10 @@ def start_local_teachers(
         command = teacher_server_command(
             specs[resolved.name], resolved, resolve_location(specs[resolved.name].model), port, placed
         )
-        teacher_env = env if placed is None else {**env, "CUDA_VISIBLE_DEVICES": ",".join(placed.devices)}
+        model = specs[resolved.name].model
+        teacher_env = {**env, **_hub_env(os.environ, [model])}
+        if placed is not None:
+            teacher_env["CUDA_VISIBLE_DEVICES"] = ",".join(placed.devices)
         log_path = log_dir / f"teacher-{resolved.name}.log"
         with open(log_path, "wb") as log:
             started.processes.append(
@@ -175,23 +178,41 @@ def local_threads() -> int:
     return int(torch.get_num_threads())
 
 
-def init_ray(address: str | None, gpus: list[str] | None = None) -> None:
+def actor_env(environ: Mapping[str, str], model_locations: Sequence[str]) -> dict[str, str]:
+    """The environment of every Ray actor (rollout engine, trainer ranks, colocated teachers).
+
+    What the driver's environment (the pod, the shell) sets wins. The hub is switched off only when the
+    job names no Hugging Face id: its local models then never wait on a network the machine may lack,
+    and a job of hub ids on a fresh pod can download them."""
+    here = str(Path(__file__).resolve().parents[1])
+    paths = [p for p in [here, str(Path(here).parent), environ.get("PYTHONPATH", "")] if p]
+    env = {
+        "PYTHONPATH": os.pathsep.join(paths),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
+        "VLLM_CPU_KVCACHE_SPACE": environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    return {**env, **_hub_env(environ, model_locations)}
+
+
+def _hub_env(environ: Mapping[str, str], model_locations: Sequence[str]) -> dict[str, str]:
+    if "HF_HUB_OFFLINE" in environ:
+        return {"HF_HUB_OFFLINE": environ["HF_HUB_OFFLINE"]}
+    if any(is_hub_id(location) for location in model_locations):
+        return {}
+    return {"HF_HUB_OFFLINE": "1"}
+
+
+def init_ray(address: str | None, gpus: list[str] | None = None, model_locations: Sequence[str] = ()) -> None:
     """Join a Ray cluster (address) or start an embedded one for this process. With `gpus`, the embedded
-    one hands the trainer ranks those GPUs only (an empty list: none, even on a machine with GPUs)."""
+    one hands the trainer ranks those GPUs only (an empty list: none, even on a machine with GPUs).
+    `model_locations`: the job's models, which decide whether the actors may reach the hub."""
     import ray
 
     if ray.is_initialized():
         return
-    here = str(Path(__file__).resolve().parents[1])
-    paths = [p for p in [here, str(Path(here).parent), os.environ.get("PYTHONPATH", "")] if p]
-    env = {
-        "PYTHONPATH": os.pathsep.join(paths),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        "VLLM_NO_USAGE_STATS": "1",
-        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+    env = actor_env(os.environ, model_locations)
     if address:
         ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
         return

@@ -36,6 +36,13 @@ def _mounted_claim_path(location: str) -> str:
     return path
 
 
+def is_hub_id(location: str) -> bool:
+    """A Hugging Face id (`org/name` or `name`): no scheme, not a path, and no folder of that name here."""
+    if "://" in location or location.startswith(("/", ".", "~")):
+        return False
+    return location.count("/") <= 1 and not Path(location).exists()
+
+
 def resolve_location(location: str) -> str:
     """A local path (or a Hugging Face id, unchanged) for a model or data location."""
     if location.startswith(SYNTHETIC_SCHEME):

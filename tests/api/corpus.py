@@ -247,6 +247,8 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("overlong-policy-unknown", {"spec.data.overlongPrompts": "drop"}, "spec.data.overlongPrompts", AGREE),
     ("suspend-not-bool", {"spec.suspend": "yes"}, "spec.suspend", AGREE),
     ("backoff-negative", {"spec.backoffLimit": -1}, "spec.backoffLimit", AGREE),
+    # Found on a real node (issue 14): a retry is a new pod, and checkpoints outside a claim went with the old one.
+    ("retries-without-checkpoint-claim", {"spec.backoffLimit": 1}, "spec.backoffLimit", AGREE),
     ("deadline-zero", {"spec.activeDeadlineSeconds": 0}, "spec.activeDeadlineSeconds", AGREE),
     ("labels-not-strings", {"spec.labels": {"team": 7}}, "spec.labels.team", AGREE),
     # Found by the real server on a child object (a 422 after the job was accepted): now both refuse it.
@@ -348,6 +350,7 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
 ]
 
 ACCEPTED: list[tuple[str, dict[str, Any]]] = [
+    ("retries-with-checkpoint-claim", {"spec.backoffLimit": 2, "spec.checkpoint": {"pvc": "ckpt"}}),
     # (id, {path: value}): valid manifests next to an edge, accepted by both. Found by the server (we
     # refused each before the fix) unless marked.
     ("base", {}),

@@ -155,7 +155,7 @@ def test_a_teacher_the_trainer_cannot_reach_is_shown_until_it_answers_again() ->
 
 
 def test_failed_rayjob_fails_the_job_with_kuberays_reason_but_retrying_does_not() -> None:
-    world = World(job_body("gkd.yaml", backoffLimit=1))
+    world = World(job_body("gkd.yaml", backoffLimit=1, checkpoint={"pvc": "ckpt"}))
     world.settle()
     world.play("RayJob", "gkd-jsd-trainer", {"jobStatus": "FAILED", "jobDeploymentStatus": "Retrying"})
     world.settle()

@@ -246,9 +246,23 @@ def test_rayjob_runs_the_runtime_with_the_config() -> None:
     assert "lifecycle" not in workers["template"]["spec"]["containers"][0]
 
 
+def test_without_a_claim_the_checkpoint_folder_is_a_writable_empty_dir() -> None:
+    """Found on a real node: without checkpoint.pvc nothing was mounted at checkpoint.path, and the image's
+    user (uid 1000) cannot create /checkpoints, so the first checkpoint failed the run."""
+    job = load_job(ROOT / "examples" / "gkd.yaml")
+    assert job.spec.checkpoint.pvc is None
+    (rayjob,) = by_kind(render_job(job, CTX), "RayJob")
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    for template in (cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])):
+        mounts = {m["mountPath"]: m["name"] for m in template["spec"]["containers"][0]["volumeMounts"]}
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        assert volumes[mounts[job.spec.checkpoint.path]] == {"name": "checkpoints", "emptyDir": {}}
+
+
 def test_suspend_deadline_backoff_and_service_account() -> None:
     doc = yaml.safe_load((ROOT / "examples" / "gkd.yaml").read_text())
     doc["spec"].update(suspend=True, activeDeadlineSeconds=3600, backoffLimit=2, serviceAccountName="trainer")
+    doc["spec"]["checkpoint"] = {"pvc": "ckpt"}  # retries resume from a claim
     doc["metadata"]["labels"] = {"team": "nlp"}
     doc["spec"]["labels"] = {"cost-center": "42"}
     job = DistillationJob.model_validate(doc)
