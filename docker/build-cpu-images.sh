@@ -39,14 +39,18 @@ if [ ! -e "$work/rootfs/.debootstrap-ok" ]; then
     "$suite" "$work/rootfs" "$mirror" >"$work/debootstrap.log" 2>&1 || { tail -20 "$work/debootstrap.log"; exit 1; }
   rm -f "$work"/rootfs/var/cache/apt/archives/*.deb; rm -rf "$work"/rootfs/var/lib/apt/lists/*
   touch "$work/rootfs/.debootstrap-ok"
+  "${bh[@]}" rmi -f "$base" >/dev/null 2>&1 || true
 fi
 base_start=$(date +%s)
-c=$("${bh[@]}" from scratch)
-"${bh[@]}" copy "$c" "$work/rootfs/" /
-"${bh[@]}" run "$c" -- rm -f /.debootstrap-ok
-"${bh[@]}" config --env LANG=C.UTF-8 --cmd '["/usr/bin/python3"]' "$c"
-"${bh[@]}" commit --quiet "$c" "$base" >/dev/null
-"${bh[@]}" rm "$c" >/dev/null
+# Committed once per rootfs: a new base image (a new ID) would miss every cached layer built on it.
+if ! "${bh[@]}" inspect --type image "$base" >/dev/null 2>&1; then
+  c=$("${bh[@]}" from scratch)
+  "${bh[@]}" copy "$c" "$work/rootfs/" /
+  "${bh[@]}" run "$c" -- rm -f /.debootstrap-ok
+  "${bh[@]}" config --env LANG=C.UTF-8 --cmd '["/usr/bin/python3"]' "$c"
+  "${bh[@]}" commit --quiet "$c" "$base" >/dev/null
+  "${bh[@]}" rm "$c" >/dev/null
+fi
 base_seconds=$(( $(date +%s) - base_start ))
 
 # 2. pip's configuration for the build: the host's, with every local path mounted read-only.

@@ -22,6 +22,7 @@ LABEL org.opencontainers.image.title="distillery-runtime" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 VIRTUAL_ENV=/opt/distillery PATH=/opt/distillery/bin:$PATH
+# libnuma1: vLLM's compiled ops link it (the CPU wheel failed to import without it, found on a node);
 # wget: KubeRay's exec probes call it; git: Hugging Face downloads of repos with code; tini: reaps
 # the Ray and vLLM worker processes; python-is-python3: KubeRay's submitter runs `python`. Versions come
 # from the base image's release (pinning exact Debian versions breaks the build whenever the archive moves on).
@@ -30,7 +31,7 @@ ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CH
 # hadolint ignore=DL3008,SC2016
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv python3-dev python-is-python3 \
-        build-essential wget git ca-certificates tini \
+        build-essential libnuma1 wget git ca-certificates tini \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/distillery \
  && echo 'export VIRTUAL_ENV=/opt/distillery PATH=/opt/distillery/bin:$PATH' > /etc/profile.d/distillery.sh

@@ -35,6 +35,8 @@ ENTRYPOINT = f"distillery run {CONFIG_MOUNT_DIR}/{CONFIG_KEY}"
 TEACHER_MODULE = "distillery_runtime.teachers.server"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 HEALTH_PATH = "/health"
+RAY_HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), ("metrics", 8080))
+"""The head's ports under KubeRay's names (its defaults for a head container that declares none)."""
 STARTUP_PERIOD_SECONDS = 10
 
 
@@ -357,7 +359,13 @@ def _ray_pod_template(job: DistillationJob, container_name: str, *, worker: bool
     if not worker:
         # The driver (`distillery run`) serves the runtime's Prometheus metrics; the chart's PodMonitor
         # scrapes this port by name.
-        container["ports"] = [{"name": "runtime-metrics", "containerPort": RUNTIME_METRICS_PORT}]
+        # KubeRay adds Ray's own ports only to a head container that declares none; declaring ours alone
+        # left the head without "dashboard", and the RayJob never submitted ("dashboard port is not found",
+        # found on a real node). So Ray's are declared too, by KubeRay's names and defaults.
+        container["ports"] = [
+            *({"name": name, "containerPort": port} for name, port in RAY_HEAD_PORTS),
+            {"name": "runtime-metrics", "containerPort": RUNTIME_METRICS_PORT},
+        ]
         # The kubelet's SIGTERM reaches only PID 1 (KubeRay's bash wrapper, which ignores it as PID 1):
         # the hook stops the driver, which saves a checkpoint first, within the grace period.
         container["lifecycle"] = {"preStop": {"exec": {"command": prestop_command(job)}}}

@@ -244,6 +244,9 @@ def test_rayjob_runs_the_runtime_with_the_config() -> None:
         "python", "-m", "distillery_runtime.prestop", "--timeout", timeout
     ]  # fmt: skip
     assert "lifecycle" not in workers["template"]["spec"]["containers"][0]
+    # KubeRay finds the dashboard (to submit the job) and the GCS by these names; found on a real node.
+    ports = {p["name"]: p["containerPort"] for p in head["ports"]}
+    assert ports == {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "metrics": 8080, "runtime-metrics": 9100}
 
 
 def test_without_a_claim_the_checkpoint_folder_is_a_writable_empty_dir() -> None:
