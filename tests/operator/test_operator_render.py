@@ -246,7 +246,13 @@ def test_rayjob_runs_the_runtime_with_the_config() -> None:
     assert "lifecycle" not in workers["template"]["spec"]["containers"][0]
     # KubeRay finds the dashboard (to submit the job) and the GCS by these names; found on a real node.
     ports = {p["name"]: p["containerPort"] for p in head["ports"]}
-    assert ports == {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "metrics": 8080, "runtime-metrics": 9100}
+    assert ports == {
+        "gcs-server": 6379,
+        "dashboard": 8265,
+        "client": 10001,
+        "metrics": 8080,
+        "runtime-metrics": 9100,
+    }
 
 
 def test_without_a_claim_the_checkpoint_folder_is_a_writable_empty_dir() -> None:
@@ -256,7 +262,10 @@ def test_without_a_claim_the_checkpoint_folder_is_a_writable_empty_dir() -> None
     assert job.spec.checkpoint.pvc is None
     (rayjob,) = by_kind(render_job(job, CTX), "RayJob")
     cluster = rayjob["spec"]["rayClusterSpec"]
-    for template in (cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])):
+    for template in (
+        cluster["headGroupSpec"]["template"],
+        *(g["template"] for g in cluster["workerGroupSpecs"]),
+    ):
         mounts = {m["mountPath"]: m["name"] for m in template["spec"]["containers"][0]["volumeMounts"]}
         volumes = {v["name"]: v for v in template["spec"]["volumes"]}
         assert volumes[mounts[job.spec.checkpoint.path]] == {"name": "checkpoints", "emptyDir": {}}
