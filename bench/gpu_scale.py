@@ -61,14 +61,15 @@ class Case:
         return f"{self.shape} ckpt={'on' if self.checkpointing else 'off'} offload={offload}"
 
 
-def prediction(case: Case, gpu_bytes: int) -> dict:
+def prediction(case: Case, gpu_bytes: int, *, fused: bool = True) -> dict:
+    """The plan of a case; `fused`: the trainer's AdamW on a GPU (foreach before; results of 2026-11-26)."""
     shape = SHAPES[case.shape]
     plan = plan_memory(
         TrainingLayout(
             shape=shape, ranks=1, gpu_bytes=gpu_bytes, cpu_offload=case.offload,
             activation_checkpointing=case.checkpointing,
             micro_batch_tokens=case.samples * (case.prompt + case.response),
-            response_tokens=case.samples * case.response,
+            response_tokens=case.samples * case.response, fused_optimizer=fused,
         )
     )  # fmt: skip
     return {

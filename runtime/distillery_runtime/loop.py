@@ -4,7 +4,8 @@ One step, top to bottom (`Loop.step`):
   rollout   the rollout actor samples the step's responses and streams each one out as it finishes
   teacher   each sample goes to its routed teacher the moment it arrives (scoring overlaps rollout)
   train     the trainer ranks take one optimizer step on their shards (gradients all-reduced)
-  sync      rank 0's new weights go to the rollout engine (an ObjectRef, not through the driver)
+  sync      the new weights stream from the trainers' shards to the rollout engine in buckets, over a
+            torch.distributed group of their own (weight_sync.py), not through Ray's object store
 then metrics, status, checkpoint and evaluation when due. With `schedule.oneStepOff` the rollout of step
 i+1 is started before step i trains, so sampling overlaps training and each sample is one policy version
 stale (recorded as `staleness`). Everything stateful (engines, models, files) lives in the leaves.
@@ -90,6 +91,11 @@ class RunResult:
     last_checkpoint: str | None
 
 
+SYNC_BUCKET_BYTES = 256 * 1024**2
+"""Bytes per bucket of a streamed weight sync: large enough to run at the link's speed, small enough that
+a bucket of whole tensors is nothing beside a rank's shards."""
+
+
 @dataclass
 class Components:
     """The actors and clients of a run (started by `start_components`)."""
@@ -99,6 +105,8 @@ class Components:
     scoring: Any
     colocated: list[Any]
     rollout_dtype: str
+    weight_metas: list[Any] | None = None
+    """What a streamed weight sync sends (weight_sync.py); None: through the object store."""
 
 
 def exact_match(response_text: str, answer: str) -> bool:
@@ -360,6 +368,13 @@ class Loop:
         return _combine_rank_metrics(results)
 
     async def sync(self, c: Components) -> None:
+        if c.weight_metas is not None:
+            # Streamed: bucket by bucket from the shards to the engine, over the weight-sync group.
+            await asyncio.gather(
+                *(t.stream_weights.remote(c.rollout_dtype, SYNC_BUCKET_BYTES) for t in c.trainers),
+                c.rollout.receive_weights.remote(c.weight_metas, SYNC_BUCKET_BYTES, self.version),
+            )
+            return
         # Every rank takes part (FSDP2 gathers each tensor from the shards); rank 0's copy goes on.
         refs = [t.weights.remote(c.rollout_dtype) for t in c.trainers]
         await c.rollout.update_weights.remote(refs[0], self.version)
@@ -620,7 +635,15 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     )
     scoring = TeacherScoring(config, clients, outages)
     dtype = await rollout.dtype.remote()
-    components = Components(trainers, rollout, scoring, list(colocated_actors.values()), dtype)
+    # The weight-sync group: trainer rank 0 sends, the rollout engine receives (weight_sync.py).
+    host, port = await trainers[0].sync_address.remote()
+    names = ["trainer rank 0", "rollout engine 0"]
+    await asyncio.gather(
+        trainers[0].join_weight_sync.remote(host, port, names),
+        rollout.join_weight_sync.remote(host, port, 1, names),
+    )
+    metas = await trainers[0].weight_metas.remote(dtype)
+    components = Components(trainers, rollout, scoring, list(colocated_actors.values()), dtype, metas)
     if loop.version:  # resumed: the trainers restore optimizer, schedule and RNG states
         assert loop.last_checkpoint is not None
         await asyncio.gather(*(t.load_state.remote(loop.last_checkpoint) for t in trainers))

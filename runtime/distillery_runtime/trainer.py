@@ -418,6 +418,48 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         return out
 
+    def weight_metas(self, dtype: torch.dtype | None = None) -> list[Any]:
+        """Names, whole shapes and travelling dtypes of the weights a streamed sync sends (weight_sync.py)."""
+        from distillery_runtime.weight_sync import tensor_metas
+
+        return tensor_metas(self.model.state_dict().items(), dtype)
+
+    def stream_weights(self, group: Any, dtype: torch.dtype | None, bucket_bytes: int) -> int:
+        """A streamed sync: every rank gathers each bucket's tensors from the shards (a collective), rank 0
+        broadcasts them to the engines over `group` (a weight_sync.SyncGroup; None on other ranks). No
+        rank holds more than a bucket of whole tensors. Returns the bytes rank 0 sent."""
+        from distillery_runtime.weight_sync import WeightSyncError, sender_buckets, tensor_metas
+
+        failure: WeightSyncError | None = None
+        if self.rank == 0:
+            try:
+                group.wait_ready()
+            except WeightSyncError as error:
+                failure = error
+        if self.fsdp and self.world_size > 1:
+            # All ranks stop together, before the first gather, or the others would wait in it.
+            failed = torch.tensor([int(failure is not None)], device=self._collective_device())
+            dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+            if int(failed) and failure is None:
+                raise WeightSyncError("weight sync failed on trainer rank 0 (its error names the peer)")
+        if failure is not None:
+            raise failure
+        tensors = list(self.model.state_dict().values())
+        metas = tensor_metas(self.model.state_dict().items(), dtype)
+
+        def gather(i: int) -> torch.Tensor | None:
+            whole = self._full(tensors[i].detach())
+            if self.rank != 0:
+                return None
+            return whole.to(dtype) if dtype is not None and whole.is_floating_point() else whole
+
+        buckets = sender_buckets(metas, bucket_bytes, gather)
+        if self.rank == 0:
+            return int(group.send(buckets))
+        for _ in buckets:  # take part in the gathers
+            pass
+        return 0
+
     def _full(self, tensor: torch.Tensor) -> torch.Tensor:
         """A whole tensor from a sharded one (FSDP: a collective, every rank calls it)."""
         if not self.fsdp:

@@ -1,8 +1,9 @@
 """The Ray actors of a run: trainer ranks, the rollout engine, colocated teachers.
 
 Each class is a plain Python class; `loop.py` turns it into an actor with `ray.remote(...).options(...)`
-and the resources of its role (`actor_options`). Data between them moves through Ray's object store:
-the new weights go from trainer rank 0 to the rollout actor as an ObjectRef, never through the driver.
+and the resources of its role (`actor_options`). Samples move through Ray's object store; the new weights
+do not: they stream from the trainers' shards to the rollout engine in buckets over a torch.distributed
+group of their own (`weight_sync.py`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,26 @@ class TrainerWorker:
     def weights(self, dtype: str) -> list[tuple[str, torch.Tensor]]:
         return self.trainer.weights(DTYPES[dtype])
 
+    def sync_address(self) -> tuple[str, int]:
+        """rank 0: where the weight-sync group's store listens."""
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def join_weight_sync(self, host: str, port: int, names: list[str]) -> bool:
+        """rank 0 joins the weight-sync group as its sender (the other ranks only gather)."""
+        from distillery_runtime.weight_sync import SyncGroup
+
+        self.sync_group = SyncGroup(host, port, 0, names)
+        return True
+
+    def weight_metas(self, dtype: str) -> list[Any]:
+        return self.trainer.weight_metas(DTYPES[dtype])
+
+    def stream_weights(self, dtype: str, bucket_bytes: int) -> int:
+        """Every rank: a streamed sync (rank 0 sends, the others take part in the gathers)."""
+        return self.trainer.stream_weights(getattr(self, "sync_group", None), DTYPES[dtype], bucket_bytes)
+
     def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
         return self.trainer.sequence_logprobs(prompt_ids, response_ids)
 
@@ -159,6 +180,19 @@ class RolloutWorker:
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> int:
         self.engine.update_weights(weights, version)
+        return version
+
+    def join_weight_sync(self, host: str, port: int, rank: int, names: list[str]) -> bool:
+        from distillery_runtime.weight_sync import SyncGroup
+
+        self.sync_group = SyncGroup(host, port, rank, names)
+        return True
+
+    def receive_weights(self, metas: list[Any], bucket_bytes: int, version: int) -> int:
+        """A streamed sync: the tensors reach the engine's loader bucket by bucket as they arrive. Each is
+        copied out of its bucket's buffer: a view would carry the whole buffer into vLLM's worker RPC."""
+        received = ((name, tensor.clone()) for name, tensor in self.sync_group.receive(metas, bucket_bytes))
+        self.engine.update_weights(received, version)  # type: ignore[arg-type]
         return version
 
     def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
