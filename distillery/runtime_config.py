@@ -20,6 +20,9 @@ TEACHER_PORT = 8000
 """The port of a standalone teacher's server (OpenAI API and the compact scoring endpoint)."""
 RUNTIME_METRICS_PORT = 9100
 """The port of the trainer's Prometheus metrics (the head pod's `runtime-metrics` port)."""
+CPU_KV_CACHE_GIB = 1
+"""vLLM's KV cache (GiB, VLLM_CPU_KVCACHE_SPACE) for an engine on CPU: tests and tiny jobs. Setting it also
+keeps vLLM's CPU worker from reserving --gpu-memory-utilization of the whole machine's memory."""
 
 
 class TeacherProtocol(StrEnum):

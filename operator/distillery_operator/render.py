@@ -22,6 +22,7 @@ from distillery.api import API_VERSION, GROUP, KIND, PLURAL, DistillationJob, Pl
 from distillery.runtime_config import (
     CONFIG_KEY,
     CONFIG_MOUNT_DIR,
+    CPU_KV_CACHE_GIB,
     RUNTIME_METRICS_PORT,
     TEACHER_PORT,
     resolve_runtime_config,
@@ -132,6 +133,7 @@ def render_config_map(job: DistillationJob, ctx: RenderContext) -> dict[str, Any
 
 def teacher_command(job: DistillationJob, teacher: Teacher) -> list[str]:
     spec = job.spec
+    on_gpu = teacher.pool.gpus_per_replica > 0
     return [
         "python",
         "-m",
@@ -150,8 +152,9 @@ def teacher_command(job: DistillationJob, teacher: Teacher) -> list[str]:
         str(spec.max_model_len(teacher)),
         "--tensor-parallel-size",
         str(teacher.pool.tensor_parallel),
-        "--gpu-memory-utilization",
-        str(spec.teacher_memory_fraction(teacher)),
+        # On CPU vLLM reads this flag as a fraction of the machine's memory; its KV cache is sized by
+        # VLLM_CPU_KVCACHE_SPACE instead (teacher_env).
+        *(["--gpu-memory-utilization", str(spec.teacher_memory_fraction(teacher))] if on_gpu else []),
         "--dtype",
         teacher.inference.dtype,
         *teacher.inference.extra_args,
@@ -224,6 +227,9 @@ def render_teacher_deployment(job: DistillationJob, teacher: Teacher, ctx: Rende
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
     }
     env = _hf_token_env(teacher)
+    if pool.gpus_per_replica == 0:
+        # Found on a real node: without it vLLM's CPU worker wanted 90% of the node's memory and exited.
+        env.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(CPU_KV_CACHE_GIB)})
     if env:
         container["env"] = env
     pod_spec: dict[str, Any] = {

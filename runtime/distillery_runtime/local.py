@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from distillery.api.spec import Placement
-from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
+from distillery.runtime_config import CPU_KV_CACHE_GIB, ResolvedTeacher, RuntimeConfig, TeacherProtocol
 from distillery_runtime.local_gpus import LocalGpuPlan, TeacherGpus
 from distillery_runtime.uris import is_hub_id, resolve_location
 from distillery_runtime.workers import free_port
@@ -92,7 +92,7 @@ def start_local_teachers(
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB)),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
@@ -189,7 +189,7 @@ def actor_env(environ: Mapping[str, str], model_locations: Sequence[str]) -> dic
     env = {
         "PYTHONPATH": os.pathsep.join(paths),
         "VLLM_ENABLE_V1_MULTIPROCESSING": environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
-        "VLLM_CPU_KVCACHE_SPACE": environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_CPU_KVCACHE_SPACE": environ.get("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB)),
         "VLLM_NO_USAGE_STATS": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }

@@ -163,6 +163,17 @@ def test_standalone_teacher_deployment_and_service() -> None:
     assert "kueue.x-k8s.io/queue-name" not in deployment["metadata"]["labels"]
 
 
+def test_a_cpu_teacher_sizes_its_kv_cache_instead_of_a_memory_fraction() -> None:
+    """Found on a real node: vLLM's CPU worker reads --gpu-memory-utilization as a fraction of the node's
+    memory (0.9 of it) and exited when less was free; a KV cache size skips that."""
+    doc = yaml.safe_load((ROOT / "examples" / "standalone-teacher.yaml").read_text())
+    doc["spec"]["teachers"][0]["pool"] = {"gpusPerReplica": 0}
+    (deployment,) = by_kind(render_job(DistillationJob.model_validate(doc), CTX), "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert "--gpu-memory-utilization" not in container["command"]
+    assert {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"} in container["env"]
+
+
 def test_extra_args_node_selector_and_tolerations_pass_through() -> None:
     doc = yaml.safe_load((ROOT / "examples" / "gkd.yaml").read_text())
     doc["spec"]["teachers"][0]["pool"].update(

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from distillery.runtime_config import CPU_KV_CACHE_GIB
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.samples import RolloutSample
 
@@ -41,7 +42,7 @@ class VllmRolloutEngine:
         enforce_eager: bool | None = None,
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         from vllm import LLM
 

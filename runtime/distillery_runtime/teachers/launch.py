@@ -15,6 +15,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from distillery.runtime_config import CPU_KV_CACHE_GIB
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -25,7 +27,7 @@ def free_port() -> int:
 def cpu_env(cache: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for vLLM on a CPU machine without a model hub (see VLLM_CPU.md)."""
     env = dict(os.environ if base is None else base)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
