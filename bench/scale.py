@@ -7,10 +7,12 @@
    optimizer step of Distillery's trainer, `student.training.sharding` fsdp vs replicate: the bytes of
    this rank's weights + gradients + AdamW state (local shards, counted tensor by tensor) and the process's
    peak RSS. `fsdp_rank_memory_ratio` = 2-rank / 1-rank of the former under FSDP2.
-2. Weight sync of 0.1-1 GB of bf16 tensors from one process to another: streamed in 256 MB buckets over
-   a gloo group (weight_sync.py, loopback TCP) vs today's path through Ray's object store (the sender's
-   copy returned as an ObjectRef, the receiver's ray.get). Seconds from the sender's first byte to the
-   receiver holding every tensor, GB/s, and `sync_speedup_vs_object_store` at the largest size.
+2. Weight sync of 0.1-1 GB of bf16 tensors from one process to another: streamed in 256 MB buckets
+   (weight_sync.py) through shared memory (what the loop does for an engine on the trainer's host) and
+   over gloo (loopback TCP; what it does across hosts), vs the old path through Ray's object store (the
+   sender's copy returned as an ObjectRef, the receiver's ray.get). Seconds from the sender's first byte
+   to the receiver holding every tensor (the receiver copies each out, as the rollout worker does),
+   GB/s, and `sync_speedup_vs_object_store` (shared memory) at the largest size.
 3. The memory plan (distillery/memory_plan.py) of 1.5B, 7B and 32B Qwen2.5 students on 8 x 80 GB
    (FSDP2, checkpointing, 4 x 1,024-token micro-batches, rollout memoryFraction 0.5), with and without
    cpuOffload, beside the peaks bench/gpu_scale.py measured on one GPU.
@@ -136,13 +138,12 @@ def _tensors(total_bytes: int):  # type: ignore[no-untyped-def]
     return [(f"w{i}", torch.randn(chunk // 2, generator=g).to(torch.bfloat16)) for i in range(n)]
 
 
-def _streamed(rank: int, port: int, total: int, out: str) -> None:
+def _streamed(rank: int, port: int, total: int, out: str, transport: str) -> None:
     import torch
     from distillery_runtime.weight_sync import SyncGroup, plan_buckets, tensor_metas
 
-    group = SyncGroup(
-        "127.0.0.1", port, rank, ["sender", "receiver"], timeout=datetime.timedelta(seconds=120)
-    )
+    timeout = datetime.timedelta(seconds=120)
+    group = SyncGroup("127.0.0.1", port, rank, ["sender", "receiver"], timeout=timeout, transport=transport)
     named = _tensors(total)
     metas = tensor_metas(named, torch.bfloat16)
     bucket = 256 * 1024**2
@@ -152,20 +153,26 @@ def _streamed(rank: int, port: int, total: int, out: str) -> None:
         if rank == 0:
             group.wait_ready()
             buckets = ([named[i][1] for i in b] for b in plan_buckets(metas, bucket))
-            group.send(buckets)
+            group.send(metas, bucket, buckets)
         else:
-            got = sum(t.numel() for _, t in group.receive(metas, bucket))
+            got = sum(t.clone().numel() for _, t in group.receive(metas, bucket))  # as RolloutWorker does
             assert got == sum(m.numel for m in metas)
             seconds = time.perf_counter() - started
             if attempt == 1:
-                Path(out, f"sync-streamed-{total}.json").write_text(json.dumps({"seconds": seconds}))
+                record = {"seconds": seconds, "transport": group.last_transport}
+                Path(out, f"sync-{transport}-{total}.json").write_text(json.dumps(record))
+    if rank == 0:
+        group.close()
 
 
-def streamed_seconds(total: int, out: Path) -> float:
+def streamed_seconds(total: int, out: Path, transport: str) -> float:
+    """auto: what the loop does with a colocated engine (shared memory); collective: gloo over loopback."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(_streamed, args=(_port(), total, str(out)), nprocs=2, start_method="spawn")
-    return float(json.loads((out / f"sync-streamed-{total}.json").read_text())["seconds"])
+    mp.start_processes(_streamed, args=(_port(), total, str(out), transport), nprocs=2, start_method="spawn")
+    record = json.loads((out / f"sync-{transport}-{total}.json").read_text())
+    assert record["transport"] == ("shm" if transport == "auto" else "collective"), record
+    return float(record["seconds"])
 
 
 def object_store_seconds(totals: list[int]) -> dict[int, float]:
@@ -275,13 +282,16 @@ def main() -> int:
     fsdp1, fsdp2 = memory["fsdp-1"], memory["fsdp-2"]
     rep2 = memory["replicate-2"]
     totals = [int(x * GB) for x in ((0.05, 0.1) if args.quick else (0.1, 0.25, 0.5, 1.0))]
-    streamed = {t: streamed_seconds(t, work) for t in totals}
+    streamed = {t: streamed_seconds(t, work, "auto") for t in totals}
+    collective = {t: streamed_seconds(t, work, "collective") for t in totals}
     store = object_store_seconds(totals)
     sync = {
         f"{t / GB:g} GB": {
             "streamed_s": round(streamed[t], 3), "object_store_s": round(store[t], 3),
             "streamed_gb_s": round(t / GB / streamed[t], 2), "object_store_gb_s": round(t / GB / store[t], 2),
             "speedup": round(store[t] / streamed[t], 2),
+            "collective_s": round(collective[t], 3), "collective_gb_s": round(t / GB / collective[t], 2),
+            "collective_speedup": round(store[t] / collective[t], 2),
         }
         for t in totals
     }  # fmt: skip
@@ -298,11 +308,17 @@ def main() -> int:
             f"| {sharding} | {world} | {value['state_bytes_per_rank'] / 1e6:.0f} | "
             f"{value['peak_rss_bytes_per_rank'] / 1e6:.0f} |"
         )
-    rows += ["", "| weights | streamed s (GB/s) | object store s (GB/s) | speedup |", "|---|---|---|---|"]
+    rows += [
+        "",
+        "| weights | streamed, shared memory: s (GB/s) | streamed, gloo: s (GB/s) | object store: s (GB/s) | speedup (shm / gloo) |",
+        "|---|---|---|---|---|",
+    ]
     for key, value in sync.items():
         rows.append(
             f"| {key} | {value['streamed_s']} ({value['streamed_gb_s']}) | "
-            f"{value['object_store_s']} ({value['object_store_gb_s']}) | {value['speedup']}x |"
+            f"{value['collective_s']} ({value['collective_gb_s']}) | "
+            f"{value['object_store_s']} ({value['object_store_gb_s']}) | "
+            f"{value['speedup']}x / {value['collective_speedup']}x |"
         )
     rows += [
         "",
@@ -325,6 +341,7 @@ def main() -> int:
         "memory": {k: {kk: vv for kk, vv in v.items() if kk != "ranks"} for k, v in memory.items()},
         "sync": sync,
         "sync_speedup_vs_object_store": sync[largest]["speedup"],
+        "sync_speedup_vs_object_store_gloo": sync[largest]["collective_speedup"],
         "planner": plan,
         "planner_fits": {k: v["fits"] for k, v in plan.items()},
         "measured_on_gpu": measured_points(),

@@ -455,7 +455,7 @@ class Trainer:
 
         buckets = sender_buckets(metas, bucket_bytes, gather)
         if self.rank == 0:
-            return int(group.send(buckets))
+            return int(group.send(metas, bucket_bytes, buckets))
         for _ in buckets:  # take part in the gathers
             pass
         return 0

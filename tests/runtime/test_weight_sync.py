@@ -30,6 +30,10 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+TRANSPORTS = ("auto", "collective")
+"""Two syncs in a row: the first as a job runs it (one host: shared memory), the second over gloo."""
+
+
 def _member(index: int, model_dir: str, port: int, init: str, out: str, stall: bool) -> None:
     """Processes 0, 1: trainer ranks; 2, 3: engines (sync ranks 1, 2)."""
     import torch.distributed as dist
@@ -46,13 +50,19 @@ def _member(index: int, model_dir: str, port: int, init: str, out: str, stall: b
         if index == 0:
             Path(f"{out}/metas.json.tmp").write_text(json.dumps([dataclasses.asdict(m) for m in metas]))
             Path(f"{out}/metas.json.tmp").rename(f"{out}/metas.json")
-        try:
-            trainer.stream_weights(group, torch.bfloat16, BUCKET)
-        except WeightSyncError as error:
-            Path(f"{out}/error-{index}.txt").write_text(str(error))
+        for transport in TRANSPORTS:
+            if group is not None:
+                group.transport = transport
+            try:
+                trainer.stream_weights(group, torch.bfloat16, BUCKET)
+            except WeightSyncError as error:
+                Path(f"{out}/error-{index}.txt").write_text(str(error))
+                break
         whole = trainer.full_state_dict()
         if index == 0:
             torch.save(whole, f"{out}/trainer.pt")
+            assert group is not None
+            group.close()  # removes its /dev/shm slots
         return
     group = SyncGroup("127.0.0.1", port, index - 1, NAMES, timeout=timeout)
     if stall and index == 3:
@@ -61,11 +71,15 @@ def _member(index: int, model_dir: str, port: int, init: str, out: str, stall: b
         time.sleep(5)  # joined the group, never checks in for the sync
         return
     metas = _wait_for(f"{out}/metas.json")
-    try:
-        received = {name: t.clone() for name, t in group.receive(metas, BUCKET)}
-        torch.save(received, f"{out}/engine-{index - 1}.pt")
-    except WeightSyncError as error:
-        Path(f"{out}/error-{index}.txt").write_text(str(error))
+    for transport in TRANSPORTS:
+        group.transport = transport
+        try:
+            received = {name: t.clone() for name, t in group.receive(metas, BUCKET)}
+        except WeightSyncError as error:
+            Path(f"{out}/error-{index}.txt").write_text(str(error))
+            return
+        torch.save(received, f"{out}/engine-{index - 1}-{transport}.pt")
+        Path(f"{out}/transport-{index - 1}-{transport}.txt").write_text(group.last_transport)
 
 
 def _wait_for(path: str) -> list[TensorMeta]:
@@ -82,10 +96,12 @@ def _wait_for(path: str) -> list[TensorMeta]:
     raise TimeoutError(path)
 
 
-def _run(tmp: Path, model_dir: Path, stall: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def _run(tmp: Path, model_dir: Path, stall: bool, monkeypatch: pytest.MonkeyPatch) -> int:
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
-    args = (str(model_dir), _port(), f"file://{tmp}/init", str(tmp), stall)
+    port = _port()
+    args = (str(model_dir), port, f"file://{tmp}/init", str(tmp), stall)
     mp.start_processes(_member, args=args, nprocs=4, start_method="spawn")
+    return port
 
 
 @pytest.fixture(scope="module")
@@ -102,17 +118,22 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_every_engine_gets_the_whole_student_in_buckets(tmp_path: Path, model_dir: Path) -> None:
+    """auto: one host, so shared memory (two slots, reused: more buckets than slots); collective: gloo."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        _run(tmp_path, model_dir, False, monkeypatch)
+        port = _run(tmp_path, model_dir, False, monkeypatch)
+    for transport, used in zip(TRANSPORTS, ("shm", "collective"), strict=True):
+        assert {(tmp_path / f"transport-{e}-{transport}.txt").read_text() for e in (1, 2)} == {used}
     whole = torch.load(tmp_path / "trainer.pt")
     metas = _wait_for(str(tmp_path / "metas.json"))
     assert len(plan_buckets(metas, BUCKET)) > 3  # really streamed, not one message
+    assert not list(Path("/dev/shm").glob(f"distillery-sync-{port}-*"))  # the sender removed its slots
     for engine in (1, 2):
-        received = torch.load(tmp_path / f"engine-{engine}.pt")
-        assert received.keys() == whole.keys()
-        for name, value in whole.items():
-            assert received[name].dtype == torch.bfloat16
-            torch.testing.assert_close(received[name], value.to(torch.bfloat16), rtol=0, atol=0)
+        for transport in TRANSPORTS:
+            received = torch.load(tmp_path / f"engine-{engine}-{transport}.pt")
+            assert received.keys() == whole.keys()
+            for name, value in whole.items():
+                assert received[name].dtype == torch.bfloat16
+                torch.testing.assert_close(received[name], value.to(torch.bfloat16), rtol=0, atol=0)
 
 
 def test_a_peer_that_never_checks_in_is_named(tmp_path: Path, model_dir: Path) -> None:
@@ -122,6 +143,7 @@ def test_a_peer_that_never_checks_in_is_named(tmp_path: Path, model_dir: Path) -
     assert "rollout engine 2 (sync rank 2) did not join within 3 s" in error
     assert "rollout engine 1" not in error
     assert "failed on trainer rank 0" in (tmp_path / "error-1.txt").read_text()  # stopped with it, no hang
+    assert "the trainer (sync rank 0)" in (tmp_path / "error-2.txt").read_text()  # the engine that did join
 
 
 def test_buckets_keep_order_dtype_and_size() -> None:
