@@ -174,6 +174,9 @@ class Rollout(ApiModel):
     """Responses sampled per prompt."""
     memory_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     """Fraction of each GPU's memory the rollout engine may take (vLLM gpu_memory_utilization)."""
+    replicas: int = Field(default=1, ge=1, le=1024)
+    """Data-parallel rollout engines, each a whole copy of the student on one of the student's GPUs; a
+    step's requests are split among them and one weight sync feeds them all."""
     enforce_eager: bool | None = None
     """vLLM engine only. true: run eagerly (no torch.compile, no CUDA graphs): faster start, slower steps.
     false: compile (and capture CUDA graphs on GPU). Unset: compiled on GPU, eager on CPU, where compiling
@@ -257,7 +260,18 @@ class Student(ApiModel):
     training: Training = Field(default_factory=Training)
     pool: StudentPool = Field(default_factory=StudentPool)
 
-    rules = (_pvc_rule("model", "model"), _pvc_rule("tokenizer", "tokenizer", optional=True))
+    rules = (
+        _pvc_rule("model", "model"),
+        _pvc_rule("tokenizer", "tokenizer", optional=True),
+        Rule(
+            check=lambda s: (
+                s.pool.gpus_per_worker == 0 or s.rollout.replicas <= s.pool.workers * s.pool.gpus_per_worker
+            ),
+            cel="self.pool.gpusPerWorker == 0 || self.rollout.replicas <= self.pool.workers * self.pool.gpusPerWorker",
+            message="each rollout replica shares one of the student's GPUs: at most pool.workers x pool.gpusPerWorker",
+            field="rollout.replicas",
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- teachers

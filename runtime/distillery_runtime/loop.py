@@ -1,7 +1,8 @@
 """The on-policy distillation loop, on Ray actors.
 
 One step, top to bottom (`Loop.step`):
-  rollout   the rollout actor samples the step's responses and streams each one out as it finishes
+  rollout   the rollout actors (student.rollout.replicas) sample the step's responses, each a share, and
+            stream each one out as it finishes (rollout_pool.py)
   teacher   each sample goes to its routed teacher the moment it arrives (scoring overlaps rollout)
   train     the trainer ranks take one optimizer step on their shards (gradients all-reduced)
   sync      the new weights stream from the trainers' shards to the rollout engine in buckets, over a
@@ -31,6 +32,7 @@ from distillery_runtime.data import PreparedData, PromptRecord, check_training_r
 from distillery_runtime.losses import LossConfig
 from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
+from distillery_runtime.rollout_pool import RolloutPool
 from distillery_runtime.samples import RolloutSample, TrainSample
 from distillery_runtime.teachers.outage import OutageChange, OutageTracker, TeacherOutageError
 from distillery_runtime.teachers.types import ScoreRequest
@@ -101,7 +103,7 @@ class Components:
     """The actors and clients of a run (started by `start_components`)."""
 
     trainers: list[Any]
-    rollout: Any
+    rollout: RolloutPool
     scoring: Any
     colocated: list[Any]
     rollout_dtype: str
@@ -310,9 +312,8 @@ class Loop:
                 records, step, spec.student.rollout.samples_per_prompt, spec.schedule.seed
             )
             wanted = [r.sample_id for r in requests]
-            stream = c.rollout.stream.options(num_returns="streaming").remote(requests, self.sampling)
-            async for ref in stream:
-                submit(await ref)
+            async for sample in c.rollout.stream(requests, self.sampling):
+                submit(sample)
         else:
             dataset = plan.dataset_samples(
                 records, step, spec.student.rollout.samples_per_prompt, self.version
@@ -372,12 +373,12 @@ class Loop:
             # Streamed: bucket by bucket from the shards to the engine, over the weight-sync group.
             await asyncio.gather(
                 *(t.stream_weights.remote(c.rollout_dtype, SYNC_BUCKET_BYTES) for t in c.trainers),
-                c.rollout.receive_weights.remote(c.weight_metas, SYNC_BUCKET_BYTES, self.version),
+                c.rollout.receive_weights(c.weight_metas, SYNC_BUCKET_BYTES, self.version),
             )
             return
         # Every rank takes part (FSDP2 gathers each tensor from the shards); rank 0's copy goes on.
         refs = [t.weights.remote(c.rollout_dtype) for t in c.trainers]
-        await c.rollout.update_weights.remote(refs[0], self.version)
+        await c.rollout.update_weights(refs[0], self.version)
         await asyncio.gather(*refs[1:])
 
     # ---------------------------------------------------------------------------------------- the loop
@@ -408,13 +409,13 @@ class Loop:
             else:
                 # Nothing samples or scores while the student trains: colocated engines free the device
                 # (vLLM sleep mode on GPU; a no-op on CPU, where vLLM has none).
-                await asyncio.gather(c.scoring.sleep(), c.rollout.sleep.remote())
+                await asyncio.gather(c.scoring.sleep(), c.rollout.sleep())
             samples = self.train_samples(rolled)
             t_train = time.perf_counter()
             train_metrics = await self.train(c, samples)
             self.version += 1
             t_sync = time.perf_counter()
-            await c.rollout.wake_up.remote()
+            await c.rollout.wake_up()
             await self.sync(c)
             finished = time.perf_counter()
             self.step_done, self.position = step, step * self.spec.schedule.prompts_per_step
@@ -527,7 +528,7 @@ class Loop:
         ]
         greedy = SamplingSettings(max_new_tokens=self.sampling.max_new_tokens, greedy=True)
         started = time.perf_counter()
-        outputs = await c.rollout.generate.remote(requests, greedy)
+        outputs = await c.rollout.generate(requests, greedy)
         correct = sum(exact_match(self._text(o.response_ids), o.answer or "") for o in outputs)
         accuracy = correct / len(outputs)
         entry = {
@@ -587,18 +588,22 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
         await asyncio.gather(*(t.init_group.remote(address) for t in trainers))
     precision = spec.student.precision.value  # resolved by each actor on its own device
     max_len = spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens + 1
-    rollout: Any = (
-        ray.remote(workers.RolloutWorker)
-        .options(**workers.actor_options("rollout", gpus_per_worker=gpus, colocated_teachers=len(colocated)))
-        .remote(
-            spec.student.rollout.engine.value,
-            loop.model_dir,
-            precision,
-            max_len,
-            spec.schedule.seed,
-            spec.student.rollout.memory_fraction,
-            spec.student.rollout.enforce_eager,
-        )
+    rollout_cls = ray.remote(workers.RolloutWorker).options(
+        **workers.actor_options("rollout", gpus_per_worker=gpus, colocated_teachers=len(colocated))
+    )
+    rollout = RolloutPool(
+        [
+            rollout_cls.remote(
+                spec.student.rollout.engine.value,
+                loop.model_dir,
+                precision,
+                max_len,
+                spec.schedule.seed,
+                spec.student.rollout.memory_fraction,
+                spec.student.rollout.enforce_eager,
+            )
+            for _ in range(spec.student.rollout.replicas)
+        ]
     )
     colocated_actors: dict[str, Any] = {}
     resolved = {t.name: t for t in config.teachers}
@@ -634,13 +639,12 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
         spec.teacher_outage_timeout_seconds, detected_after=retry.total_timeout, on_change=loop.teacher_outage
     )
     scoring = TeacherScoring(config, clients, outages)
-    dtype = await rollout.dtype.remote()
-    # The weight-sync group: trainer rank 0 sends, the rollout engine receives (weight_sync.py).
+    dtype = await rollout.dtype()
+    # The weight-sync group: trainer rank 0 sends, every rollout replica receives (weight_sync.py).
     host, port = await trainers[0].sync_address.remote()
-    names = ["trainer rank 0", "rollout engine 0"]
+    names = ["trainer rank 0", *rollout.names]
     await asyncio.gather(
-        trainers[0].join_weight_sync.remote(host, port, names),
-        rollout.join_weight_sync.remote(host, port, 1, names),
+        trainers[0].join_weight_sync.remote(host, port, names), rollout.join_weight_sync(host, port, names)
     )
     metas = await trainers[0].weight_metas.remote(dtype)
     components = Components(trainers, rollout, scoring, list(colocated_actors.values()), dtype, metas)
@@ -648,7 +652,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
         assert loop.last_checkpoint is not None
         await asyncio.gather(*(t.load_state.remote(loop.last_checkpoint) for t in trainers))
     # Resumed: the engine loaded the checkpoint's weights; it only needs to know their version.
-    await rollout.set_version.remote(loop.version)
+    await rollout.set_version(loop.version)
     return components
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -13,6 +14,8 @@ from distillery_runtime.data import PromptRecord
 from distillery_runtime.rollout.base import GenerationRequest
 from distillery_runtime.samples import RolloutSample, TrainSample
 from distillery_runtime.teachers.types import TeacherScores
+
+T = TypeVar("T")
 
 
 def is_on_policy(seed: int, step: int, fraction: float) -> bool:
@@ -125,8 +128,8 @@ def kl_per_teacher(samples: Sequence[TrainSample]) -> dict[str, float]:
     return {name: sums[name] / counts[name] for name in counts}
 
 
-def shard(samples: Sequence[TrainSample], world_size: int) -> list[list[TrainSample]]:
-    """Contiguous, near-equal shards, one per rank (the order of samples is preserved)."""
+def shard(samples: Sequence[T], world_size: int) -> list[list[T]]:
+    """Contiguous, near-equal shards, one per rank or rollout replica (the order is preserved)."""
     n = len(samples)
     bounds = [n * r // world_size for r in range(world_size + 1)]
     return [list(samples[bounds[r] : bounds[r + 1]]) for r in range(world_size)]

@@ -200,6 +200,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.schedule.microBatchTokens",
         AGREE,
     ),
+    (
+        "rollout-replicas-above-gpus",
+        {"spec.student.rollout": {"replicas": 3}, "spec.student.pool": {"workers": 1, "gpusPerWorker": 2}},
+        "spec.student.rollout.replicas",
+        AGREE,
+    ),
     ("gpu-memory-zero", {"spec.student.pool": {"gpuMemoryGiB": 0}}, "spec.student.pool.gpuMemoryGiB", AGREE),
     ("eval-every-without-eval", {"spec.schedule": {"evalEvery": 5}}, "spec.schedule.evalEvery", AGREE),
     ("checkpoint-keep-zero", {"spec.checkpoint": {"keep": 0}}, "spec.checkpoint.keep", AGREE),
