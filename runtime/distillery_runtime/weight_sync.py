@@ -295,6 +295,9 @@ class SyncGroup:
         # Done when every engine has read every bucket: the slots are free for the next sync.
         for done in range(max(0, index + 1 - SHM_SLOTS), index + 1):
             self._wait([f"{tag}/b{done}/read/{r}" for r in receivers], receivers, f"read bucket {done + 1}")
+        # Every member has mapped the slots by now: their names can go, the memory stays while mapped, and
+        # nothing is left in /dev/shm when a process dies (or a job never closes its group).
+        self._unlink_slots()
         return sent
 
     def _receive_shm(
@@ -312,12 +315,15 @@ class SyncGroup:
                 offset += meta.nbytes
             self.store.set(f"{tag}/b{index}/read/{self.rank}", "1")
 
+    def _unlink_slots(self) -> None:
+        for index, slot in self._slots.items():
+            with contextlib.suppress(OSError):
+                (SHM_DIR / f"{self._prefix}-{index}-{slot.numel()}").unlink()
+
     def close(self) -> None:
-        """Rank 0 removes the shared-memory slots (the engines only map them)."""
+        """Rank 0 removes the shared-memory slots' names if a sync failed before it did."""
         if self.rank == 0:
-            for index, slot in self._slots.items():
-                with contextlib.suppress(OSError):
-                    (SHM_DIR / f"{self._prefix}-{index}-{slot.numel()}").unlink()
+            self._unlink_slots()
         self._slots.clear()
         del self.group
 
