@@ -1,8 +1,9 @@
 """Weight sync streamed in buckets from the trainer to every rollout engine, without Ray's object store.
 
 A sync group is a torch.distributed process group of its own (not the trainers' group): rank 0 is trainer
-rank 0, ranks 1..n the rollout engines' workers, joined through a TCPStore that rank 0 hosts. Gloo on CPU,
-NCCL on GPU: the same code either way, so the CPU tests run what a GPU job runs.
+rank 0, ranks 1..n the rollout engines' workers, joined through a TCPStore that rank 0 hosts. Gloo, on
+tensors in host memory (where the engines' loaders take them today), so the CPU tests run what a GPU job
+runs; NCCL when the members pass a CUDA device (written, not yet run: the lent GPU machines have no vLLM).
 
 A sync walks the student's tensors in a fixed order (`plan_buckets`: consecutive tensors of one dtype up
 to `bucket_bytes`). For each bucket every trainer rank gathers the bucket's tensors from the FSDP2 shards
@@ -106,7 +107,7 @@ class SyncGroup:
     """One member of a sync group: rank 0 sends, the others receive. `names[r]` names rank r in errors.
 
     `transport`: "auto" (shared memory when every member is on this host and /dev/shm has room, else the
-    collective), "shm" or "collective"."""
+    collective), "shm" or "collective"; every member must use the same."""
 
     def __init__(
         self,
