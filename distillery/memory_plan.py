@@ -263,10 +263,13 @@ def refusal(plan: MemoryPlan) -> str | None:
         fixes.append("student.training.sharding: fsdp")
     elif not layout.cpu_offload:
         fixes.append("student.training.cpuOffload: true")
-    if not layout.activation_checkpointing:
-        fixes.append("student.training.activationCheckpointing: true")
-    fixes.append("a smaller schedule.microBatchTokens / microBatchSize")
-    if phase == "rollout":
+    if phase == "backward":  # the activations and logits count only there
+        if not layout.activation_checkpointing:
+            fixes.append("student.training.activationCheckpointing: true")
+        fixes.append("a smaller schedule.microBatchTokens / microBatchSize")
+    trainer_state = plan.phases["rollout"][0].bytes
+    if phase == "rollout" and trainer_state < layout.gpu_bytes:
+        # Only where the trainer's own state leaves room for the engines is a smaller share of any use.
         fixes = ["a lower student.rollout.memoryFraction or teachers' inference.memoryFraction", *fixes]
     return (
         f"the student needs {plan.peak_bytes / GIB:.1f} GiB per GPU in the {phase} phase ({parts} GiB) and "

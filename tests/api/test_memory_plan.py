@@ -85,6 +85,9 @@ def test_the_issue_cases_7b_fits_8x80_and_alone_it_does_not() -> None:
     line = refusal(alone)
     assert line is not None and "\n" not in line
     assert "student.pool.gpuMemoryGiB is 80" in line and "cpuOffload" in line
+    assert "memoryFraction" not in line  # the trainer's state alone (114 GiB) does not fit: no use
+    tight = refusal(plan_memory(_layout("qwen2.5-7b", ranks=2, rollout_fraction=0.9)))
+    assert tight is not None and tight.index("memoryFraction") < tight.index("workers")
     assert refusal(plan_memory(_layout("qwen2.5-7b"))) is None
 
 
