@@ -1,0 +1,341 @@
+"""What the workload scenarios share: the job's volumes, a job manifest on tiny models, and a watcher that
+records what `kubectl get dj` shows until the job ends."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import KUBECTL, Installation, yaml_stream
+
+MODELS_CLAIM = "models"
+CHECKPOINT_CLAIM = "checkpoints"
+TERMINAL = ("Succeeded", "Failed")
+TEACHER_SERVER = (
+    *("python", "-m", "distillery_runtime.teachers.server", "--model", "/models/teacher"),
+    *(
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--max-logprobs",
+        "8",
+        "--max-model-len",
+        "64",
+        "--enforce-eager",
+    ),
+)
+"""An external teacher's command: the runtime image's server on the `models` claim's teacher."""
+
+
+def deployment_available(installation: Installation, namespace: str, name: str | None = None) -> bool:
+    items = json.loads(installation.admin("get", "deployments", "-n", namespace, "-o", "json").stdout)[
+        "items"
+    ]
+    items = [d for d in items if name is None or d["metadata"]["name"] == name]
+    return bool(items) and all(
+        any(
+            c["type"] == "Available" and c["status"] == "True"
+            for c in d.get("status", {}).get("conditions", [])
+        )
+        for d in items
+    )
+
+
+def _host_path_volume(name: str, claim: str, namespace: str, path: Path, mode: str) -> list[dict[str, Any]]:
+    """A hostPath PersistentVolume pre-bound to the claim of the same name (no provisioner runs here)."""
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "2Gi"},
+            "accessModes": [mode],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "manual",
+            "hostPath": {"path": str(path), "type": "Directory"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace},
+        "spec": {
+            "accessModes": [mode],
+            "storageClassName": "manual",
+            "volumeName": name,
+            "resources": {"requests": {"storage": "2Gi"}},
+        },
+    }
+    return [pv, pvc]
+
+
+@dataclass
+class Workspace:
+    """A test's namespace with the `models` claim (tiny models and data, read-only in the pods) and the
+    `checkpoints` claim (written by the trainer's uid 1000), both on host folders the test can read."""
+
+    installation: Installation
+    namespace: str
+    models: Path
+    checkpoints: Path
+    observed: list[dict[str, Any]] = field(default_factory=list)
+    """Rows printed by `kubectl get dj -w` (NAME PHASE STEP STEPS TEACHERS AGE; STEP empty before step 1)."""
+    watchers: list[subprocess.Popen[str]] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, installation: Installation, namespace: str, model_files: Path, tmp: Path) -> Workspace:
+        models, checkpoints = tmp / "models", tmp / "checkpoints"
+        shutil.copytree(model_files, models)
+        checkpoints.mkdir()
+        # The pods run as uid 1000; the host folders belong to root.
+        for path in (tmp, models, *models.rglob("*")):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        checkpoints.chmod(0o777)
+        objects = [
+            *_host_path_volume(f"{namespace}-models", MODELS_CLAIM, namespace, models, "ReadOnlyMany"),
+            *_host_path_volume(
+                f"{namespace}-ckpt", CHECKPOINT_CLAIM, namespace, checkpoints, "ReadWriteOnce"
+            ),
+        ]
+        installation.admin("apply", "-f", "-", input=yaml_stream(objects))
+        return cls(installation, namespace, models, checkpoints)
+
+    def add_checkpoint_claim(self, claim: str) -> Path:
+        """Another writable claim (a second job's checkpoints, apart from the first's run)."""
+        folder = self.checkpoints.parent / claim
+        folder.mkdir(mode=0o777)
+        folder.chmod(0o777)
+        objects = _host_path_volume(
+            f"{self.namespace}-{claim}", claim, self.namespace, folder, "ReadWriteOnce"
+        )
+        self.installation.admin("apply", "-f", "-", input=yaml_stream(objects))
+        return folder
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        """`kubectl apply` of the job, with `kubectl get dj -w` on it from before it exists."""
+        self.watch(manifest["metadata"]["name"])
+        self.installation.admin("apply", "-n", self.namespace, "-f", "-", input=yaml_stream([manifest]))
+
+    def job(self, name: str) -> dict[str, Any]:
+        return json.loads(
+            self.installation.admin("get", "dj", name, "-n", self.namespace, "-o", "json").stdout
+        )
+
+    def watch(self, name: str) -> None:
+        """Starts `kubectl get dj NAME -w`, as a user would leave it running: every row it prints (one per
+        change of the job) is kept in `observed`, so no STEP the job showed is missed between polls."""
+        command = [str(KUBECTL), f"--kubeconfig={self.installation.plane.admin_kubeconfig}"]
+        watcher = subprocess.Popen(
+            # By field selector: `get dj NAME -w` exits at once when the job does not exist yet.
+            [
+                *command,
+                "get",
+                "dj",
+                "-n",
+                self.namespace,
+                f"--field-selector=metadata.name={name}",
+                "-w",
+                "--no-headers",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.watchers.append(watcher)
+
+        def read() -> None:
+            assert watcher.stdout is not None
+            for line in watcher.stdout:
+                self.observed.append({"t": time.monotonic(), "row": line.split()})
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def close(self) -> None:
+        for watcher in self.watchers:
+            watcher.kill()
+            watcher.wait()
+
+    def _wait(
+        self, name: str, done: Callable[[dict[str, Any]], bool], timeout: float, what: str
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(name)
+            if done(job):
+                return job
+            if time.monotonic() > deadline:
+                rows = [o["row"] for o in self.observed]
+                raise AssertionError(
+                    f"job {name}: not {what} after {timeout}s; seen {rows}\n{self.diagnose()}"
+                )
+            time.sleep(1)
+
+    def wait_finished(self, name: str, timeout: float) -> dict[str, Any]:
+        """Until the job is Succeeded or Failed."""
+        return self._wait(name, lambda j: j.get("status", {}).get("phase") in TERMINAL, timeout, "finished")
+
+    def wait_step(self, name: str, at_least: int, timeout: float) -> None:
+        """Until the job's status shows step >= `at_least`."""
+        self._wait(
+            name,
+            lambda j: (j.get("status", {}).get("progress", {}).get("step") or 0) >= at_least,
+            timeout,
+            f"at step {at_least}",
+        )
+
+    def pods(self, selector: str) -> list[dict[str, Any]]:
+        return self.pods_in(self.namespace, selector)
+
+    def pods_in(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Pods matching `selector`, without those already being deleted."""
+        out = self.installation.admin("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+        return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def delete_pod(self, name: str, namespace: str | None = None) -> None:
+        """Deleted without a grace period: the process is killed, as a node or OOM kill would."""
+        self.installation.admin(
+            "delete",
+            "pod",
+            name,
+            "-n",
+            namespace or self.namespace,
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
+        )
+
+    def metrics(self, name: str, checkpoints: Path | None = None) -> list[dict[str, Any]]:
+        """The run's metrics.jsonl, read from the checkpoint claim (the runtime writes it there in a cluster)."""
+        path = (checkpoints or self.checkpoints) / "runs" / name / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def external_teacher(self, name: str, image: str) -> str:
+        """A teacher server of the job's own image that no DistillationJob owns (a Deployment + Service of
+        the test's), serving the `models` claim's teacher; returns the endpoint a job names."""
+        labels = {"app": name}
+        deployment = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "automountServiceAccountToken": False,
+                        "containers": [
+                            {
+                                "name": "teacher",
+                                "image": image,
+                                "command": [*TEACHER_SERVER, "--served-model-name", name],
+                                "env": [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}],
+                                "ports": [{"name": "http", "containerPort": 8000}],
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/health", "port": "http"},
+                                    "periodSeconds": 2,
+                                },
+                                "volumeMounts": [
+                                    {"name": "models", "mountPath": "/models", "readOnly": True}
+                                ],
+                            }
+                        ],
+                        "volumes": [
+                            {
+                                "name": "models",
+                                "persistentVolumeClaim": {"claimName": MODELS_CLAIM, "readOnly": True},
+                            }
+                        ],
+                    },
+                },
+            },
+        }
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {"selector": labels, "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]},
+        }
+        self.installation.admin("apply", "-f", "-", input=yaml_stream([deployment, service]))
+        return f"http://{name}.{self.namespace}.svc.cluster.local:8000"
+
+    def steps_seen(self, name: str) -> list[int]:
+        """The STEP column's values, in the order `kubectl get dj` showed them."""
+        steps: list[int] = []
+        for entry in self.observed:
+            # Before step 1 the STEP cell is empty and the row has a column fewer.
+            row = entry["row"]
+            if row[0] != name:
+                continue
+            cell = row[2] if len(row) >= 6 else ""
+            if cell.isdigit() and (not steps or steps[-1] != int(cell)):
+                steps.append(int(cell))
+        return steps
+
+    def diagnose(self) -> str:
+        admin = self.installation.admin
+        parts = [
+            admin(
+                "get", "pods,rayjobs,raycluster,deploy", "-n", self.namespace, "-o", "wide", check=False
+            ).stdout
+        ]
+        parts.append(
+            admin("get", "events", "-n", self.namespace, "--sort-by=.lastTimestamp", check=False).stdout[
+                -4000:
+            ]
+        )
+        pods = json.loads(
+            admin("get", "pods", "-n", self.namespace, "-o", "json", check=False).stdout or '{"items": []}'
+        )
+        for pod in pods["items"]:
+            name = pod["metadata"]["name"]
+            logs = admin("logs", name, "-n", self.namespace, "--all-containers", "--tail=60", check=False)
+            parts.append(f"--- {name}\n{logs.stdout}{logs.stderr}")
+        return "\n".join(parts)
+
+
+def tiny_job(name: str, *, teachers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    """A DistillationJob on the `models` claim's tiny models, checkpointing to the `checkpoints` claim."""
+    body: dict[str, Any] = {
+        "student": {
+            "model": f"pvc://{MODELS_CLAIM}/student",
+            "precision": "float32",
+            "rollout": {"engine": "vllm", "maxNewTokens": 6, "samplesPerPrompt": 2},
+            "optimizer": {"lr": 1e-3},
+            "pool": {"workers": 1, "gpusPerWorker": 0},
+        },
+        "teachers": teachers,
+        "data": {"train": {"path": f"pvc://{MODELS_CLAIM}/train.jsonl"}, "maxPromptTokens": 16},
+        "loss": {"mode": "forward_kl_topk", "topK": 4},
+        "schedule": {"steps": 4, "promptsPerStep": 4, "microBatchSize": 4, "checkpointEvery": 2},
+        "checkpoint": {"pvc": CHECKPOINT_CLAIM},
+        "teacherReadyTimeoutSeconds": 300,
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "distillery.io/v1alpha1",
+        "kind": "DistillationJob",
+        "metadata": {"name": name},
+        "spec": body,
+    }
+
+
+def standalone_teacher(name: str = "teacher", **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "model": f"pvc://{MODELS_CLAIM}/teacher",
+        "placement": "standalone",
+        "pool": {"gpusPerReplica": 0},
+        # Eager mode: on CPU, torch.compile doubles a server's start-up (~30 s against ~65 s).
+        "inference": {"extraArgs": ["--enforce-eager"]},
+        **extra,
+    }

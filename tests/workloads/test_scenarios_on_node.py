@@ -1,0 +1,144 @@
+"""A DistillationJob from `kubectl apply` to `Succeeded` on a real node: the operator in its pod, KubeRay's
+operator, the runtime image's Ray head and worker, and the teachers' vLLM servers, all on CPU with tiny
+models on a PersistentVolume. Each scenario watches `kubectl get dj -w` and reads the run's metrics from
+the checkpoint claim. A fault is injected into a run of its own scenario where that costs no extra job
+(each job costs about two minutes of start-up on two cores): the operator's pod into the external
+teacher's run, a teacher's pod into the one-step-off run, and the killed head's run is compared with the
+standalone scenario's uninterrupted one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from distillery_operator import naming
+from harness import RELEASE_NAMESPACE, wait_until
+from node_jobs import Workspace, standalone_teacher, tiny_job
+
+from distillery.api.spec import DistillationJobSpec
+
+# The first scenario also waits for the session's images (built in ~7 min on a clean clone) and node.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+IMAGE = DistillationJobSpec.model_fields["image"].default
+FINISH = 900.0
+SAMPLES_PER_STEP = 4 * 2  # promptsPerStep x samplesPerPrompt of tiny_job
+SIX_STEPS = {"steps": 6, "promptsPerStep": 4, "microBatchSize": 4, "checkpointEvery": 2}
+OPERATOR = "app.kubernetes.io/component=operator"
+
+
+def assert_succeeded(workspace: Workspace, name: str, steps: int = 4, checkpoints: Any = None) -> list[dict]:
+    job = workspace.wait_finished(name, timeout=FINISH)
+    assert job["status"]["phase"] == "Succeeded", workspace.diagnose()
+    seen = workspace.steps_seen(name)
+    assert seen and seen[-1] == steps and len(seen) >= 2, (
+        f"kubectl get dj -w never showed STEP advance: {seen}"
+    )
+    records = workspace.metrics(name, checkpoints)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    # Not a sample lost: every step trained on all of its prompts' samples.
+    assert all(r["samples"] == SAMPLES_PER_STEP for r in records), [r["samples"] for r in records]
+    return records
+
+
+def test_standalone_teacher_then_a_killed_head_resumes(workspace: Workspace) -> None:
+    """A standalone teacher's run to Succeeded; then the same spec with backoffLimit 1 whose head pod is
+    killed mid-run: KubeRay makes a new head (a new Ray cluster) and its submitter's retry starts a driver
+    there, which resumes from the newest checkpoint on the claim and ends with the uninterrupted run's steps
+    and losses. (KubeRay v1.7.0 recovers a lost head within the attempt: its RayJob's `failed` stays 0 and
+    backoffLimit is not spent.)"""
+    workspace.apply(tiny_job("reference", teachers=[standalone_teacher()], schedule=SIX_STEPS))
+    reference = assert_succeeded(workspace, "reference", steps=6)
+    assert any(p.name.startswith("step-") for p in workspace.checkpoints.iterdir())
+
+    claim = "checkpoints-killed"
+    folder = workspace.add_checkpoint_claim(claim)
+    workspace.apply(tiny_job("killed", teachers=[standalone_teacher()], schedule=SIX_STEPS,
+                             backoffLimit=1, checkpoint={"pvc": claim}))  # fmt: skip
+    workspace.wait_step("killed", 3, timeout=FINISH)
+    (head,) = workspace.pods("ray.io/node-type=head")
+    workspace.delete_pod(head["metadata"]["name"])
+    got = assert_succeeded(workspace, "killed", steps=6, checkpoints=folder)
+    for a, b in zip(reference, got, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7), (a["step"], a["loss"], b["loss"])
+    # The driver of a new Ray cluster took over from the claim: KubeRay made a new head pod, and its
+    # submitter's retry (the Job's next pod) ran a driver that said where it resumed from.
+    submitters = workspace.installation.admin(
+        "logs", "-l", f"batch.kubernetes.io/job-name={naming.rayjob_name('killed')}", "-n", workspace.namespace,
+        "--tail=-1", "--prefix",
+    ).stdout  # fmt: skip
+    assert "resuming from" in submitters, submitters[-3000:]
+
+
+def test_external_teacher_and_the_operator_pod_replaced_mid_run(workspace: Workspace) -> None:
+    endpoint = workspace.external_teacher("ext", IMAGE)
+    teacher = {"name": "ext", "model": "ext", "placement": "external", "endpoint": endpoint}
+    workspace.apply(tiny_job("external", teachers=[teacher], schedule=SIX_STEPS))
+    workspace.wait_step("external", 1, timeout=FINISH)
+    operators = workspace.pods_in(RELEASE_NAMESPACE, OPERATOR)
+    for pod in operators:
+        workspace.delete_pod(pod["metadata"]["name"], RELEASE_NAMESPACE)
+    records = assert_succeeded(workspace, "external", steps=6)
+    assert all(r["samples_per_teacher"] == {"ext": SAMPLES_PER_STEP} for r in records)
+    # The Deployment made a new operator pod, and it (not the deleted one) finished the job's status.
+    after = {p["metadata"]["name"] for p in workspace.pods_in(RELEASE_NAMESPACE, OPERATOR)}
+    assert after and not after & {p["metadata"]["name"] for p in operators}
+
+
+def test_two_teachers_routed_by_a_data_field(workspace: Workspace) -> None:
+    teachers = [standalone_teacher("adder", routes=["add"]), standalone_teacher("subber", routes=["sub"])]
+    workspace.apply(tiny_job("routed", teachers=teachers))
+    per_teacher: dict[str, int] = {}
+    for record in assert_succeeded(workspace, "routed"):
+        for teacher, count in record["samples_per_teacher"].items():
+            per_teacher[teacher] = per_teacher.get(teacher, 0) + count
+    # The prompts' data_source picks the teacher: both scored, and nothing else did.
+    assert set(per_teacher) == {"adder", "subber"} and sum(per_teacher.values()) == 4 * SAMPLES_PER_STEP
+
+
+def test_colocated_teacher(workspace: Workspace) -> None:
+    teacher = {"name": "teacher", "model": "pvc://models/teacher", "placement": "colocated"}
+    workspace.apply(tiny_job("colocated", teachers=[teacher]))
+    assert_succeeded(workspace, "colocated")
+
+
+def test_one_step_off_and_a_teacher_pod_killed_mid_run(workspace: Workspace) -> None:
+    """Rollout one policy version behind; mid-run the teacher's pod is killed: its Deployment makes a new
+    one, the trainer waits for it (TeacherUnavailable) and no sample is lost."""
+    schedule = {**SIX_STEPS, "oneStepOff": True}
+    workspace.apply(tiny_job("offset", teachers=[standalone_teacher()], schedule=schedule))
+    workspace.wait_step("offset", 2, timeout=FINISH)
+    (teacher,) = workspace.pods("app.kubernetes.io/component=teacher")
+    workspace.delete_pod(teacher["metadata"]["name"])
+    # Replaced while the job runs (a finished job's teachers go to zero replicas).
+    wait_until(
+        lambda: [
+            p
+            for p in workspace.pods("app.kubernetes.io/component=teacher")
+            if p["metadata"]["name"] != teacher["metadata"]["name"]
+        ],
+        timeout=120,
+        what="the teacher's Deployment to make a new pod",
+    )
+    records = assert_succeeded(workspace, "offset", steps=6)
+    assert max(r["staleness"] for r in records) == 1
+
+
+def test_delete_mid_run_leaves_nothing_behind(workspace: Workspace) -> None:
+    workspace.apply(tiny_job("deleted", teachers=[standalone_teacher()], schedule={
+        "steps": 50, "promptsPerStep": 4, "microBatchSize": 4, "checkpointEvery": 10,
+    }))  # fmt: skip
+    workspace.wait_step("deleted", 1, timeout=FINISH)
+    workspace.installation.admin("delete", "dj", "deleted", "-n", workspace.namespace, timeout=300)
+    kinds = "pods,deployments,services,configmaps,rayjobs,rayclusters,jobs,serviceaccounts,roles,rolebindings"
+
+    def leftovers() -> list[str]:
+        out = workspace.installation.admin(
+            "get", kinds, "-n", workspace.namespace, "-o", "name"
+        ).stdout.split()
+        # What every namespace has, not the job's.
+        return [
+            o for o in out if not o.endswith(("/default", "/kube-root-ca.crt", "/openshift-service-ca.crt"))
+        ]
+
+    wait_until(lambda: not leftovers(), timeout=180, what="the job's objects and pods to go")
