@@ -264,10 +264,14 @@ class Student(ApiModel):
         _pvc_rule("model", "model"),
         _pvc_rule("tokenizer", "tokenizer", optional=True),
         Rule(
+            # Skipped when pool.workers is out of its bounds, which reports it (the server runs every rule;
+            # found on the server: workers 0 was reported twice, once on rollout.replicas).
             check=lambda s: (
-                s.pool.gpus_per_worker == 0 or s.rollout.replicas <= s.pool.workers * s.pool.gpus_per_worker
+                s.pool.gpus_per_worker == 0
+                or s.pool.workers < 1
+                or s.rollout.replicas <= s.pool.workers * s.pool.gpus_per_worker
             ),
-            cel="self.pool.gpusPerWorker == 0 || self.rollout.replicas <= self.pool.workers * self.pool.gpusPerWorker",
+            cel="self.pool.gpusPerWorker == 0 || self.pool.workers < 1 || self.rollout.replicas <= self.pool.workers * self.pool.gpusPerWorker",
             message="each rollout replica shares one of the student's GPUs: at most pool.workers x pool.gpusPerWorker",
             field="rollout.replicas",
         ),
