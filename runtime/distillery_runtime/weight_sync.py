@@ -174,17 +174,8 @@ class SyncGroup:
     def wait_ready(self) -> None:
         """Rank 0, before a sync: waits until every engine has checked in for it, naming any that does not."""
         self._syncs += 1
-        keys = [f"sync{self._syncs}/ready/{r}" for r in range(1, self.world)]
-        try:
-            self.store.wait(keys, self.timeout)
-        except RuntimeError:
-            missing = [
-                r for r, key in zip(range(1, self.world), keys, strict=True) if not self.store.check([key])
-            ]
-            raise WeightSyncError(
-                f"weight sync: {', '.join(self._peer_names(missing))} did not join within "
-                f"{self.timeout.total_seconds():.0f} s"
-            ) from None
+        engines = list(range(1, self.world))
+        self._wait([f"sync{self._syncs}/ready/{r}" for r in engines], engines, "join")
 
     def send(
         self, metas: Sequence[TensorMeta], bucket_bytes: int, buckets: Iterable[list[torch.Tensor]]

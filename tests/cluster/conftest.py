@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from control_plane import ControlPlane, MissingAssets, assets_dir
-from harness import Installation, install
+from harness import Installation, install, temporary_namespace
 
 
 @pytest.fixture(scope="session")
@@ -45,10 +44,5 @@ def installation(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathF
 
 @pytest.fixture
 def namespace(installation: Installation) -> Iterator[str]:
-    """A namespace of this test's own; deleted afterwards (the namespace controller finalises it)."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    installation.admin("create", "namespace", name)
-    try:
+    with temporary_namespace(installation, "t") as name:
         yield name
-    finally:
-        installation.admin("delete", "namespace", name, "--wait=false", check=False)

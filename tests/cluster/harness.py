@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,6 +122,17 @@ class Installation:
         """The operator container's arguments as the chart renders them."""
         deployment = next(o for o in self.objects if o["kind"] == "Deployment")
         return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+@contextlib.contextmanager
+def temporary_namespace(installation: Installation, prefix: str) -> Iterator[str]:
+    """A namespace of one test's own; deleted afterwards (the namespace controller finalises it)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    installation.admin("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        installation.admin("delete", "namespace", name, "--wait=false", check=False)
 
 
 def install(plane: ControlPlane, workdir: Path, values: dict[str, Any] | None = None) -> Installation:

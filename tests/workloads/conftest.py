@@ -17,7 +17,6 @@ import json
 import os
 import random
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 
 from control_plane import MissingAssets, assets_dir
-from harness import RELEASE_NAMESPACE, Installation, install, wait_until
+from harness import RELEASE_NAMESPACE, Installation, install, temporary_namespace, wait_until
 from images import BuiltImage, build_images
 from node_cluster import MissingNodeTools, NodeCluster, node_tools
 from node_jobs import Workspace, deployment_available
@@ -79,12 +78,8 @@ def installation(
 
 @pytest.fixture
 def namespace(installation: Installation) -> Iterator[str]:
-    name = f"w-{uuid.uuid4().hex[:8]}"
-    installation.admin("create", "namespace", name)
-    try:
+    with temporary_namespace(installation, "w") as name:
         yield name
-    finally:
-        installation.admin("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="session")
