@@ -5,3 +5,7 @@ engine's kwargs are derived. The pydantic and CEL rules of `distillery.api` vali
 where its numbers are derived. The operator's renderers, the local launcher, the colocated engine, teacher
 scoring and the trainer read the plan and only translate it.
 """
+
+from distillery.plan.job import JobPlan, resolve
+
+__all__ = ["JobPlan", "resolve"]

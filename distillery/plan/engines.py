@@ -1,0 +1,100 @@
+"""A teacher's vLLM engine settings, resolved once (vLLM's `EngineArgs` is the shape).
+
+One frozen object per teacher; each consumer only translates it: `server_args()` into the flags of our
+teacher server (the operator's Deployment, the local launcher, the test launcher), `engine_kwargs()` into
+the keyword arguments of an in-process engine (colocated teachers), and scoring clients read its limits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from distillery.api.spec import DistillationJobSpec, Placement, Teacher
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The settings of one teacher's vLLM engine."""
+
+    served_model_name: str
+    max_logprobs: int
+    """vLLM --max-logprobs: the loss's topK (at least 1: the sampled token's log-prob is always scored)."""
+    max_model_len: int
+    memory_fraction: float
+    """vLLM --gpu-memory-utilization (the GPU budget's share); passed only on a GPU, as on CPU vLLM reads
+    it as a fraction of the machine's memory and sizes its KV cache by VLLM_CPU_KVCACHE_SPACE instead."""
+    tensor_parallel: int
+    dtype: str
+    extra_args: tuple[str, ...] = ()
+    """Extra server flags, passed as given (a server only: an in-process engine takes no flags)."""
+    max_concurrency: int = 32
+    """Scoring requests a client keeps in flight per replica."""
+    enforce_eager: bool = False
+    on_gpu: bool = True
+
+    def server_args(self) -> list[str]:
+        """The flags of our teacher server (`distillery_runtime.teachers.server`) after its address.
+
+        An eager server (launched on this machine) passes its GPU flags last and only on a GPU; the
+        Deployment's flags keep the order its manifests have always had (the golden files pin both)."""
+        limits = [
+            "--served-model-name", self.served_model_name,
+            "--max-logprobs", str(self.max_logprobs),
+            "--max-model-len", str(self.max_model_len),
+        ]  # fmt: skip
+        memory = ["--gpu-memory-utilization", str(self.memory_fraction)] if self.on_gpu else []
+        parallel = ["--tensor-parallel-size", str(self.tensor_parallel)]
+        if self.enforce_eager:
+            gpu = [*parallel, *memory] if self.on_gpu else []
+            return [*limits, "--dtype", self.dtype, "--enforce-eager", *gpu, *self.extra_args]
+        return [*limits, *parallel, *memory, "--dtype", self.dtype, *self.extra_args]
+
+    def engine_kwargs(self, *, on_gpu: bool) -> dict[str, Any]:
+        """vLLM `EngineArgs` keyword arguments of an in-process engine beyond the model; `on_gpu`: the
+        device the engine found (its memory fraction is only passed there, as in `server_args`)."""
+        kwargs: dict[str, Any] = {
+            "max_logprobs": self.max_logprobs,
+            "max_model_len": self.max_model_len,
+            "tensor_parallel_size": self.tensor_parallel,
+            "dtype": self.dtype,
+            "enforce_eager": self.enforce_eager,
+        }
+        if on_gpu:
+            kwargs["gpu_memory_utilization"] = self.memory_fraction
+        return kwargs
+
+
+def max_logprobs(spec: DistillationJobSpec) -> int:
+    """The teachers' max log-probs: the loss's topK, at least 1 (the sampled token's log-prob)."""
+    return max(spec.loss.top_k, 1)
+
+
+def max_model_len(spec: DistillationJobSpec, teacher: Teacher) -> int:
+    """The context a teacher needs: the longest prompt, the longest response and one scoring token."""
+    needed = spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens + 1
+    return max(teacher.inference.max_model_len or 0, needed)
+
+
+def served_model_name(teacher: Teacher) -> str:
+    """The model name a teacher's server answers to: an external server's own, else the teacher's name."""
+    return teacher.model if teacher.placement == Placement.EXTERNAL else teacher.name
+
+
+def teacher_engine(spec: DistillationJobSpec, teacher: Teacher, memory_fraction: float) -> EngineSettings:
+    """A teacher's engine settings. A colocated teacher computes in the student's precision (each engine
+    resolves `auto` on its own device), eagerly, without tensor parallelism, on the student's GPU when the
+    student has one."""
+    colocated = teacher.placement == Placement.COLOCATED
+    return EngineSettings(
+        served_model_name=served_model_name(teacher),
+        max_logprobs=max_logprobs(spec),
+        max_model_len=max_model_len(spec, teacher),
+        memory_fraction=memory_fraction,
+        tensor_parallel=1 if colocated else teacher.pool.tensor_parallel,
+        dtype=spec.student.precision.value if colocated else teacher.inference.dtype,
+        extra_args=tuple(teacher.inference.extra_args),
+        max_concurrency=teacher.max_concurrency,
+        enforce_eager=colocated,
+        on_gpu=(spec.student.pool.gpus_per_worker if colocated else teacher.pool.gpus_per_replica) > 0,
+    )

@@ -1,0 +1,36 @@
+"""`resolve(spec) -> JobPlan`: every setting of a job derived from its spec once, typed and immutable.
+
+The operator and the runtime each resolve the spec they hold (the plan is not serialised: the ConfigMap
+carries the spec). Each field comes from one function of its own module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distillery.api.spec import DistillationJobSpec
+from distillery.plan.engines import EngineSettings, teacher_engine
+from distillery.plan.gpu_budget import GpuBudget, gpu_budget
+from distillery.plan.routes import RouteTable, route_table
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """The resolved plan of one job."""
+
+    engines: dict[str, EngineSettings]
+    """Each teacher's engine settings, by teacher name (`engines.teacher_engine`)."""
+    routes: RouteTable
+    """Route value -> teacher name (`routes.route_table`)."""
+    gpu_budget: GpuBudget
+    """Memory fractions and Ray GPU shares (`gpu_budget.gpu_budget`)."""
+
+
+def resolve(spec: DistillationJobSpec) -> JobPlan:
+    """The plan of a validated spec."""
+    budget = gpu_budget(spec)
+    return JobPlan(
+        engines={t.name: teacher_engine(spec, t, budget.teacher_fractions[t.name]) for t in spec.teachers},
+        routes=route_table(spec),
+        gpu_budget=budget,
+    )

@@ -1,0 +1,24 @@
+"""The environment of every vLLM engine we start (teacher servers, colocated teachers, the rollout engine).
+
+What the caller's environment (a pod, a shell) sets for the KV cache wins; usage statistics are always off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+CPU_KV_CACHE_GIB = 1
+"""vLLM's KV cache (GiB, VLLM_CPU_KVCACHE_SPACE) for an engine on CPU: tests and tiny jobs. Setting it also
+keeps vLLM's CPU worker from reserving --gpu-memory-utilization of the whole machine's memory."""
+CPU_KV_CACHE_VAR = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def cpu_kv_cache_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """VLLM_CPU_KVCACHE_SPACE: the caller's, or CPU_KV_CACHE_GIB. Found on a real node: without it vLLM's
+    CPU worker wanted 90% of the node's memory and exited."""
+    return {CPU_KV_CACHE_VAR: (environ or {}).get(CPU_KV_CACHE_VAR, str(CPU_KV_CACHE_GIB))}
+
+
+def vllm_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables a vLLM engine's process gets: its CPU KV cache, and no usage statistics or tracking."""
+    return {**cpu_kv_cache_env(environ), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
