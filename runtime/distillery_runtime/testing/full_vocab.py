@@ -1,4 +1,4 @@
-"""Full-vocabulary losses, for when both logit sets are at hand (colocated teacher, tests).
+"""Reference full-vocabulary losses, for tests and benchmarks: both logit sets at hand, a divergence over V.
 
 Per token: log-softmax both [N, V] logit sets after dividing by the temperature, then a
 divergence over V. To keep memory flat at large V the tokens are processed in chunks under
@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .chunked import chunk_tokens_for
-from .divergence import generalized_jsd, kl
+from distillery_runtime.losses.chunked import chunk_tokens_for
+from distillery_runtime.losses.divergence import generalized_jsd, kl
 
 _PerRow = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
