@@ -39,7 +39,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "runtime")]
 
 from distillery_runtime.models import save_tiny_model  # noqa: E402
 from distillery_runtime.teachers import CompactTeacher, OpenAITeacher, ScoreRequest  # noqa: E402
-from distillery_runtime.teachers.launch import cpu_env, start_teacher_server  # noqa: E402
+from distillery_runtime.testing.teacher_server import cpu_engine, cpu_env, start_teacher_server  # noqa: E402
 
 N_SEQ, SEQ_LEN, PROMPT_LEN = 32, 256, 16
 KS = (1, 8, 32, 64)
@@ -173,8 +173,8 @@ def main() -> None:
     vocab = len(AutoTokenizer.from_pretrained(model_dir))
     env = cpu_env(cache)
     env["DISTILLERY_FAST_TOPK"] = "0" if args.no_fast_topk else "1"
-    server = start_teacher_server(model_dir, name="bench", max_model_len=SEQ_LEN + 8, max_logprobs=64,
-                                  log_path=work / "server.log", env=env)  # fmt: skip
+    engine = cpu_engine("bench", max_model_len=SEQ_LEN + 8, max_logprobs=64)
+    server = start_teacher_server(model_dir, engine, log_path=work / "server.log", env=env)
     try:
         print(f"teacher server {server.url}, model {model_dir} (vocab {vocab}), {N_SEQ} x {SEQ_LEN} tokens")
         results = asyncio.run(run(server.url, "bench", vocab, repeats))

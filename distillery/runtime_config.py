@@ -12,6 +12,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from distillery.api import ApiModel, DistillationJob, DistillationJobSpec, Placement
+from distillery.plan import resolve
 
 CONFIG_KEY = "runtime-config.json"
 """The ConfigMap key (and file name in the trainer pods) of the resolved config."""
@@ -20,9 +21,6 @@ TEACHER_PORT = 8000
 """The port of a standalone teacher's server (OpenAI API and the compact scoring endpoint)."""
 RUNTIME_METRICS_PORT = 9100
 """The port of the trainer's Prometheus metrics (the head pod's `runtime-metrics` port)."""
-CPU_KV_CACHE_GIB = 1
-"""vLLM's KV cache (GiB, VLLM_CPU_KVCACHE_SPACE) for an engine on CPU: tests and tiny jobs. Setting it also
-keeps vLLM's CPU worker from reserving --gpu-memory-utilization of the whole machine's memory."""
 
 
 class TeacherProtocol(StrEnum):
@@ -81,6 +79,7 @@ def teacher_service_name(job_name: str, teacher_name: str) -> str:
 def resolve_runtime_config(job: DistillationJob, namespace: str | None, *, in_cluster: bool) -> RuntimeConfig:
     """The runtime config of a job: standalone teachers at their Service, external at their URL."""
     spec = job.spec
+    engines = resolve(spec).engines
     teachers: list[ResolvedTeacher] = []
     for teacher in spec.teachers:
         if teacher.placement == Placement.STANDALONE:
@@ -101,9 +100,9 @@ def resolve_runtime_config(job: DistillationJob, namespace: str | None, *, in_cl
                 placement=teacher.placement,
                 protocol=protocol,
                 endpoints=endpoints,
-                served_model_name=teacher.model if teacher.placement == Placement.EXTERNAL else teacher.name,
-                max_logprobs=max(spec.loss.top_k, 1),
-                max_model_len=spec.max_model_len(teacher),
+                served_model_name=engines[teacher.name].served_model_name,
+                max_logprobs=engines[teacher.name].max_logprobs,
+                max_model_len=engines[teacher.name].max_model_len,
             )
         )
     status_target = (

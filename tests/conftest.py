@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from distillery_runtime.teachers.launch import TeacherServerProcess
+    from distillery_runtime.testing.teacher_server import TeacherServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("DISTILLERY_TEST_CACHE", ROOT / ".cache"))
@@ -36,7 +36,7 @@ SERVER_MAX_LOGPROBS = 64
 
 
 def cpu_env(cache: Path) -> dict[str, str]:
-    from distillery_runtime.teachers.launch import cpu_env as _cpu_env
+    from distillery_runtime.testing.teacher_server import cpu_env as _cpu_env
 
     return _cpu_env(cache)
 
@@ -90,16 +90,14 @@ class VllmServer:
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """The session's one real vLLM teacher server (OpenAI API + compact scoring endpoint)."""
-    from distillery_runtime.teachers.launch import start_teacher_server
+    from distillery_runtime.testing.teacher_server import cpu_engine, start_teacher_server
 
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     env = cpu_env(CACHE)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "runtime"), env.get("PYTHONPATH", "")])
     handle = start_teacher_server(
         tiny_model_dir,
-        name=SERVER_MODEL_NAME,
-        max_model_len=SERVER_MAX_MODEL_LEN,
-        max_logprobs=SERVER_MAX_LOGPROBS,
+        cpu_engine(SERVER_MODEL_NAME, max_model_len=SERVER_MAX_MODEL_LEN, max_logprobs=SERVER_MAX_LOGPROBS),
         log_path=log_path,
         env=env,
     )

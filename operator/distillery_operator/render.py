@@ -19,10 +19,11 @@ import yaml
 
 from distillery import pvc
 from distillery.api import API_VERSION, GROUP, KIND, PLURAL, DistillationJob, Placement, Teacher
+from distillery.plan import resolve
+from distillery.plan.vllm_env import cpu_kv_cache_env
 from distillery.runtime_config import (
     CONFIG_KEY,
     CONFIG_MOUNT_DIR,
-    CPU_KV_CACHE_GIB,
     RUNTIME_METRICS_PORT,
     TEACHER_PORT,
     resolve_runtime_config,
@@ -132,33 +133,10 @@ def render_config_map(job: DistillationJob, ctx: RenderContext) -> dict[str, Any
 
 
 def teacher_command(job: DistillationJob, teacher: Teacher) -> list[str]:
-    spec = job.spec
-    on_gpu = teacher.pool.gpus_per_replica > 0
-    return [
-        "python",
-        "-m",
-        TEACHER_MODULE,
-        "--model",
-        pvc.mounted_path(teacher.model) if pvc.is_pvc(teacher.model) else teacher.model,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(TEACHER_PORT),
-        "--served-model-name",
-        teacher.name,
-        "--max-logprobs",
-        str(max(spec.loss.top_k, 1)),
-        "--max-model-len",
-        str(spec.max_model_len(teacher)),
-        "--tensor-parallel-size",
-        str(teacher.pool.tensor_parallel),
-        # On CPU vLLM reads this flag as a fraction of the machine's memory; its KV cache is sized by
-        # VLLM_CPU_KVCACHE_SPACE instead (teacher_env).
-        *(["--gpu-memory-utilization", str(spec.teacher_memory_fraction(teacher))] if on_gpu else []),
-        "--dtype",
-        teacher.inference.dtype,
-        *teacher.inference.extra_args,
-    ]
+    """The teacher server's command: the model at its mounted path, the Service's port, the plan's engine."""
+    model = pvc.mounted_path(teacher.model) if pvc.is_pvc(teacher.model) else teacher.model
+    address = ["--model", model, "--host", "0.0.0.0", "--port", str(TEACHER_PORT)]
+    return ["python", "-m", TEACHER_MODULE, *address, *resolve(job.spec).engines[teacher.name].server_args()]
 
 
 def _resources(
@@ -229,7 +207,7 @@ def render_teacher_deployment(job: DistillationJob, teacher: Teacher, ctx: Rende
     env = _hf_token_env(teacher)
     if pool.gpus_per_replica == 0:
         # Found on a real node: without it vLLM's CPU worker wanted 90% of the node's memory and exited.
-        env.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(CPU_KV_CACHE_GIB)})
+        env += [{"name": name, "value": value} for name, value in cpu_kv_cache_env().items()]
     if env:
         container["env"] = env
     pod_spec: dict[str, Any] = {

@@ -6,6 +6,7 @@ bounded wait for teachers that both the local and the cluster run use.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,10 +14,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from distillery.api.spec import Placement
-from distillery.runtime_config import CPU_KV_CACHE_GIB, ResolvedTeacher, RuntimeConfig, TeacherProtocol
+from distillery.plan import resolve
+from distillery.plan.engines import EngineSettings
+from distillery.plan.vllm_env import vllm_env
+from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
 from distillery_runtime.local_gpus import LocalGpuPlan, TeacherGpus
 from distillery_runtime.uris import is_hub_id, resolve_location
 from distillery_runtime.workers import free_port
@@ -58,26 +61,18 @@ class LocalTeachers:
 
 
 def teacher_server_command(
-    teacher: Any, resolved: ResolvedTeacher, model_dir: str, port: int, gpus: TeacherGpus | None = None
+    engine: EngineSettings, model_dir: str, port: int, gpus: TeacherGpus | None = None
 ) -> list[str]:
-    """The command of one local teacher server (the operator's Deployment runs the same module)."""
-    command = [
-        sys.executable, "-m", "distillery_runtime.teachers.server",
-        "--model", model_dir,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--served-model-name", resolved.served_model_name,
-        "--max-logprobs", str(max(resolved.max_logprobs, 1)),
-        "--max-model-len", str(resolved.max_model_len),
-        "--dtype", teacher.inference.dtype,
-        "--enforce-eager",
-    ]  # fmt: skip
-    if gpus is not None:
-        command += [
-            "--tensor-parallel-size", str(gpus.tensor_parallel),
-            "--gpu-memory-utilization", str(gpus.memory_fraction),
-        ]  # fmt: skip
-    return command + list(teacher.inference.extra_args)
+    """The command of one local teacher server (the operator's Deployment runs the same module): the plan's
+    engine, eager, on the GPUs and with the memory fraction `gpus` places it on (none: as configured)."""
+    local = dataclasses.replace(
+        engine,
+        enforce_eager=True,
+        on_gpu=gpus is not None,
+        memory_fraction=gpus.memory_fraction if gpus is not None else engine.memory_fraction,
+    )
+    address = ["--model", model_dir, "--host", "127.0.0.1", "--port", str(port)]
+    return [sys.executable, "-m", "distillery_runtime.teachers.server", *address, *local.server_args()]
 
 
 def start_local_teachers(
@@ -89,13 +84,9 @@ def start_local_teachers(
     started = LocalTeachers()
     teachers = []
     specs = {t.name: t for t in config.spec.teachers}
+    engines = resolve(config.spec).engines
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB)),
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
+    env = {**os.environ, **vllm_env(os.environ)}
     for resolved in config.teachers:
         if resolved.placement != Placement.STANDALONE:
             teachers.append(resolved)
@@ -103,7 +94,7 @@ def start_local_teachers(
         port = free_port()
         placed = gpus.teachers.get(resolved.name)
         command = teacher_server_command(
-            specs[resolved.name], resolved, resolve_location(specs[resolved.name].model), port, placed
+            engines[resolved.name], resolve_location(specs[resolved.name].model), port, placed
         )
         model = specs[resolved.name].model
         teacher_env = {**env, **_hub_env(os.environ, [model])}
@@ -189,8 +180,7 @@ def actor_env(environ: Mapping[str, str], model_locations: Sequence[str]) -> dic
     env = {
         "PYTHONPATH": os.pathsep.join(paths),
         "VLLM_ENABLE_V1_MULTIPROCESSING": environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
-        "VLLM_CPU_KVCACHE_SPACE": environ.get("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB)),
-        "VLLM_NO_USAGE_STATS": "1",
+        **vllm_env(environ),
         "TOKENIZERS_PARALLELISM": "false",
     }
     return {**env, **_hub_env(environ, model_locations)}

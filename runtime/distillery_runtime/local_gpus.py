@@ -13,14 +13,10 @@ naming the field to change: Ray would keep the trainer pending forever.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from distillery.api.spec import (
-    COLOCATED_MEMORY_CEILING,
-    COLOCATED_MEMORY_LIMIT,
-    MIN_DEFAULT_FRACTION,
-    Placement,
-)
+from distillery.api.spec import COLOCATED_MEMORY_LIMIT, DistillationJobSpec, Placement, Teacher
+from distillery.plan import resolve
+from distillery.plan.gpu_budget import GpuBudget, GpuBudgetExceeded, share_left, teacher_fraction
 
 
 class NotEnoughGpus(ValueError):
@@ -59,7 +55,7 @@ class LocalGpuPlan:
         return "GPUs: " + "; ".join(parts)
 
 
-def plan_local_gpus(spec: Any, visible: list[str]) -> LocalGpuPlan:
+def plan_local_gpus(spec: DistillationJobSpec, visible: list[str]) -> LocalGpuPlan:
     """Place the student and the standalone teachers on `visible` (this machine's GPU ids, in order)."""
     pool = spec.student.pool
     needed = pool.workers * pool.gpus_per_worker
@@ -75,8 +71,9 @@ def plan_local_gpus(spec: Any, visible: list[str]) -> LocalGpuPlan:
     if not visible:
         return LocalGpuPlan()
     free = visible[needed:]
+    budget = resolve(spec).gpu_budget
     teachers: dict[str, TeacherGpus] = {}
-    sharing: list[tuple[int, Any]] = []
+    sharing: list[tuple[int, Teacher]] = []
     for index, teacher in enumerate(spec.teachers):
         wants = teacher.pool.gpus_per_replica
         if teacher.placement != Placement.STANDALONE or wants == 0:
@@ -84,7 +81,7 @@ def plan_local_gpus(spec: Any, visible: list[str]) -> LocalGpuPlan:
         if wants <= len(free):
             devices, free = free[:wants], free[wants:]
             teachers[teacher.name] = TeacherGpus(
-                devices, spec.teacher_memory_fraction(teacher), teacher.pool.tensor_parallel, shared=False
+                devices, budget.teacher_fractions[teacher.name], teacher.pool.tensor_parallel, shared=False
             )
         elif wants <= len(student):
             sharing.append((index, teacher))
@@ -94,34 +91,30 @@ def plan_local_gpus(spec: Any, visible: list[str]) -> LocalGpuPlan:
                 f"teacher {teacher.name} asks for {wants} GPU(s); this machine has {len(visible)}, "
                 f"{len(student)} of them the student's and {len(free)} left",
             )
-    teachers.update(_share_student_gpus(spec, student, sharing))
+    teachers.update(_share_student_gpus(budget, student, sharing))
     return LocalGpuPlan(student, teachers)
 
 
 def _share_student_gpus(
-    spec: Any, student: list[str], sharing: list[tuple[int, Any]]
+    budget: GpuBudget, student: list[str], sharing: list[tuple[int, Teacher]]
 ) -> dict[str, TeacherGpus]:
     """Fractions for the standalone teachers placed on the student's GPUs, beside the awake engines."""
     if not sharing:
         return {}
-    colocated = [t for t in spec.teachers if t.placement == Placement.COLOCATED]
-    taken = spec.student.rollout.memory_fraction + sum(spec.teacher_memory_fraction(t) for t in colocated)
-    taken += sum(t.inference.memory_fraction or 0.0 for _, t in sharing)
-    unset = [t for _, t in sharing if t.inference.memory_fraction is None]
-    ceiling = COLOCATED_MEMORY_CEILING if unset else COLOCATED_MEMORY_LIMIT
-    share = (ceiling - taken) / len(unset) if unset else 0.0
-    if taken > ceiling or (unset and share < MIN_DEFAULT_FRACTION):
+    try:
+        share = share_left(budget.student_gpu_taken, [t.inference.memory_fraction for _, t in sharing])
+    except GpuBudgetExceeded as exceeded:
         index, teacher = sharing[0]
         raise NotEnoughGpus(
             f"teachers[{index}].inference.memoryFraction",
             f"no GPU is left for teacher {teacher.name} alone, so it would share the student's, where the "
-            f"rollout engine and the teachers on it would take {taken:.2f} of the memory; on this machine "
-            f"the fractions must add up to <= {COLOCATED_MEMORY_LIMIT}: lower them, or make the teacher "
-            "colocated (it then sleeps while the student trains)",
-        )
+            f"rollout engine and the teachers on it would take {exceeded.taken:.2f} of the memory; on this "
+            f"machine the fractions must add up to <= {COLOCATED_MEMORY_LIMIT}: lower them, or make the "
+            "teacher colocated (it then sleeps while the student trains)",
+        ) from exceeded
     plan = {}
     for _, teacher in sharing:
         wants = teacher.pool.gpus_per_replica
-        fraction = teacher.inference.memory_fraction or round(share, 3)
+        fraction = teacher_fraction(teacher.inference.memory_fraction, share)
         plan[teacher.name] = TeacherGpus(student[:wants], fraction, teacher.pool.tensor_parallel, shared=True)
     return plan

@@ -17,6 +17,7 @@ import yaml
 
 from distillery.api import Placement
 from distillery.crd import build_crd
+from distillery.plan import resolve
 from distillery.runtime_config import resolve_runtime_config
 from distillery.validation import load_jobs
 from distillery_operator.render import RenderContext, render_job, render_manifest_stream, render_trainer_identity
@@ -38,7 +39,7 @@ def _local_plan(path: Path) -> str:
     docs = []
     for job in load_jobs(path):
         config = resolve_runtime_config(job, None, in_cluster=False)
-        specs = {t.name: t for t in job.spec.teachers}
+        engines = resolve(job.spec).engines
         placements: dict[str, object] = {}
         for visible in VISIBLE_GPUS:
             try:
@@ -51,7 +52,7 @@ def _local_plan(path: Path) -> str:
                 if resolved.placement != Placement.STANDALONE:
                     continue
                 gpus: TeacherGpus | None = plan.teachers.get(resolved.name)
-                command = teacher_server_command(specs[resolved.name], resolved, "MODEL_DIR", 8000, gpus)
+                command = teacher_server_command(engines[resolved.name], "MODEL_DIR", 8000, gpus)
                 commands[resolved.name] = ["python", *command[1:]]
             placements[str(len(visible))] = {
                 "student": plan.student,

@@ -9,7 +9,7 @@ import pytest
 from distillery_runtime.local import teacher_server_command
 from distillery_runtime.local_gpus import NotEnoughGpus, TeacherGpus, plan_local_gpus
 
-from distillery.runtime_config import resolve_runtime_config
+from distillery.plan import resolve
 from distillery.validation import parse_job
 
 
@@ -85,10 +85,9 @@ def test_cpu_teachers_and_external_ones_get_no_gpu() -> None:
 
 def test_the_teacher_server_is_started_with_its_gpu_share() -> None:
     j = job()
-    config = resolve_runtime_config(j, None, in_cluster=False)
-    teacher, resolved = j.spec.teachers[0], config.teachers[0]
-    cpu = teacher_server_command(teacher, resolved, "/m", 8000)
+    engine = resolve(j.spec).engines[j.spec.teachers[0].name]
+    cpu = teacher_server_command(engine, "/m", 8000)
     assert "--gpu-memory-utilization" not in cpu
-    gpu = teacher_server_command(teacher, resolved, "/m", 8000, TeacherGpus(["1"], 0.4, 1, shared=True))
+    gpu = teacher_server_command(engine, "/m", 8000, TeacherGpus(["1"], 0.4, 1, shared=True))
     assert gpu[gpu.index("--gpu-memory-utilization") + 1] == "0.4"
     assert gpu[gpu.index("--tensor-parallel-size") + 1] == "1"

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from distillery.runtime_config import CPU_KV_CACHE_GIB
+from distillery.plan.vllm_env import vllm_env
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.samples import RolloutSample
 
@@ -42,8 +42,8 @@ class VllmRolloutEngine:
         enforce_eager: bool | None = None,
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
-        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        for name, value in vllm_env(os.environ).items():
+            os.environ.setdefault(name, value)
         from vllm import LLM
 
         kwargs: dict = {}

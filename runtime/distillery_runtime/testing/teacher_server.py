@@ -1,6 +1,6 @@
-"""Start and stop a local teacher server process (`python -m distillery_runtime.teachers.server`),
-for benchmarks, local runs and tests: environment for vLLM on CPU, wait for `/health`, stop
-the whole process group."""
+"""Test scaffolding: start and stop a local teacher server process (`python -m
+distillery_runtime.teachers.server`) for benchmarks and tests: a small eager engine and the environment
+for vLLM on CPU, wait for `/health`, stop the whole process group."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from distillery.runtime_config import CPU_KV_CACHE_GIB
+from distillery.api.spec import STANDALONE_MEMORY_FRACTION
+from distillery.plan.engines import EngineSettings
+from distillery.plan.vllm_env import vllm_env
 
 
 def free_port() -> int:
@@ -27,18 +29,31 @@ def free_port() -> int:
 def cpu_env(cache: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for vLLM on a CPU machine without a model hub (see VLLM_CPU.md)."""
     env = dict(os.environ if base is None else base)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+    env.update(vllm_env(env))
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        DO_NOT_TRACK="1",
         VLLM_CACHE_ROOT=str(cache / "vllm"),
         HF_HOME=str(cache / "hf"),
         TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
         TRITON_CACHE_DIR=str(cache / "triton"),
     )
     return env
+
+
+def cpu_engine(name: str = "teacher", *, max_model_len: int = 512, max_logprobs: int = 64) -> EngineSettings:
+    """The engine of a test or benchmark server: small, eager, on CPU, quiet."""
+    return EngineSettings(
+        served_model_name=name,
+        max_logprobs=max_logprobs,
+        max_model_len=max_model_len,
+        memory_fraction=STANDALONE_MEMORY_FRACTION,
+        tensor_parallel=1,
+        dtype="bfloat16",
+        extra_args=("--disable-uvicorn-access-log",),
+        enforce_eager=True,
+        on_gpu=False,
+    )
 
 
 @dataclass
@@ -68,32 +83,24 @@ class TeacherServerProcess:
 
 def start_teacher_server(
     model_dir: str | Path,
+    engine: EngineSettings,
     *,
-    name: str = "teacher",
-    max_model_len: int = 512,
-    max_logprobs: int = 64,
     log_path: str | Path,
     cache: str | Path = ".cache",
     port: int | None = None,
     timeout: float = 240.0,
-    extra: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
 ) -> TeacherServerProcess:
-    """Start the teacher server on 127.0.0.1 and return once `/health` answers 200."""
+    """Start the teacher server of `engine` on 127.0.0.1 and return once `/health` answers 200."""
     port = port or free_port()
-    cmd = [
-        sys.executable, "-m", "distillery_runtime.teachers.server",
-        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--served-model-name", name, "--max-model-len", str(max_model_len),
-        "--max-logprobs", str(max_logprobs), "--dtype", "bfloat16", "--enforce-eager",
-        "--disable-uvicorn-access-log", *extra,
-    ]  # fmt: skip
+    address = ["--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [sys.executable, "-m", "distillery_runtime.teachers.server", *address, *engine.server_args()]
     log_path = Path(log_path)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env or cpu_env(Path(cache)), start_new_session=True
         )
-    server = TeacherServerProcess(f"http://127.0.0.1:{port}", name, proc, log_path)
+    server = TeacherServerProcess(f"http://127.0.0.1:{port}", engine.served_model_name, proc, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
