@@ -76,6 +76,15 @@ def teacher_service_name(job_name: str, teacher_name: str) -> str:
     return dns1035(child_name(job_name, "teacher", teacher_name))
 
 
+def teacher_url(job_name: str, teacher_name: str, namespace: str | None) -> str:
+    """The base URL of a standalone teacher: its Service's DNS name in `namespace` (the bare Service name
+    without one). The runtime config and the operator's status both read it."""
+    host = teacher_service_name(job_name, teacher_name)
+    if namespace:
+        host = f"{host}.{namespace}.svc"
+    return f"http://{host}:{TEACHER_PORT}"
+
+
 def resolve_runtime_config(job: DistillationJob, namespace: str | None, *, in_cluster: bool) -> RuntimeConfig:
     """The runtime config of a job: standalone teachers at their Service, external at their URL."""
     spec = job.spec
@@ -83,10 +92,7 @@ def resolve_runtime_config(job: DistillationJob, namespace: str | None, *, in_cl
     teachers: list[ResolvedTeacher] = []
     for teacher in spec.teachers:
         if teacher.placement == Placement.STANDALONE:
-            host = teacher_service_name(job.metadata.name, teacher.name)
-            if namespace:
-                host = f"{host}.{namespace}.svc"
-            endpoints = [f"http://{host}:{TEACHER_PORT}"]
+            endpoints = [teacher_url(job.metadata.name, teacher.name, namespace)]
             protocol = TeacherProtocol.COMPACT
         elif teacher.placement == Placement.EXTERNAL:
             endpoints = [teacher.endpoint or ""]

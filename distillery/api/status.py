@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import Field
 
@@ -21,6 +22,16 @@ class Phase(StrEnum):
 
 
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+"""The phases of a finished job: once in one, a job stays there (`distillery_operator.status.terminal_phase`)."""
+
+
+class _WrittenByRuntime:
+    """The marker of `RUNTIME_WRITES`."""
+
+
+RUNTIME_WRITES = _WrittenByRuntime()
+"""Marks a status field (as `Annotated` metadata, which leaves the CRD schema alone) that the runtime
+writes and the operator never does: each field has one writer, so neither overwrites the other."""
 
 
 class ConditionType(StrEnum):
@@ -98,6 +109,7 @@ class Children(ApiModel):
     teacher_services: list[str] = Field(default_factory=list)
 
 
+# The operator writes every field but those marked RUNTIME_WRITES (the docstring is the CRD's description).
 class DistillationJobStatus(ApiModel):
     """The observed state of a job."""
 
@@ -108,10 +120,15 @@ class DistillationJobStatus(ApiModel):
     teachers: list[TeacherStatus] = Field(default_factory=list)
     teachers_ready: str | None = None
     """"ready/total" for the printer column."""
-    progress: Progress | None = None
+    progress: Annotated[Progress | None, RUNTIME_WRITES] = None
     children: Children | None = None
     start_time: str | None = None
     completion_time: str | None = None
-    last_checkpoint: CheckpointStatus | None = None
-    teacher_outages: list[TeacherOutage] = Field(default_factory=list)
+    last_checkpoint: Annotated[CheckpointStatus | None, RUNTIME_WRITES] = None
+    teacher_outages: Annotated[list[TeacherOutage], RUNTIME_WRITES] = Field(default_factory=list)
     """Written by the runtime: the teachers it is waiting for now (empty when all answer)."""
+
+    @classmethod
+    def operator_fields(cls) -> tuple[str, ...]:
+        """The fields the operator writes (Python names, in declaration order): all but the runtime's."""
+        return tuple(name for name, f in cls.model_fields.items() if RUNTIME_WRITES not in f.metadata)

@@ -1,7 +1,8 @@
 """The reconcile loop: keys from watch events in, `decide` on the latest state, writes out, retries on errors.
 
 This is the only module that acts. Reads come from memory (the job bodies kopf delivers, the kopf indexes
-of children, the teacher probes); `decide` says what to write; the writes go through `Kube`. An error
+of children, the teacher probes); `decide` says what to write; the writes go through `Kube`, and the typed
+status `decide` returns is serialised here, into the merge patch of the status subresource. An error
 requeues the job with exponential backoff and is shown in `status.message`, never crashes the operator.
 """
 
@@ -19,14 +20,13 @@ from typing import Any, cast
 
 import kopf
 
-from distillery.api import TERMINAL_PHASES, Phase
+from distillery.api import DistillationJobStatus, Phase
 from distillery_operator import metrics, naming
 from distillery_operator.decide import Decision, decide
 from distillery_operator.identity import identity_actions
 from distillery_operator.kube import ApiError, Kube
 from distillery_operator.observe import Child, JobKey, assemble
 from distillery_operator.probes import TeacherProber
-from distillery_operator.status import OPERATOR_STATUS_FIELDS
 from distillery_operator.workqueue import Backoff, WorkQueue
 
 log = logging.getLogger("distillery.operator")
@@ -53,10 +53,21 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+OPERATOR_FIELDS = DistillationJobStatus.operator_fields()
+OPERATOR_KEYS = tuple(DistillationJobStatus.model_fields[name].alias or name for name in OPERATOR_FIELDS)
+"""The operator's fields of a status as they are named in the job (camelCase)."""
+
+
+def status_body(status: DistillationJobStatus) -> dict[str, Any]:
+    """The operator's fields of a decided status as the API server stores them: camelCase, unset (None)
+    fields left out, each teacher and condition with the defaults the CRD gives their fields."""
+    return status.model_dump(by_alias=True, exclude_none=True, mode="json", include=set(OPERATOR_FIELDS))
+
+
 def owned_status(status: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The operator's fields of a status, without empty ones."""
+    """The operator's fields of a status read from a job, without empty ones."""
     status = status or {}
-    return {k: status[k] for k in OPERATOR_STATUS_FIELDS if status.get(k) is not None}
+    return {k: status[k] for k in OPERATOR_KEYS if status.get(k) is not None}
 
 
 @dataclass
@@ -196,7 +207,7 @@ class Controller:
         version = body.get("metadata", {}).get("resourceVersion")
         if written is None or written.over_version != version:
             return body
-        status = {k: v for k, v in (body.get("status") or {}).items() if k not in OPERATOR_STATUS_FIELDS}
+        status = {k: v for k, v in (body.get("status") or {}).items() if k not in OPERATOR_KEYS}
         return {**body, "status": {**status, **written.status}}
 
     async def reconcile(self, key: JobKey) -> str:
@@ -212,15 +223,14 @@ class Controller:
         observed = assemble(children, self.prober.health(key))
         decision = decide(body, observed, now_iso())
         # The trainer's identity first: KubeRay's pods need their ServiceAccount when they are made.
-        terminal = decision.phase in TERMINAL_PHASES
-        decision.actions[:0] = identity_actions(body, children, terminal=terminal)
+        decision.actions[:0] = identity_actions(body, children, terminal=decision.finished)
         self.prober.sync(key, decision.external)
         error = await self._act(key, decision)
         wrote_status = await self._write_status(key, body, decision, error)
-        self._set_phase(key, decision.phase.value)
+        self._set_phase(key, decision.status.phase.value)
         if error is not None:
             raise error[1]
-        if decision.phase == Phase.INVALID:
+        if decision.status.phase == Phase.INVALID:
             return "invalid"
         return "changed" if decision.actions or wrote_status else "unchanged"
 
@@ -267,25 +277,26 @@ class Controller:
     async def _write_status(
         self, key: JobKey, body: Mapping[str, Any], decision: Decision, error: tuple[str, ApiError] | None
     ) -> bool:
-        status = dict(decision.status)
+        status = decision.status
         events = list(decision.events)
         if error is not None:
             what, exc = error
-            status["message"] = f"API error on {what}: {exc} (retrying with backoff)"
-        desired = {k: v for k, v in status.items() if v is not None}
+            status = status.model_copy(
+                update={"message": f"API error on {what}: {exc} (retrying with backoff)"}
+            )
+        desired = status_body(status)
         current = owned_status(body.get("status"))
         if desired == current:
             return False
-        patch: dict[str, Any] = {
-            k: status.get(k) for k in OPERATOR_STATUS_FIELDS if k in current or k in desired
-        }
+        # A field the operator wrote before and leaves unset now is removed (null, in a merge patch).
+        patch: dict[str, Any] = {k: desired.get(k) for k in OPERATOR_KEYS if k in current or k in desired}
         await self.kube.patch_job_status(key[0], key[1], patch)
         version = body.get("metadata", {}).get("resourceVersion")
         self._written[key] = _Written(desired, version)
         for event in events:
             self._post_event(body, event.type, event.reason, event.message)
         if error is not None and error[0] not in (current.get("message") or ""):
-            self._post_event(body, "Warning", "ApiError", status["message"])
+            self._post_event(body, "Warning", "ApiError", desired["message"])
         return True
 
     def _post_event(self, body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:

@@ -1,7 +1,8 @@
 """The reconcile decision: a job and its observed children in, the writes to make and the new status out.
 
-Pure: no API calls, no clock (the time is an argument). The controller executes the actions, writes the
-status when it differs, and posts the events. Running it twice on the same input gives the same output,
+Pure: no API calls, no clock (the time is an argument). The status is a typed `DistillationJobStatus`;
+the controller executes the actions, serialises the status and writes it when it differs, and posts the
+events. Running it twice on the same input gives the same output,
 and on its own output (children created, status written) it asks for nothing more.
 """
 
@@ -11,7 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from distillery.api import TERMINAL_PHASES, DistillationJob, DistillationJobSpec, ObjectMeta, Phase, Placement
+from distillery.api import (
+    Children,
+    DistillationJob,
+    DistillationJobSpec,
+    DistillationJobStatus,
+    ObjectMeta,
+    Phase,
+    Placement,
+    TeacherStatus,
+)
 from distillery.validation import InvalidManifest, parse_spec
 from distillery_operator import naming
 from distillery_operator.drift import drifted
@@ -25,6 +35,7 @@ from distillery_operator.status import (
     merge_conditions,
     runtime_outages,
     teacher_statuses,
+    terminal_phase,
     trainer_state,
 )
 
@@ -49,12 +60,14 @@ class EventSpec:
 
 @dataclass
 class Decision:
+    status: DistillationJobStatus
+    """The operator's fields of the new status (the runtime's are left at their defaults: never written)."""
     actions: list[Action] = field(default_factory=list)
-    status: dict[str, Any] = field(default_factory=dict)
     events: list[EventSpec] = field(default_factory=list)
     external: dict[str, str] = field(default_factory=dict)
     """External teachers to health-check: name -> endpoint."""
-    phase: Phase = Phase.PENDING
+    finished: bool = False
+    """The job is in a terminal phase (`status.terminal_phase`)."""
 
 
 def job_metadata(body: Mapping[str, Any]) -> ObjectMeta:
@@ -122,18 +135,11 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         spec = current if current is not None else applied
     job = DistillationJob(metadata=meta, spec=spec) if spec is not None else None
 
-    decision = Decision()
     suspend = bool(spec and spec.suspend)
     queue = kueue_queue(job) if job is not None else None
     trainer = trainer_state(observed.rayjob, suspend=suspend, queue=queue)
     previous_phase = previous.get("phase")
-    terminal: Phase | None = None
-    if previous_phase in TERMINAL_PHASES:
-        terminal = Phase(previous_phase)
-    elif trainer.state == "succeeded":
-        terminal = Phase.SUCCEEDED
-    elif trainer.state == "failed":
-        terminal = Phase.FAILED
+    terminal = terminal_phase(previous_phase, trainer, valid_ever=job is not None)
     # While Kueue holds the trainer (its RayJob suspended, or about to be created so), the standalone
     # teachers hold no GPUs either: they start when Kueue admits the RayJob by unsuspending it.
     held_for_kueue = (
@@ -144,8 +150,10 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
     )
     scaled_to_zero = suspend or terminal is not None or held_for_kueue
 
-    teachers: list[dict[str, Any]] = []
+    teachers: list[TeacherStatus] = []
     failing: set[str] = set()
+    actions: list[Action] = []
+    external: dict[str, str] = {}
     outages = {} if scaled_to_zero else runtime_outages(previous)
     if job is not None:
         teachers, failing = teacher_statuses(
@@ -160,14 +168,15 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
             namespace=meta.namespace or "", owner_uid=meta.uid, teachers_scaled_to_zero=scaled_to_zero
         )
         blocked = set(foreign)
-        decision.actions = plan_actions(job, render_job(job, ctx), observed, blocked, terminal is not None)
-        decision.external = {
+        actions = plan_actions(job, render_job(job, ctx), observed, blocked, terminal is not None)
+        external = {
             t.name: t.endpoint or ""
             for t in job.spec.teachers
             if t.placement == Placement.EXTERNAL and terminal is None and not suspend
         }
 
     phase, message = derive_phase(
+        terminal=terminal,
         valid_ever=job is not None,
         suspend=suspend,
         trainer=trainer,
@@ -191,23 +200,24 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         outages=outages,
     )
     generation = meta.generation
-    status: dict[str, Any] = {
-        "phase": phase.value,
-        "message": message or previous.get("message"),
-        "observedGeneration": generation,
-        "conditions": merge_conditions(
-            conds, previous.get("conditions") or [], generation=generation, now=now
-        ),
-        "teachers": teachers,
-        "teachersReady": f"{sum(t['ready'] for t in teachers)}/{len(teachers)}" if teachers else None,
-        "children": _children(job) if job is not None else None,
-        "startTime": previous.get("startTime") or (now if phase == Phase.RUNNING else None),
-        "completionTime": previous.get("completionTime") or (now if phase in TERMINAL_PHASES else None),
-    }
-    decision.status = status
-    decision.phase = phase
-    decision.events = transition_events(previous, status)
-    return decision
+    status = DistillationJobStatus(
+        phase=phase,
+        message=message or previous.get("message"),
+        observed_generation=generation,
+        conditions=merge_conditions(conds, previous.get("conditions") or [], generation=generation, now=now),
+        teachers=teachers,
+        teachers_ready=f"{sum(t.ready for t in teachers)}/{len(teachers)}" if teachers else None,
+        children=_children(job) if job is not None else None,
+        start_time=previous.get("startTime") or (now if phase == Phase.RUNNING else None),
+        completion_time=previous.get("completionTime") or (now if terminal is not None else None),
+    )
+    return Decision(
+        status=status,
+        actions=actions,
+        events=transition_events(previous, status),
+        external=external,
+        finished=terminal is not None,
+    )
 
 
 HELD_FOR_KUEUE = "held at zero replicas until Kueue admits the trainer"
@@ -220,16 +230,16 @@ def kueue_queue(job: DistillationJob) -> str | None:
     return job.spec.labels.get(KUEUE_QUEUE_LABEL) or job.metadata.labels.get(KUEUE_QUEUE_LABEL)
 
 
-def _children(job: DistillationJob) -> dict[str, Any]:
+def _children(job: DistillationJob) -> Children:
     name = job.metadata.name
     standalone = [t for t in job.spec.teachers if t.placement == Placement.STANDALONE]
     teacher_names = [naming.teacher_name(name, t.name) for t in standalone]
-    return {
-        "rayJob": naming.rayjob_name(name),
-        "configMap": naming.config_map_name(name),
-        "teacherDeployments": teacher_names,
-        "teacherServices": teacher_names,
-    }
+    return Children(
+        ray_job=naming.rayjob_name(name),
+        config_map=naming.config_map_name(name),
+        teacher_deployments=teacher_names,
+        teacher_services=teacher_names,
+    )
 
 
 def plan_actions(
@@ -324,28 +334,29 @@ def _observed_child(observed: Observed, kind: str, name: str) -> Child | None:
     return observed.services.get(name)
 
 
-def transition_events(previous: Mapping[str, Any], status: Mapping[str, Any]) -> list[EventSpec]:
-    """An Event per phase change and per condition transition (and for bad conditions when they appear)."""
+def transition_events(previous: Mapping[str, Any], status: DistillationJobStatus) -> list[EventSpec]:
+    """An Event per phase change and per condition transition (and for bad conditions when they appear).
+    `previous`: the status as read from the job."""
     events: list[EventSpec] = []
-    old_phase, new_phase = previous.get("phase"), status["phase"]
+    old_phase, new_phase = previous.get("phase"), status.phase
     if old_phase != new_phase:
         kind: Literal["Normal", "Warning"] = (
             "Warning" if new_phase in (Phase.FAILED, Phase.INVALID) else "Normal"
         )
-        text = f"phase {old_phase or '(none)'} -> {new_phase}"
-        if status.get("message"):
-            text += f": {status['message']}"
-        events.append(EventSpec(kind, new_phase, text))
+        text = f"phase {old_phase or '(none)'} -> {new_phase.value}"
+        if status.message:
+            text += f": {status.message}"
+        events.append(EventSpec(kind, new_phase.value, text))
     before = {c.get("type"): c for c in previous.get("conditions") or []}
-    for cond in status["conditions"]:
-        old = before.get(cond["type"])
+    for cond in status.conditions:
+        old = before.get(cond.type)
         changed = (
             old is None
-            or old.get("status") != cond["status"]
-            or (bad_condition(cond) and old.get("message") != cond["message"])
+            or old.get("status") != cond.status
+            or (bad_condition(cond) and old.get("message") != cond.message)
         )
         if not changed or (old is None and not bad_condition(cond)):
             continue
         kind = "Warning" if bad_condition(cond) else "Normal"
-        events.append(EventSpec(kind, cond["reason"], f"{cond['type']}={cond['status']}: {cond['message']}"))
+        events.append(EventSpec(kind, cond.reason, f"{cond.type}={cond.status}: {cond.message}"))
     return events

@@ -1,8 +1,8 @@
 """The status of a job, derived by pure functions from what the operator observed of its children.
 
 Inputs: the effective spec (None when no valid spec was ever applied), the observed children, the
-previous status (for transition times and sticky terminal phases) and the time. Output: the fields of
-`status` the operator owns; `progress` and `lastCheckpoint` belong to the runtime and are never touched.
+previous status (for transition times and sticky terminal phases) and the time. Output: the typed pieces
+of the fields of `status` the operator owns; the runtime's (`RUNTIME_WRITES`) are never touched.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from distillery.api import (
     TERMINAL_PHASES,
+    Condition,
     ConditionType,
     DistillationJob,
     Phase,
@@ -21,24 +22,11 @@ from distillery.api import (
     TeacherOutage,
     TeacherStatus,
 )
-from distillery.runtime_config import TEACHER_PORT
+from distillery.runtime_config import teacher_url
 from distillery_operator import naming
 from distillery_operator.observe import Child, Observed
 from distillery_operator.render import KUEUE_QUEUE_LABEL
 from distillery_operator.spec_changes import LIVE_FIELDS_DOC
-
-OPERATOR_STATUS_FIELDS = (
-    "phase",
-    "message",
-    "observedGeneration",
-    "conditions",
-    "teachers",
-    "teachersReady",
-    "children",
-    "startTime",
-    "completionTime",
-)
-"""The status fields the operator writes; everything else in status (progress, lastCheckpoint) is the runtime's."""
 
 FAILED_DEPLOYMENT_STATES = {"Failed", "ValidationFailed"}
 SUSPENDED_DEPLOYMENT_STATES = {"Suspended", "Suspending"}
@@ -117,22 +105,24 @@ def teacher_statuses(
     scaled_to_zero: bool,
     zero_message: str = "scaled to zero",
     outages: Mapping[str, str] | None = None,
-) -> tuple[list[dict[str, Any]], set[str]]:
+) -> tuple[list[TeacherStatus], set[str]]:
     """The TeacherStatus of each teacher, and the names of those failing (not merely starting).
 
     `outages`: the teachers the trainer reports it cannot reach (status.teacherOutages, the runtime's),
     with its last error: whatever their Deployment says, they are failing for the job.
-    Each is written with the defaults the CRD gives its fields (the API server fills them in: written
-    without them, the status read back would differ from the one decided, and be written again).
+    Each carries the defaults the CRD gives its fields (the API server fills them in: written without
+    them, the status read back would differ from the one decided, and be written again).
     """
-    statuses: list[dict[str, Any]] = []
+    statuses: list[TeacherStatus] = []
     failing: set[str] = set()
     for teacher in job.spec.teachers:
         status, failed = _teacher_status(job, teacher, observed, trainer, scaled_to_zero, zero_message)
         if outages and teacher.name in outages and not scaled_to_zero:
-            status.update(ready=False, message=f"the trainer cannot reach it: {outages[teacher.name]}")
+            status = status.model_copy(
+                update={"ready": False, "message": f"the trainer cannot reach it: {outages[teacher.name]}"}
+            )
             failed = True
-        statuses.append(TeacherStatus.model_validate(status).to_yaml_dict())
+        statuses.append(status)
         if failed:
             failing.add(teacher.name)
     return statuses, failing
@@ -145,38 +135,50 @@ def _teacher_status(
     trainer: Trainer,
     scaled_to_zero: bool,
     zero_message: str,
-) -> tuple[dict[str, Any], bool]:
-    status: dict[str, Any] = {"name": teacher.name, "placement": teacher.placement.value}
-    failing = False
+) -> tuple[TeacherStatus, bool]:
     if teacher.placement == Placement.STANDALONE:
         name = naming.teacher_name(job.metadata.name, teacher.name)
         desired = 0 if scaled_to_zero else teacher.replicas
         deployment = observed.deployments.get(name)
         ready_replicas = int(deployment.state.get("readyReplicas", 0)) if deployment else 0
-        status.update(
-            replicas=desired,
-            readyReplicas=ready_replicas,
-            endpoint=f"http://{name}.{job.metadata.namespace}.svc:{TEACHER_PORT}",
-            ready=desired > 0 and ready_replicas >= desired,
-        )
+        ready = desired > 0 and ready_replicas >= desired
+        failing = False
         if deployment is None:
-            status["message"] = "Deployment not created yet"
+            message = "Deployment not created yet"
         elif deployment.state.get("failure"):
-            status["message"] = str(deployment.state["failure"])
-            failing = not status["ready"]
+            message = str(deployment.state["failure"])
+            failing = not ready
         elif desired == 0:
-            status["message"] = zero_message
+            message = zero_message
         else:
-            status["message"] = f"{ready_replicas}/{desired} replicas ready"
-    elif teacher.placement == Placement.EXTERNAL:
+            message = f"{ready_replicas}/{desired} replicas ready"
+        status = TeacherStatus(
+            name=teacher.name,
+            placement=teacher.placement,
+            ready=ready,
+            replicas=desired,
+            ready_replicas=ready_replicas,
+            endpoint=teacher_url(job.metadata.name, teacher.name, job.metadata.namespace),
+            message=message,
+        )
+        return status, failing
+    if teacher.placement == Placement.EXTERNAL:
         health = observed.external.get(teacher.name)
-        status.update(endpoint=teacher.endpoint, ready=bool(health and health.ok))
-        status["message"] = health.message if health else "not checked yet"
-        failing = health is not None and not health.ok
-    else:
-        running = trainer.state == "running"
-        status.update(ready=running, message="runs inside the trainer on the student's GPUs")
-    return status, failing
+        status = TeacherStatus(
+            name=teacher.name,
+            placement=teacher.placement,
+            ready=bool(health and health.ok),
+            endpoint=teacher.endpoint,
+            message=health.message if health else "not checked yet",
+        )
+        return status, health is not None and not health.ok
+    status = TeacherStatus(
+        name=teacher.name,
+        placement=teacher.placement,
+        ready=trainer.state == "running",
+        message="runs inside the trainer on the student's GPUs",
+    )
+    return status, False
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,7 @@ def derive_conditions(
     valid_ever: bool,
     suspend: bool,
     trainer: Trainer,
-    teachers: Sequence[Mapping[str, Any]],
+    teachers: Sequence[TeacherStatus],
     failing_teachers: set[str],
     terminal: Phase | None,
     held_for_kueue: bool = False,
@@ -224,8 +226,8 @@ def derive_conditions(
     if not valid_ever:
         return conds
 
-    ready = [t for t in teachers if t["ready"]]
-    failing = [t for t in teachers if t["name"] in failing_teachers]
+    ready = [t for t in teachers if t.ready]
+    failing = [t for t in teachers if t.name in failing_teachers]
     summary = f"{len(ready)}/{len(teachers)} teachers ready"
     if terminal is not None:
         conds.append(Cond(ConditionType.TEACHERS_READY, False, "JobFinished", "teachers scaled to zero"))
@@ -235,12 +237,12 @@ def derive_conditions(
         message = "teachers held at zero replicas (no GPUs) until Kueue admits the trainer"
         conds.append(Cond(ConditionType.TEACHERS_READY, False, "Queued", message))
     elif failing:
-        detail = "; ".join(f"{t['name']}: {t.get('message')}" for t in failing)
+        detail = "; ".join(f"{t.name}: {t.message}" for t in failing)
         conds.append(Cond(ConditionType.TEACHERS_READY, False, "TeacherUnavailable", f"{summary}; {detail}"))
     elif len(ready) == len(teachers):
         conds.append(Cond(ConditionType.TEACHERS_READY, True, "AllTeachersReady", summary))
     else:
-        waiting = "; ".join(f"{t['name']}: {t.get('message')}" for t in teachers if not t["ready"])
+        waiting = "; ".join(f"{t.name}: {t.message}" for t in teachers if not t.ready)
         conds.append(Cond(ConditionType.TEACHERS_READY, False, "TeachersStarting", f"{summary}; {waiting}"))
 
     conds.append(
@@ -277,30 +279,42 @@ def derive_conditions(
     return conds
 
 
+def terminal_phase(previous_phase: str | None, trainer: Trainer, *, valid_ever: bool) -> Phase | None:
+    """The phase of a finished job, None while it is not finished. Terminal phases are sticky: a finished
+    job stays finished, whatever its RayJob does next; a job with no valid spec never finishes."""
+    if previous_phase in TERMINAL_PHASES:
+        return Phase(previous_phase)
+    if not valid_ever:
+        return None
+    if trainer.state == "succeeded":
+        return Phase.SUCCEEDED
+    if trainer.state == "failed":
+        return Phase.FAILED
+    return None
+
+
 def derive_phase(
     *,
+    terminal: Phase | None,
     valid_ever: bool,
     suspend: bool,
     trainer: Trainer,
-    teachers: Sequence[Mapping[str, Any]],
+    teachers: Sequence[TeacherStatus],
     previous_phase: str | None,
 ) -> tuple[Phase, str]:
-    """The phase and its one-line message. Terminal phases are sticky: a finished job stays finished."""
-    if previous_phase in TERMINAL_PHASES:
-        return Phase(previous_phase), ""
+    """The phase and its one-line message. `terminal`: `terminal_phase`, which is the phase when it is one."""
+    if terminal is not None:
+        # The message goes with the change: a job already finished keeps the one it finished with.
+        return terminal, "" if terminal == previous_phase else trainer.message
     if not valid_ever:
         return Phase.INVALID, "the spec is invalid; no children were created"
-    if trainer.state == "succeeded":
-        return Phase.SUCCEEDED, trainer.message
-    if trainer.state == "failed":
-        return Phase.FAILED, trainer.message
     if suspend:
         return Phase.SUSPENDED, "suspended"
     if trainer.state == "queued":
         return Phase.PENDING, trainer.message
     # Colocated teachers live in the trainer: only the others gate the start.
-    outside = [t for t in teachers if t["placement"] != Placement.COLOCATED.value]
-    waiting = [t for t in outside if not t["ready"]]
+    outside = [t for t in teachers if t.placement != Placement.COLOCATED]
+    waiting = [t for t in outside if not t.ready]
     if trainer.state == "running":
         if not waiting or previous_phase == Phase.RUNNING:
             return Phase.RUNNING, "training"
@@ -310,38 +324,38 @@ def derive_phase(
     return Phase.PENDING, trainer.message
 
 
-def _waiting_message(waiting: Sequence[Mapping[str, Any]]) -> str:
-    return "waiting for teachers: " + "; ".join(f"{t['name']} ({t.get('message')})" for t in waiting)
+def _waiting_message(waiting: Sequence[TeacherStatus]) -> str:
+    return "waiting for teachers: " + "; ".join(f"{t.name} ({t.message})" for t in waiting)
 
 
 def merge_conditions(
     new: Sequence[Cond], previous: Sequence[Mapping[str, Any]], *, generation: int | None, now: str
-) -> list[dict[str, Any]]:
-    """metav1.Condition dicts; lastTransitionTime moves only when a condition's status changes."""
+) -> list[Condition]:
+    """metav1.Conditions; lastTransitionTime moves only when a condition's status changes. `previous`:
+    the conditions as read from the job's status."""
     before = {c.get("type"): c for c in previous or []}
     out = []
     for cond in new:
         status = "True" if cond.status else "False"
         old = before.get(cond.type.value)
         changed = old is None or old.get("status") != status
-        item: dict[str, Any] = {
-            "type": cond.type.value,
-            "status": status,
-            "reason": cond.reason,
-            "message": cond.message,
-            "lastTransitionTime": now if changed or not old else old.get("lastTransitionTime", now),
-        }
-        if generation is not None:
-            item["observedGeneration"] = generation
-        out.append(item)
+        out.append(
+            Condition(
+                type=cond.type.value,
+                status=status,
+                reason=cond.reason,
+                message=cond.message,
+                last_transition_time=now if changed or not old else old.get("lastTransitionTime", now),
+                observed_generation=generation,
+            )
+        )
     return out
 
 
-def bad_condition(cond: Mapping[str, Any]) -> bool:
+def bad_condition(cond: Condition) -> bool:
     """Conditions worth a Warning event."""
-    kind, status = cond.get("type"), cond.get("status")
-    if kind in (ConditionType.VALID, ConditionType.SPEC_APPLIED):
-        return status == "False"
-    if kind == ConditionType.FAILED:
-        return status == "True"
-    return kind == ConditionType.TEACHERS_READY and cond.get("reason") == "TeacherUnavailable"
+    if cond.type in (ConditionType.VALID, ConditionType.SPEC_APPLIED):
+        return cond.status == "False"
+    if cond.type == ConditionType.FAILED:
+        return cond.status == "True"
+    return cond.type == ConditionType.TEACHERS_READY and cond.reason == "TeacherUnavailable"

@@ -13,9 +13,12 @@ from typing import Any
 
 import pytest
 import yaml
+from distillery_operator.controller import status_body
 from distillery_operator.decide import Decision, decide
 from distillery_operator.observe import SUMMARIZERS, Child, Health, Observed, assemble
 from distillery_operator.workqueue import Backoff, WorkQueue
+
+from distillery.api import DistillationJobStatus, Phase
 
 ROOT = Path(__file__).resolve().parents[2]
 T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
@@ -49,7 +52,7 @@ class World:
                 self.objects[key] = copy.deepcopy(action.body)
             else:
                 merge(self.objects[key], action.body)
-        self.body["status"] = {k: v for k, v in decision.status.items() if v is not None}
+        self.body["status"] = status_body(decision.status)
         self.events.extend(decision.events)
         return decision
 
@@ -58,7 +61,7 @@ class World:
         for _ in range(4):
             decision = self.step(now)
             again = decide(self.body, self.observed(), now)
-            if not again.actions and not again.events and strip(again.status) == self.body["status"]:
+            if not again.actions and not again.events and status_body(again.status) == self.body["status"]:
                 return decision
         raise AssertionError("did not converge")
 
@@ -77,10 +80,6 @@ def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
             target.pop(key, None)
         else:
             target[key] = value
-
-
-def strip(status: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in status.items() if v is not None}
 
 
 def test_standalone_job_from_creation_to_success() -> None:
@@ -133,25 +132,24 @@ def test_a_teacher_the_trainer_cannot_reach_is_shown_until_it_answers_again() ->
     outage = {"name": "teacher", "since": T1, "message": "connection refused"}
     world.body["status"]["teacherOutages"] = [outage]  # the runtime's field, patched by the trainer
     decision = decide(world.body, world.observed(), T2)
-    ready = next(c for c in decision.status["conditions"] if c["type"] == "TeachersReady")
-    assert ready["status"] == "False" and ready["reason"] == "TeacherUnavailable"
+    ready = next(c for c in decision.status.conditions if c.type == "TeachersReady")
+    assert ready.status == "False" and ready.reason == "TeacherUnavailable"
     assert (
-        f"teacher: the trainer cannot reach it: not answering since {T1}: connection refused"
-        in ready["message"]
+        f"teacher: the trainer cannot reach it: not answering since {T1}: connection refused" in ready.message
     )
-    assert decision.status["phase"] == "Running" and decision.status["teachersReady"] == "0/1"
-    waiting = next(c for c in decision.status["conditions"] if c["type"] == "TeacherUnavailable")
-    assert waiting["status"] == "True" and waiting["reason"] == "TeacherNotAnswering"
-    assert waiting["message"].startswith("the trainer waits for teacher: not answering since")
+    assert decision.status.phase == "Running" and decision.status.teachers_ready == "0/1"
+    waiting = next(c for c in decision.status.conditions if c.type == "TeacherUnavailable")
+    assert waiting.status == "True" and waiting.reason == "TeacherNotAnswering"
+    assert waiting.message.startswith("the trainer waits for teacher: not answering since")
     assert [e.type for e in decision.events if e.reason == "TeacherUnavailable"] == ["Warning"]
-    assert "teacherOutages" not in decision.status  # never written by the operator
+    assert "teacherOutages" not in status_body(decision.status)  # never written by the operator
 
-    world.body["status"] = {**decision.status, "teacherOutages": []}
+    world.body["status"] = {**status_body(decision.status), "teacherOutages": []}
     back = decide(world.body, world.observed(), T2)
-    ready = next(c for c in back.status["conditions"] if c["type"] == "TeachersReady")
-    assert ready["reason"] == "AllTeachersReady" and back.status["teachersReady"] == "1/1"
-    waiting = next(c for c in back.status["conditions"] if c["type"] == "TeacherUnavailable")
-    assert waiting["status"] == "False" and waiting["reason"] == "TeachersAnswering"
+    ready = next(c for c in back.status.conditions if c.type == "TeachersReady")
+    assert ready.reason == "AllTeachersReady" and back.status.teachers_ready == "1/1"
+    waiting = next(c for c in back.status.conditions if c.type == "TeacherUnavailable")
+    assert waiting.status == "False" and waiting.reason == "TeachersAnswering"
 
 
 def test_failed_rayjob_fails_the_job_with_kuberays_reason_but_retrying_does_not() -> None:
@@ -447,7 +445,9 @@ def test_the_runtimes_fields_are_never_written() -> None:
     world = World(job_body("gkd.yaml"))
     world.body["status"] = {"progress": {"step": 3}, "lastCheckpoint": {"step": 2, "path": "/c/2"}}
     decision = world.step()
-    assert "progress" not in decision.status and "lastCheckpoint" not in decision.status
+    assert decision.status.progress is None and decision.status.last_checkpoint is None
+    written = status_body(decision.status)
+    assert "progress" not in written and "lastCheckpoint" not in written
 
 
 async def test_workqueue_deduplicates_and_never_runs_a_key_twice_at_once() -> None:
@@ -492,3 +492,93 @@ def test_a_job_name_starting_with_a_digit_gets_services_named_with_a_letter() ->
     assert world.body["status"]["phase"] != "Invalid"
     services = [name for (kind, name) in world.objects if kind == "Service"]
     assert services == ["d7b-distill-teacher-teacher"]
+
+
+def _cond(kind: str, status: str, reason: str, message: str, at: str = T0) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": at,
+        "observedGeneration": 1,
+    }
+
+
+def test_decide_returns_a_typed_status_serialised_as_the_api_expects() -> None:
+    """decide's status is a DistillationJobStatus; `status_body` (what the controller patches) is the
+    camelCase object the CRD describes, with unset fields left out, for a starting, a failed and an
+    invalid job."""
+    world = World(job_body("gkd.yaml"))
+    decision = world.step(T0)
+    assert isinstance(decision.status, DistillationJobStatus)
+    children = {
+        "rayJob": "gkd-jsd-trainer",
+        "configMap": "gkd-jsd-config",
+        "teacherDeployments": ["gkd-jsd-teacher-teacher"],
+        "teacherServices": ["gkd-jsd-teacher-teacher"],
+    }
+    teacher = {
+        "name": "teacher",
+        "placement": "standalone",
+        "ready": False,
+        "replicas": 1,
+        "readyReplicas": 0,
+        "endpoint": "http://gkd-jsd-teacher-teacher.ns.svc:8000",
+        "message": "Deployment not created yet",
+    }
+    valid = [
+        _cond("Valid", "True", "SpecValid", "the spec is valid"),
+        _cond("SpecApplied", "True", "SpecApplied", "the children match the spec"),
+    ]
+    assert status_body(decision.status) == {
+        "phase": "StartingTeachers",
+        "message": "waiting for teachers: teacher (Deployment not created yet)",
+        "observedGeneration": 1,
+        "conditions": [
+            *valid,
+            _cond("TeachersReady", "False", "TeachersStarting", "0/1 teachers ready; teacher: Deployment not created yet"),
+            _cond("TrainerReady", "False", "TrainerNotCreated", "the RayJob does not exist yet"),
+            _cond("TeacherUnavailable", "False", "TeachersAnswering", "no teacher outage reported"),
+            _cond("Suspended", "False", "NotSuspended", "not suspended"),
+        ],
+        "teachers": [teacher],
+        "teachersReady": "0/1",
+        "children": children,
+    }  # fmt: skip
+
+    world.play("Deployment", "gkd-jsd-teacher-teacher", {"readyReplicas": 1})
+    world.play("RayJob", "gkd-jsd-trainer", {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"})
+    world.settle(T1)
+    world.play("RayJob", "gkd-jsd-trainer", {"jobStatus": "FAILED", "jobDeploymentStatus": "Complete"})
+    failed = "RayJob gkd-jsd-trainer failed (jobStatus=FAILED, jobDeploymentStatus=Complete)"
+    decision = world.step(T2)
+    assert decision.finished and decision.status.phase == Phase.FAILED
+    assert status_body(decision.status) == {
+        "phase": "Failed",
+        "message": failed,
+        "observedGeneration": 1,
+        "conditions": [
+            *valid,
+            _cond("TeachersReady", "False", "JobFinished", "teachers scaled to zero", T2),
+            _cond("TrainerReady", "False", "RayJobFailed", failed, T2),
+            _cond("Suspended", "False", "NotSuspended", "not suspended"),
+            _cond("Failed", "True", "RayJobFailed", failed, T2),
+        ],
+        "teachers": [{**teacher, "replicas": 0, "readyReplicas": 1, "message": "scaled to zero"}],
+        "teachersReady": "0/1",
+        "children": children,
+        "startTime": T1,
+        "completionTime": T2,
+    }  # fmt: skip
+
+    invalid = World(job_body("gkd.yaml", teachers=[])).step(T0)
+    problem = "spec.teachers: List should have at least 1 item after validation, not 0"
+    assert not invalid.finished and invalid.status.phase == Phase.INVALID
+    assert status_body(invalid.status) == {
+        "phase": "Invalid",
+        "message": f"the spec is invalid: {problem}",
+        "observedGeneration": 1,
+        "conditions": [_cond("Valid", "False", "InvalidSpec", problem)],
+        "teachers": [],
+    }
