@@ -16,13 +16,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from distillery.api.spec import GROUP, PLURAL, VERSION
-from distillery.api.status import CheckpointStatus, Progress, TeacherOutage
+from distillery.api.status import CheckpointStatus, DistillationJobStatus, Progress, TeacherOutage
 
 log = logging.getLogger("distillery.runtime.status")
 
 
 def now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _status_patch(status: DistillationJobStatus, field: str) -> dict[str, Any]:
+    """The merge patch writing one of the runtime's fields of `status` (by its Python name), and no other."""
+    return {"status": status.model_dump(by_alias=True, exclude_none=True, include={field})}
 
 
 def progress_patch(record: dict[str, Any], total: int, eval_accuracy: float | None) -> dict[str, Any]:
@@ -36,21 +41,18 @@ def progress_patch(record: dict[str, Any], total: int, eval_accuracy: float | No
         eval_accuracy=eval_accuracy,
         updated_at=now_iso(),
     )
-    return {"status": {"progress": progress.model_dump(by_alias=True, exclude_none=True)}}
+    return _status_patch(DistillationJobStatus(progress=progress), "progress")
 
 
 def checkpoint_patch(step: int, path: str) -> dict[str, Any]:
     ckpt = CheckpointStatus(step=step, path=path, time=now_iso())
-    return {"status": {"lastCheckpoint": ckpt.model_dump(by_alias=True, exclude_none=True)}}
+    return _status_patch(DistillationJobStatus(last_checkpoint=ckpt), "last_checkpoint")
 
 
 def outages_patch(outages: dict[str, TeacherOutage]) -> dict[str, Any]:
     """The merge patch for the teachers the trainer waits for now (a list: a merge patch replaces it)."""
-    return {
-        "status": {
-            "teacherOutages": [o.model_dump(by_alias=True) for _, o in sorted(outages.items())],
-        }
-    }
+    status = DistillationJobStatus(teacher_outages=[o for _, o in sorted(outages.items())])
+    return _status_patch(status, "teacher_outages")
 
 
 class StatusReporter:
