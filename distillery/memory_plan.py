@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distillery.model_shapes import ModelShape, resolve_shape
+from distillery.plan import resolve
 
 GIB = 1024**3
 CUDA_CONTEXT_BYTES = 1 * GIB
@@ -228,6 +229,7 @@ def layout_of(spec: Any) -> TrainingLayout | None:
     response = tokens * spec.student.rollout.max_new_tokens // sequence
     training = spec.student.training
     colocated = [t for t in spec.teachers if t.placement == "colocated"]
+    budget = resolve(spec).gpu_budget
     return TrainingLayout(
         shape=shape,
         ranks=pool.workers * pool.gpus_per_worker,
@@ -241,7 +243,7 @@ def layout_of(spec: Any) -> TrainingLayout | None:
         rollout_fraction=spec.student.rollout.memory_fraction
         if spec.student.rollout.engine == "vllm"
         else 0.0,
-        teacher_fractions=tuple(spec.teacher_memory_fraction(t) for t in colocated),
+        teacher_fractions=tuple(budget.teacher_fractions[t.name] for t in colocated),
     )
 
 

@@ -700,38 +700,11 @@ class DistillationJobSpec(ApiModel):
         ),
     )
 
-    def teacher_for_route(self, route: str | None) -> Teacher:
-        """The teacher that scores a sample whose route field has this value; KeyError names the known ones."""
-        if len(self.teachers) == 1:
-            return self.teachers[0]
-        for teacher in self.teachers:
-            if route is not None and route in teacher.routes:
-                return teacher
-        for teacher in self.teachers:
-            if teacher.default:
-                return teacher
-        known = sorted(r for t in self.teachers for r in t.routes)
-        raise KeyError(f"no teacher for route {route!r} and no default teacher; known routes: {known}")
-
     def loaded_models(self) -> list[str]:
         """The model and tokenizer locations the trainer's processes load (external teachers are served
         elsewhere and load nothing here)."""
         models = [self.student.model, *(t.model for t in self.teachers if t.placement != Placement.EXTERNAL)]
         return [*models, self.student.tokenizer] if self.student.tokenizer else models
-
-    def teacher_memory_fraction(self, teacher: Teacher) -> float:
-        """vLLM's gpu_memory_utilization for this teacher: its own, or the default of its placement."""
-        if teacher.inference.memory_fraction is not None:
-            return teacher.inference.memory_fraction
-        if teacher.placement != Placement.COLOCATED:
-            return STANDALONE_MEMORY_FRACTION
-        taken, unset = _colocated_fractions(self)
-        return round((COLOCATED_MEMORY_CEILING - taken) / unset, 3)
-
-    def max_model_len(self, teacher: Teacher) -> int:
-        """The context a teacher needs: the longest prompt, the longest response and one scoring token."""
-        needed = self.data.max_prompt_tokens + self.student.rollout.max_new_tokens + 1
-        return max(teacher.inference.max_model_len or 0, needed)
 
 
 def _colocated_fractions(s: DistillationJobSpec) -> tuple[float, int]:

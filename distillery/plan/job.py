@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distillery.api.spec import DistillationJobSpec
-from distillery.plan.engines import EngineSettings, teacher_engine
+from distillery.plan.engines import EngineSettings, max_logprobs, teacher_engine
 from distillery.plan.gpu_budget import GpuBudget, gpu_budget
 from distillery.plan.routes import RouteTable, route_table
 
@@ -20,6 +20,8 @@ class JobPlan:
 
     engines: dict[str, EngineSettings]
     """Each teacher's engine settings, by teacher name (`engines.teacher_engine`)."""
+    top_k: int
+    """Log-probs scored per position, what every teacher's engine allows (`engines.max_logprobs`)."""
     routes: RouteTable
     """Route value -> teacher name (`routes.route_table`)."""
     gpu_budget: GpuBudget
@@ -31,6 +33,7 @@ def resolve(spec: DistillationJobSpec) -> JobPlan:
     budget = gpu_budget(spec)
     return JobPlan(
         engines={t.name: teacher_engine(spec, t, budget.teacher_fractions[t.name]) for t in spec.teachers},
+        top_k=max_logprobs(spec),
         routes=route_table(spec),
         gpu_budget=budget,
     )

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from distillery.api.spec import Data, DataFormat, DataSource, DistillationJobSpec, OverlongPolicy
+from distillery.plan import resolve
 from distillery_runtime.uris import resolve_location
 
 
@@ -171,17 +172,12 @@ def check_training_rows(prepared: PreparedData, source: DataSource, spec: Distil
     """Finds at load what the loop would otherwise hit mid-run, after steps were spent: rows whose route no
     teacher takes, and rows without the reference response the off-policy share needs."""
     problems: list[str] = []
-    unrouted = []
-    for record in prepared.records:
-        try:
-            spec.teacher_for_route(record.route)
-        except KeyError:
-            unrouted.append(record)
+    routes = resolve(spec).routes
+    unrouted = [record for record in prepared.records if routes.teacher_for(record.route) is None]
     if unrouted:
-        known = sorted(r for t in spec.teachers for r in t.routes)
         problems.append(
             f"{len(unrouted)} row(s) whose {spec.data.route_field!r} no teacher takes "
-            f"({_rows(unrouted, lambda r: repr(r.route))}); known routes: {known}; "
+            f"({_rows(unrouted, lambda r: repr(r.route))}); known routes: {routes.known_routes()}; "
             "add the value to a teacher's routes or make one teacher default: true"
         )
     if spec.loss.on_policy_fraction < 1.0:

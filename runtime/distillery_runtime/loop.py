@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from distillery.api.spec import Placement, ResumePolicy
+from distillery.plan import resolve
 from distillery.runtime_config import RuntimeConfig
 from distillery_runtime import checkpoint, plan
 from distillery_runtime.data import PreparedData, PromptRecord, check_training_rows, prepare, take
@@ -577,9 +578,10 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     gpus = spec.student.pool.gpus_per_worker
     world = max(1, spec.student.pool.workers * max(gpus, 1))
     colocated = [t for t in spec.teachers if t.placement == Placement.COLOCATED]
+    plan = resolve(spec)
     settings = loop.trainer_settings()
     trainer_cls = ray.remote(workers.TrainerWorker).options(
-        **workers.actor_options("trainer", gpus_per_worker=gpus, colocated_teachers=len(colocated))
+        **workers.actor_options("trainer", gpus_per_worker=gpus, budget=plan.gpu_budget)
     )
     # Actor handles: Ray's stubs type them as the worker class, whose methods have no `.remote`.
     trainers: list[Any] = [trainer_cls.remote(loop.model_dir, settings, rank, world) for rank in range(world)]
@@ -589,7 +591,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     precision = spec.student.precision.value  # resolved by each actor on its own device
     max_len = spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens + 1
     rollout_cls = ray.remote(workers.RolloutWorker).options(
-        **workers.actor_options("rollout", gpus_per_worker=gpus, colocated_teachers=len(colocated))
+        **workers.actor_options("rollout", gpus_per_worker=gpus, budget=plan.gpu_budget)
     )
     rollout = RolloutPool(
         [
@@ -606,39 +608,24 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
         ]
     )
     colocated_actors: dict[str, Any] = {}
-    resolved = {t.name: t for t in config.teachers}
     for teacher in colocated:
         actor = (
             ray.remote(workers.ColocatedTeacherWorker)
-            .options(
-                **workers.actor_options("teacher", gpus_per_worker=gpus, colocated_teachers=len(colocated))
-            )
-            .remote(
-                resolve_location(teacher.model),
-                teacher.name,
-                resolved[teacher.name].max_logprobs,
-                resolved[teacher.name].max_model_len,
-                precision,
-                spec.teacher_memory_fraction(teacher),
-            )
+            .options(**workers.actor_options("teacher", gpus_per_worker=gpus, budget=plan.gpu_budget))
+            .remote(resolve_location(teacher.model), plan.engines[teacher.name])
         )
         colocated_actors[teacher.name] = actor
     await asyncio.gather(*(a.start.remote() for a in colocated_actors.values()))
     # Past a client's own retries a teacher counts as down: scoring waits for it, up to the job's budget.
     retry = client_retry(spec.teacher_outage_timeout_seconds)
     clients = {
-        t.name: build_client(
-            t,
-            next(s.max_concurrency for s in spec.teachers if s.name == t.name),
-            colocated_actors.get(t.name),
-            retry,
-        )
+        t.name: build_client(t, plan.engines[t.name], colocated_actors.get(t.name), retry)
         for t in config.teachers
     }
     outages = OutageTracker(
         spec.teacher_outage_timeout_seconds, detected_after=retry.total_timeout, on_change=loop.teacher_outage
     )
-    scoring = TeacherScoring(config, clients, outages)
+    scoring = TeacherScoring(plan, clients, outages)
     dtype = await rollout.dtype()
     # The weight-sync group: trainer rank 0 sends, every rollout replica receives (weight_sync.py).
     host, port = await trainers[0].sync_address.remote()

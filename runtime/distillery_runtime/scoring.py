@@ -11,15 +11,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
+from distillery.plan import JobPlan
+from distillery.plan.engines import EngineSettings
+from distillery.runtime_config import ResolvedTeacher, TeacherProtocol
 from distillery_runtime.teachers.outage import OutageTracker
 from distillery_runtime.teachers.retry import RetryPolicy
 from distillery_runtime.teachers.router import MultiTeacherScorer
-from distillery_runtime.teachers.types import ScoreRequest, TeacherScores, TeacherUnavailableError
+from distillery_runtime.teachers.types import ScoreRequest, Teacher, TeacherScores, TeacherUnavailableError
 
 
 @dataclass
@@ -62,11 +64,11 @@ def client_retry(outage_budget_seconds: float) -> RetryPolicy:
 
 def build_client(
     teacher: ResolvedTeacher,
-    max_concurrency: int,
+    engine: EngineSettings,
     colocated_actor: Any | None = None,
     retry: RetryPolicy | None = None,
-) -> Any:
-    """The scoring client of one resolved teacher."""
+) -> Teacher:
+    """The scoring client of one resolved teacher, at its endpoints and within its engine's limits."""
     retry = retry or RetryPolicy()
     if teacher.protocol == TeacherProtocol.COMPACT:
         from distillery_runtime.teachers.compact_http import CompactTeacher
@@ -74,9 +76,9 @@ def build_client(
         return CompactTeacher(
             teacher.endpoints,
             name=teacher.name,
-            max_logprobs=None,
-            max_model_len=None,
-            concurrency=max_concurrency,
+            max_logprobs=engine.max_logprobs,
+            max_model_len=engine.max_model_len,
+            concurrency=engine.max_concurrency,
             batch_size=1,
             resolve_dns=True,
             retry=retry,
@@ -86,9 +88,9 @@ def build_client(
 
         return OpenAITeacher(
             teacher.endpoints,
-            teacher.served_model_name,
+            engine.served_model_name,
             name=teacher.name,
-            concurrency=max_concurrency,
+            concurrency=engine.max_concurrency,
             resolve_dns=True,
             retry=retry,
         )
@@ -101,28 +103,18 @@ class TeacherScoring:
     """All teachers of a job behind one router, with per-teacher bookkeeping."""
 
     def __init__(
-        self, config: RuntimeConfig, clients: dict[str, Any], outages: OutageTracker | None = None
+        self, plan: JobPlan, clients: Mapping[str, Teacher], outages: OutageTracker | None = None
     ) -> None:
-        spec = config.spec
-        self.clients = clients
+        """`clients`: by teacher name."""
+        self.clients = dict(clients)
         self.outages = outages or OutageTracker(0.0)
         """Without a tracker (budget 0) the first TeacherUnavailableError ends the run, as before."""
-        self.top_k = max(spec.loss.top_k, 1)
-        by_route: dict[str, Any] = {}
-        default = None
-        if len(spec.teachers) == 1:
-            default = clients[spec.teachers[0].name]
-        else:
-            for teacher in spec.teachers:
-                for route in teacher.routes:
-                    by_route[route] = clients[teacher.name]
-                if teacher.default:
-                    default = clients[teacher.name]
-        self.router = MultiTeacherScorer(by_route, default=default)
+        self.top_k = plan.top_k
+        self.router = MultiTeacherScorer(plan.routes, self.clients)
         self.stats = TeacherStats()
 
     def teacher_name(self, request: ScoreRequest) -> str:
-        return getattr(self.router.teacher_for(request), "name", "teacher")
+        return self.router.teacher_name(request)
 
     async def score_one(self, request: ScoreRequest) -> tuple[str, TeacherScores]:
         """Score one sample with its routed teacher; returns the teacher's name and the scores."""
@@ -146,12 +138,14 @@ class TeacherScoring:
 
     def retries(self) -> dict[str, int]:
         """Retries so far per teacher, where the client's transport counts them."""
-        out = {}
-        for name, client in self.clients.items():
-            count = getattr(getattr(client, "transport", None), "retries", None)
-            if isinstance(count, int):
-                out[name] = count
-        return out
+        from distillery_runtime.teachers.compact_http import CompactTeacher
+        from distillery_runtime.teachers.openai_http import OpenAITeacher
+
+        return {
+            name: client.transport.retries
+            for name, client in self.clients.items()
+            if isinstance(client, CompactTeacher | OpenAITeacher)
+        }
 
     async def sleep(self) -> None:
         for client in self.clients.values():

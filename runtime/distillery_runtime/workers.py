@@ -8,6 +8,7 @@ group of their own (`weight_sync.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 
 import torch
 
+from distillery.plan.engines import EngineSettings
+from distillery.plan.gpu_budget import GpuBudget
 from distillery_runtime.samples import RolloutSample, TrainSample
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -25,10 +28,11 @@ def compute_dtype_here(precision: str) -> str:
 
     Each GPU actor decides for itself: in a cluster the driver runs on the Ray head, which has no GPU,
     so a dtype decided there would be float32 while the trainer computes in bfloat16."""
+    from distillery.api.spec import Precision
     from distillery_runtime.trainer import resolve_precision
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return "bfloat16" if resolve_precision(precision, device) == torch.bfloat16 else "float32"
+    return "bfloat16" if resolve_precision(Precision(precision), device) == torch.bfloat16 else "float32"
 
 
 def free_port() -> int:
@@ -37,16 +41,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def actor_options(role: str, *, gpus_per_worker: int, colocated_teachers: int = 0) -> dict[str, Any]:
+def actor_options(role: str, *, gpus_per_worker: int, budget: GpuBudget) -> dict[str, Any]:
     """Ray resources of an actor. A trainer rank takes one GPU; the rollout engine and colocated teachers
-    share the first rank's GPU by fractions (they sleep while it trains); on CPU nothing is reserved so
-    that a small machine is never short of logical CPUs."""
+    share the first rank's GPU by the budget's fractions (they sleep while it trains); on CPU nothing is
+    reserved so that a small machine is never short of logical CPUs."""
     if gpus_per_worker <= 0:
         return {"num_cpus": 0}
     if role == "trainer":
-        return {"num_cpus": 1, "num_gpus": 0.5 if colocated_teachers else 0.6}
-    share = 0.4 / (1 + colocated_teachers)
-    return {"num_cpus": 0, "num_gpus": round(share, 3)}
+        return {"num_cpus": 1, "num_gpus": budget.trainer_gpus}
+    return {"num_cpus": 0, "num_gpus": budget.engine_gpus}
 
 
 class TrainerWorker:
@@ -215,25 +218,12 @@ class RolloutWorker:
 class ColocatedTeacherWorker:
     """A colocated teacher: an in-process vLLM engine in an async actor beside the student."""
 
-    def __init__(
-        self,
-        model_dir: str,
-        name: str,
-        max_logprobs: int,
-        max_model_len: int,
-        precision: str,
-        memory_fraction: float | None = None,
-    ) -> None:
+    def __init__(self, model_dir: str, engine: EngineSettings) -> None:
+        """`engine`: the plan's settings; its dtype is the student's precision, resolved on this device."""
         from distillery_runtime.teachers.colocated import ColocatedTeacher
 
-        self.teacher = ColocatedTeacher(
-            model_dir,
-            name=name,
-            max_logprobs=max_logprobs,
-            max_model_len=max_model_len,
-            dtype=compute_dtype_here(precision),
-            memory_fraction=memory_fraction,
-        )
+        here = dataclasses.replace(engine, dtype=compute_dtype_here(engine.dtype))
+        self.teacher = ColocatedTeacher(model_dir, here)
 
     async def start(self) -> bool:
         await self.teacher.start()

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from support.openapi import validate as crd_validate
 
+from distillery.plan import resolve
 from distillery.validation import InvalidManifest, parse_job
 
 
@@ -57,8 +58,9 @@ def test_colocated_fractions_default_to_what_the_rollout_engine_leaves(
     doc = colocated_job(base_manifest, rollout, *fractions)
     job = parse_job(doc)
     colocated = [t for t in job.spec.teachers if t.placement.value == "colocated"]
-    assert [job.spec.teacher_memory_fraction(t) for t in colocated] == expected
-    assert job.spec.teacher_memory_fraction(job.spec.teachers[0]) == 0.9  # standalone: vLLM's default
+    fractions = resolve(job.spec).gpu_budget.teacher_fractions
+    assert [fractions[t.name] for t in colocated] == expected
+    assert fractions[job.spec.teachers[0].name] == 0.9  # standalone: vLLM's default
     # The API server, which applies the CRD's defaults first, accepts what the CLI accepts.
     assert crd_validate({"metadata": doc["metadata"], "spec": doc["spec"]}, crd_schema) == []
 

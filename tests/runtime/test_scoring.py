@@ -15,6 +15,7 @@ from distillery_runtime.teachers.retry import RetryPolicy
 from distillery_runtime.teachers.types import ScoreRequest, TeacherUnavailableError, UnknownRouteError
 from distillery_runtime.workers import free_port
 
+from distillery.plan import resolve
 from distillery.runtime_config import resolve_runtime_config
 from distillery.validation import parse_job
 from tests.runtime.conftest import manifest
@@ -43,8 +44,9 @@ def two_teacher_config(job_files):
 
 def test_routes_follow_the_spec_and_unknown_routes_are_named(job_files):
     config = two_teacher_config(job_files)
-    clients = {t.name: build_client(t, 4) for t in config.teachers}
-    scoring = TeacherScoring(config, clients)
+    plan = resolve(config.spec)
+    clients = {t.name: build_client(t, plan.engines[t.name]) for t in config.teachers}
+    scoring = TeacherScoring(plan, clients)
     assert scoring.teacher_name(ScoreRequest([1], [2], "a", "add")) == "adder"
     assert scoring.teacher_name(ScoreRequest([1], [2], "b", "sub")) == "subber"
     with pytest.raises(UnknownRouteError, match=r"route 'mul'.*\['add', 'sub'\]"):
@@ -57,9 +59,9 @@ async def test_retries_reach_the_metrics(job_files):
     policy = RetryPolicy(base_delay=0.01, max_delay=0.02, total_timeout=0.5, connect_timeout=0.2)
     clients = {
         "adder": CompactTeacher([dead], name="adder", max_logprobs=4, max_model_len=64, retry=policy),
-        "subber": build_client(config.teachers[1], 4),
+        "subber": build_client(config.teachers[1], resolve(config.spec).engines["subber"]),
     }
-    scoring = TeacherScoring(config, clients)
+    scoring = TeacherScoring(resolve(config.spec), clients)
     with pytest.raises(TeacherUnavailableError):
         await scoring.score_one(ScoreRequest([1, 2], [3], "a", "add"))
     retries = scoring.retries()
@@ -111,9 +113,8 @@ async def test_a_teacher_down_longer_than_its_retries_is_waited_for_and_nothing_
     tracker = OutageTracker(
         60, detected_after=policy.total_timeout, base_delay=0.2, max_delay=0.5, on_change=changes.append
     )
-    scoring = TeacherScoring(
-        one_teacher_config(job_files, proxy.url), {"adder": _openai(proxy.url, vllm_server, policy)}, tracker
-    )
+    plan = resolve(one_teacher_config(job_files, proxy.url).spec)
+    scoring = TeacherScoring(plan, {"adder": _openai(proxy.url, vllm_server, policy)}, tracker)
     requests = [ScoreRequest([5, 6, 7], [8 + i, 9, 10], f"s{i}") for i in range(3)]
     try:
         want = [await scoring.score_one(r) for r in requests]
@@ -145,9 +146,8 @@ async def test_a_teacher_down_past_the_budget_fails_naming_it(job_files, vllm_se
     await proxy.stop()  # the teacher is gone for good
     policy = RetryPolicy(base_delay=0.05, max_delay=0.2, total_timeout=0.5, request_timeout=2.0)
     tracker = OutageTracker(2.0, detected_after=policy.total_timeout, base_delay=0.2, max_delay=0.5)
-    scoring = TeacherScoring(
-        one_teacher_config(job_files, proxy.url), {"adder": _openai(proxy.url, vllm_server, policy)}, tracker
-    )
+    plan = resolve(one_teacher_config(job_files, proxy.url).spec)
+    scoring = TeacherScoring(plan, {"adder": _openai(proxy.url, vllm_server, policy)}, tracker)
     started = time.monotonic()
     try:
         with pytest.raises(TeacherOutageError) as error:

@@ -25,6 +25,9 @@ from distillery_runtime.teachers import (
 )
 from transformers import AutoTokenizer
 
+from distillery.plan.engines import EngineSettings
+from distillery.plan.routes import RouteTable
+
 from .conftest import assert_matches_reference, make_samples
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -41,7 +44,10 @@ async def colocated(second_model_dir):
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    teacher = ColocatedTeacher(str(second_model_dir), name="colocated", max_model_len=512, max_logprobs=16)
+    engine = EngineSettings(
+        "colocated", 16, 512, memory_fraction=0.9, tensor_parallel=1, dtype="bfloat16", enforce_eager=True
+    )
+    teacher = ColocatedTeacher(str(second_model_dir), engine)
     await teacher.start()
     try:
         yield teacher
@@ -85,7 +91,8 @@ async def test_routes_samples_to_their_teacher(
         for s, r in zip(samples, routes, strict=True)
     ]
     server_teacher = CompactTeacher([vllm_server.url], name="server")
-    scorer = MultiTeacherScorer({"math": server_teacher, "code": colocated}, default=server_teacher)
+    routes = RouteTable({"math": "server", "code": "colocated"}, default="server")
+    scorer = MultiTeacherScorer(routes, {"server": server_teacher, "colocated": colocated})
     try:
         scores = await scorer.score(routed, 8)
         one = await scorer.score_one(routed[1], 8)
@@ -112,7 +119,8 @@ async def test_routes_samples_to_their_teacher(
     np.testing.assert_allclose(one.token_logprobs[0, :t1], scores.token_logprobs[1, :t1], atol=1e-5)
 
     strict = MultiTeacherScorer(
-        {"math": OpenAITeacher([vllm_server.url], vllm_server.model), "code": colocated}
+        RouteTable({"math": "openai", "code": "colocated"}),
+        {"openai": OpenAITeacher([vllm_server.url], vllm_server.model), "colocated": colocated},
     )
     with pytest.raises(UnknownRouteError, match=r"'other'.*\['code', 'math'\]"):
         await strict.score(routed, 4)

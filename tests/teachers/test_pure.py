@@ -32,6 +32,9 @@ from distillery_runtime.teachers.wire import (
     encode_response,
 )
 
+from distillery.plan.engines import EngineSettings
+from distillery.plan.routes import RouteTable
+
 
 def _entry(lp: float, rank: int) -> dict:
     return {"logprob": lp, "rank": rank, "decoded_token": "x"}
@@ -142,9 +145,10 @@ def test_limits_name_the_flag_and_the_sample() -> None:
 
 def test_routing_groups_and_errors() -> None:
     samples = [ScoreRequest([1], [2], f"s{i}", r) for i, r in enumerate(["math", "code", "math", "other"])]
-    assert assign_routes(samples, ["math", "code"], True) == {"math": [0, 2], "code": [1], None: [3]}
+    with_default = RouteTable({"math": "m", "code": "c"}, default="d")
+    assert assign_routes(samples, with_default) == {"m": [0, 2], "c": [1], "d": [3]}
     with pytest.raises(UnknownRouteError) as err:
-        assign_routes(samples, ["math", "code"], False)
+        assign_routes(samples, RouteTable({"math": "m", "code": "c"}))
     assert "'other'" in str(err.value) and "['code', 'math']" in str(err.value) and "s3" in str(err.value)
 
 
@@ -252,11 +256,19 @@ def test_teacher_survives_a_new_event_loop() -> None:
 def test_a_colocated_teacher_asks_vllm_for_its_share_of_the_gpu_only():
     from distillery_runtime.teachers.colocated import ColocatedTeacher
 
-    teacher = ColocatedTeacher("m", memory_fraction=0.4)
+    engine = EngineSettings(
+        "m", 64, 2048, memory_fraction=0.4, tensor_parallel=1, dtype="bfloat16", enforce_eager=True
+    )
+    teacher = ColocatedTeacher("m", engine)
+    limits = {"max_logprobs": 64, "max_model_len": 2048, "tensor_parallel_size": 1, "dtype": "bfloat16"}
     # vLLM's default (0.9) would not fit beside the rollout engine, which is awake at the same time.
-    assert teacher.engine_options(on_gpu=True) == {"enforce_eager": True, "gpu_memory_utilization": 0.4}
+    assert teacher.engine_options(on_gpu=True) == {
+        **limits,
+        "enforce_eager": True,
+        "gpu_memory_utilization": 0.4,
+    }
     # On CPU vLLM sizes its KV cache by VLLM_CPU_KVCACHE_SPACE instead.
-    assert teacher.engine_options(on_gpu=False) == {"enforce_eager": True}
+    assert teacher.engine_options(on_gpu=False) == {**limits, "enforce_eager": True}
     # Explicit engine arguments still win.
-    overridden = ColocatedTeacher("m", memory_fraction=0.4, engine_kwargs={"gpu_memory_utilization": 0.3})
+    overridden = ColocatedTeacher("m", engine, engine_kwargs={"gpu_memory_utilization": 0.3})
     assert overridden.engine_options(on_gpu=True)["gpu_memory_utilization"] == 0.3

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from distillery.plan.engines import EngineSettings
 from distillery_runtime.teachers.base import BatchTeacher, Rows
 from distillery_runtime.teachers.types import ScoreRequest, TeacherError
 from distillery_runtime.teachers.wire import WireSequence
@@ -32,22 +33,16 @@ class ColocatedTeacher(BatchTeacher):
     def __init__(
         self,
         model: str,
+        engine: EngineSettings,
         *,
-        name: str | None = None,
-        max_logprobs: int = 64,
-        max_model_len: int = 2048,
-        dtype: str = "bfloat16",
         sleep_level: int = 1,
-        memory_fraction: float | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        self.name = name or model
+        """`engine`: the plan's settings of this teacher; `engine_kwargs`: vLLM arguments that override them."""
+        self.name = engine.served_model_name
         self.model = model
-        self.max_logprobs = max_logprobs
-        self.max_model_len = max_model_len
-        self.dtype = dtype
+        self.engine_settings = engine
         self.sleep_level = sleep_level
-        self.memory_fraction = memory_fraction
         self.engine_kwargs = dict(engine_kwargs or {})
         self.engine: Any = None
         self.sleeps = False
@@ -64,28 +59,18 @@ class ColocatedTeacher(BatchTeacher):
         install_tensor_logprobs()
         self.sleeps = bool(current_platform.is_sleep_mode_available())
         kwargs = self.engine_options(on_gpu=bool(current_platform.is_cuda_alike()))
-        args = AsyncEngineArgs(
-            model=self.model,
-            max_logprobs=self.max_logprobs,
-            max_model_len=self.max_model_len,
-            dtype=self.dtype,  # type: ignore[arg-type]  # checked by the API: auto|bfloat16|float16|float32
-            enable_sleep_mode=self.sleeps,
-            **kwargs,
-        )
+        args = AsyncEngineArgs(model=self.model, enable_sleep_mode=self.sleeps, **kwargs)
         self.engine = AsyncLLM.from_engine_args(args)
         self._probe = (await self._rows([_PROBE], 1))[0][2]
         return self
 
     def engine_options(self, *, on_gpu: bool) -> dict[str, Any]:
-        """vLLM engine arguments beyond the model's. On a GPU the teacher takes `memory_fraction` of it, not
-        vLLM's default 0.9: the rollout engine is awake beside it, with its own share of the same GPU."""
-        options: dict[str, Any] = {"enforce_eager": True}
-        if on_gpu and self.memory_fraction is not None:
-            options["gpu_memory_utilization"] = self.memory_fraction
-        return {**options, **self.engine_kwargs}
+        """vLLM engine arguments beyond the model's: the plan's (on a GPU the teacher takes its budgeted
+        share, not vLLM's default 0.9: the rollout engine is awake beside it), then the overrides."""
+        return {**self.engine_settings.engine_kwargs(on_gpu=on_gpu), **self.engine_kwargs}
 
     async def _limits(self) -> tuple[int | None, int | None]:
-        return self.max_model_len, self.max_logprobs
+        return self.engine_settings.max_model_len, self.engine_settings.max_logprobs
 
     async def _rows(self, seqs: Sequence[WireSequence], top_k: int) -> list[Rows]:
         from distillery_runtime.teachers.engine_scoring import score_one_sequence, scoring_params

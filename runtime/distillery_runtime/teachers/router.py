@@ -1,8 +1,8 @@
 """Multi-teacher routing (MOPD): each sample goes to the teacher named by its `route` value.
 
-Unknown values go to the default teacher when there is one, otherwise they are an error
-naming the value and the known ones. Teachers score concurrently; the results are merged
-back into input order and padded to one common T.
+The job's route table (`distillery.plan.routes`) decides which teacher takes a value: unknown values go to
+the default teacher when there is one, otherwise they are an error naming the value and the known ones.
+Teachers score concurrently; the results are merged back into input order and padded to one common T.
 """
 
 from __future__ import annotations
@@ -12,28 +12,23 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from distillery.plan.routes import RouteTable
 from distillery_runtime.teachers.dense import empty_scores
 from distillery_runtime.teachers.types import ScoreRequest, Teacher, TeacherScores, UnknownRouteError
 
 
-def assign_routes(
-    samples: Sequence[ScoreRequest], known: Sequence[str], has_default: bool
-) -> dict[str | None, list[int]]:
-    """Group sample indices by teacher key (None = the default teacher); pure."""
-    groups: dict[str | None, list[int]] = {}
-    known_set = set(known)
+def assign_routes(samples: Sequence[ScoreRequest], routes: RouteTable) -> dict[str, list[int]]:
+    """Group sample indices by the name of the teacher their route picks (the job's route table); pure."""
+    groups: dict[str, list[int]] = {}
     for i, s in enumerate(samples):
-        if s.route in known_set:
-            key: str | None = s.route
-        elif has_default:
-            key = None
-        else:
+        teacher = routes.teacher_for(s.route)
+        if teacher is None:
             name = s.sample_id or f"#{i}"
             raise UnknownRouteError(
                 f"sample {name} has route {s.route!r}, which matches no teacher; known routes: "
-                f"{sorted(known_set)} and no default teacher is configured"
+                f"{routes.known_routes()} and no default teacher is configured"
             )
-        groups.setdefault(key, []).append(i)
+        groups.setdefault(teacher, []).append(i)
     return groups
 
 
@@ -61,34 +56,33 @@ def merge_scores(
 
 
 class MultiTeacherScorer:
-    """Routes samples to teachers by `ScoreRequest.route`; itself a `Teacher`."""
+    """Routes samples to teachers by `ScoreRequest.route` through the job's route table; itself a `Teacher`."""
 
-    def __init__(self, teachers: Mapping[str, Teacher], default: Teacher | None = None) -> None:
-        if not teachers and default is None:
+    def __init__(self, routes: RouteTable, teachers: Mapping[str, Teacher]) -> None:
+        """`teachers`: by name, every teacher the route table names."""
+        if not teachers:
             raise ValueError("MultiTeacherScorer needs at least one teacher")
+        self.routes = routes
         self.teachers = dict(teachers)
-        self.default = default
 
-    def teacher_for(self, sample: ScoreRequest, index: int = 0) -> Teacher:
-        key = next(iter(assign_routes([sample], list(self.teachers), self.default is not None)))
-        return self._teacher(key)
+    def teacher_name(self, sample: ScoreRequest) -> str:
+        """The name of the teacher that scores this sample; UnknownRouteError when none does."""
+        return next(iter(assign_routes([sample], self.routes)))
 
-    def _teacher(self, key: str | None) -> Teacher:
-        if key is not None:
-            return self.teachers[key]
-        # assign_routes gives the key None only when it was told there is a default.
-        assert self.default is not None
-        return self.default
+    def teacher_for(self, sample: ScoreRequest) -> Teacher:
+        return self.teachers[self.teacher_name(sample)]
 
     async def score(self, samples: Sequence[ScoreRequest], top_k: int) -> TeacherScores:
         if not samples:
             return empty_scores(top_k)
-        groups = assign_routes(samples, list(self.teachers), self.default is not None)
-        keys = list(groups)
+        groups = assign_routes(samples, self.routes)
+        names = list(groups)
         results = await asyncio.gather(
-            *(self._teacher(k).score([samples[i] for i in groups[k]], top_k) for k in keys)
+            *(self.teachers[n].score([samples[i] for i in groups[n]], top_k) for n in names)
         )
-        return merge_scores([(groups[k], r) for k, r in zip(keys, results, strict=True)], len(samples), top_k)
+        return merge_scores(
+            [(groups[n], r) for n, r in zip(names, results, strict=True)], len(samples), top_k
+        )
 
     async def score_one(self, sample: ScoreRequest, top_k: int) -> TeacherScores:
         """Streaming entry: score one sample with its teacher as soon as its rollout is done."""
@@ -96,7 +90,7 @@ class MultiTeacherScorer:
 
     async def close(self) -> None:
         seen: set[int] = set()
-        for t in [*self.teachers.values(), *([self.default] if self.default else [])]:
+        for t in self.teachers.values():
             if id(t) not in seen:
                 seen.add(id(t))
                 await t.close()
