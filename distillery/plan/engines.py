@@ -31,7 +31,10 @@ class EngineSettings:
     max_concurrency: int = 32
     """Scoring requests a client keeps in flight per replica."""
     enforce_eager: bool = False
+    """No CUDA graphs: servers launched on this machine and in-process engines, which start often."""
     on_gpu: bool = True
+    """The engine's GPUs, as the spec places it (`server_args` passes GPU flags only there); an in-process
+    engine is told the device it found (`engine_kwargs(on_gpu=...)`)."""
 
     def server_args(self) -> list[str]:
         """The flags of our teacher server (`distillery_runtime.teachers.server`) after its address.
