@@ -101,18 +101,21 @@ def distillery_part(setting: e2e_vs_trl.Setting, steps: int, top_k: int = 16, us
     to host, plus the rollout engine's reload when vLLM runs). No Ray, no HTTP: those costs are not here."""
     import numpy as np
     import torch
-    from distillery_runtime.losses import LossConfig
     from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
     from distillery_runtime.samples import TrainSample
-    from distillery_runtime.trainer import Trainer, TrainerSettings, step_normalizer
+    from distillery_runtime.trainer import Trainer, step_normalizer
     from transformers import AutoModelForCausalLM
+
+    from distillery.api.spec import LossMode, Precision
+    from distillery.plan.loss import LossConfig
+    from distillery.plan.training import TrainerSettings
 
     device = setting.device
     trainer = Trainer(
         setting.student,
         TrainerSettings(
-            lr=setting.lr, micro_batch_size=setting.prompts_per_step, precision=setting.precision,
-            loss=LossConfig(mode="reverse_kl_topk", top_k=top_k), total_steps=steps,
+            lr=setting.lr, micro_batch_size=setting.prompts_per_step, precision=Precision(setting.precision),
+            loss=LossConfig(mode=LossMode.REVERSE_KL_TOPK), total_steps=steps,
         ),
         device=device,
     )  # fmt: skip
@@ -213,7 +216,10 @@ def distillery_part(setting: e2e_vs_trl.Setting, steps: int, top_k: int = 16, us
 
 def loss_memory_part(device: str, tokens: int, vocab: int, top_k: int) -> list[dict]:
     import torch
-    from distillery_runtime.losses import LossConfig, TeacherTargets, distillation_loss
+    from distillery_runtime.losses import TeacherTargets, distillation_loss
+
+    from distillery.api.spec import LossMode
+    from distillery.plan.loss import LossConfig
 
     def measure(name: str, build, loss_fn) -> dict:  # type: ignore[no-untyped-def]
         for _ in range(2):  # the first run warms up (kernel loading, allocator); the second is reported
@@ -257,9 +263,7 @@ def loss_memory_part(device: str, tokens: int, vocab: int, top_k: int) -> list[d
         )
 
     def ours(s, response, mask, targets):  # type: ignore[no-untyped-def]
-        return distillation_loss(
-            s, response, mask, targets, LossConfig(mode="reverse_kl_topk", top_k=top_k)
-        ).loss
+        return distillation_loss(s, response, mask, targets, LossConfig(mode=LossMode.REVERSE_KL_TOPK)).loss
 
     def trl_inputs():  # type: ignore[no-untyped-def]
         return student(), torch.randn(1, tokens, vocab, device=device, generator=gen) * 2

@@ -110,9 +110,12 @@ def _samples(case: Case, vocab: int) -> list:
 def run_case(case: Case, device: str) -> dict:
     """One case in this process (the subprocess side)."""
     import torch
-    from distillery_runtime.losses import LossConfig
-    from distillery_runtime.trainer import Trainer, TrainerSettings, step_normalizer
+    from distillery_runtime.trainer import Trainer, step_normalizer
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from distillery.api.spec import LossMode, Precision, Sharding
+    from distillery.plan.loss import LossConfig
+    from distillery.plan.training import TrainerSettings
 
     shape = SHAPES[case.shape]
     config = Qwen2Config(
@@ -125,9 +128,9 @@ def run_case(case: Case, device: str) -> dict:
     with torch.device("meta"):
         model = Qwen2ForCausalLM(config)  # float32 on meta: each rank allocates only its shards
     settings = TrainerSettings(
-        lr=1e-5, micro_batch_size=case.samples, precision="bfloat16" if device == "cuda" else "float32",
-        total_steps=case.steps, loss=LossConfig(mode="reverse_kl_topk", top_k=case.top_k),
-        sharding="fsdp", activation_checkpointing=case.checkpointing, cpu_offload=case.offload,
+        lr=1e-5, micro_batch_size=case.samples, precision=Precision.BFLOAT16 if device == "cuda" else Precision.FLOAT32,
+        total_steps=case.steps, loss=LossConfig(mode=LossMode.REVERSE_KL_TOPK),
+        sharding=Sharding.FSDP, activation_checkpointing=case.checkpointing, cpu_offload=case.offload,
         offload_pinned=case.pinned,
     )  # fmt: skip
     trainer = Trainer(None, settings, device=device, model=model)

@@ -82,7 +82,10 @@ def child(loss: str, impl: str, n: int, v: int, k: int, repeats: int, threads: i
     torch.set_num_threads(threads)
 
     sys.path[:0] = [str(ROOT / "runtime"), str(ROOT)]
-    from distillery_runtime.losses import LossConfig, TeacherTargets, distillation_loss
+    from distillery_runtime.losses import TeacherTargets, distillation_loss
+
+    from distillery.api.spec import LossMode
+    from distillery.plan.loss import LossConfig
 
     torch.manual_seed(0)
     logits = (torch.randn(n, v) * 2.0).requires_grad_(True)
@@ -96,7 +99,7 @@ def child(loss: str, impl: str, n: int, v: int, k: int, repeats: int, threads: i
             del tl, top
     response_ids = topk_ids[:, 0].clone()
     mask = torch.ones(1, n, dtype=torch.bool)
-    config = LossConfig(mode=loss, top_k=k, beta=0.5)
+    config = LossConfig(mode=LossMode(loss), beta=0.5)
 
     def step(x=logits, m=n) -> float:
         if impl == "ours":

@@ -65,16 +65,19 @@ def _model(quick: bool):  # type: ignore[no-untyped-def]
 def _memory_rank(rank: int, world: int, init: str, sharding: str, quick: bool, out: str) -> None:
     import torch
     import torch.distributed as dist
-    from distillery_runtime.losses import LossConfig
-    from distillery_runtime.trainer import Trainer, TrainerSettings, step_normalizer
+    from distillery_runtime.trainer import Trainer, step_normalizer
+
+    from distillery.api.spec import LossMode, Precision, Sharding
+    from distillery.plan.loss import LossConfig
+    from distillery.plan.training import TrainerSettings
 
     sys.path.insert(0, str(ROOT))
     from tests.runtime.helpers import make_samples
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     settings = TrainerSettings(
-        lr=1e-4, micro_batch_size=2, precision="float32", loss=LossConfig(mode="forward_kl_topk", top_k=4),
-        sharding=sharding,
+        lr=1e-4, micro_batch_size=2, precision=Precision.FLOAT32, loss=LossConfig(mode=LossMode.FORWARD_KL_TOPK),
+        sharding=Sharding(sharding),
     )  # fmt: skip
     trainer = Trainer(None, settings, rank=rank, world_size=world, device="cpu", model=_model(quick))
     samples = make_samples(4, 16000, 4)

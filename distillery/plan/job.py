@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from distillery.api.spec import DistillationJobSpec
 from distillery.plan.engines import EngineSettings, max_logprobs, teacher_engine
 from distillery.plan.gpu_budget import GpuBudget, gpu_budget
+from distillery.plan.loss import LossConfig
 from distillery.plan.routes import RouteTable, route_table
+from distillery.plan.training import TrainerSettings, resolve_training
 
 
 @dataclass(frozen=True)
@@ -26,14 +28,21 @@ class JobPlan:
     """Route value -> teacher name (`routes.route_table`)."""
     gpu_budget: GpuBudget
     """Memory fractions and Ray GPU shares (`gpu_budget.gpu_budget`)."""
+    loss: LossConfig
+    """The loss, keyed by the API's enums (`loss.resolve_loss`)."""
+    trainer: TrainerSettings
+    """What each trainer rank reads, over the schedule's steps (`training.resolve_training`)."""
 
 
 def resolve(spec: DistillationJobSpec) -> JobPlan:
     """The plan of a validated spec."""
     budget = gpu_budget(spec)
+    trainer = resolve_training(spec, spec.schedule.steps)
     return JobPlan(
         engines={t.name: teacher_engine(spec, t, budget.teacher_fractions[t.name]) for t in spec.teachers},
         top_k=max_logprobs(spec),
         routes=route_table(spec),
         gpu_budget=budget,
+        loss=trainer.loss,
+        trainer=trainer,
     )

@@ -27,17 +27,17 @@ from typing import Any
 
 from distillery.api.spec import Placement, ResumePolicy
 from distillery.plan import resolve
+from distillery.plan.training import resolve_training
 from distillery.runtime_config import RuntimeConfig
 from distillery_runtime import checkpoint, plan
 from distillery_runtime.data import PreparedData, PromptRecord, check_training_rows, prepare, take
-from distillery_runtime.losses import LossConfig
 from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.rollout_pool import RolloutPool
 from distillery_runtime.samples import RolloutSample, TrainSample
 from distillery_runtime.teachers.outage import OutageChange, OutageTracker, TeacherOutageError
 from distillery_runtime.teachers.types import ScoreRequest
-from distillery_runtime.trainer import SUMMED_OVER_RANKS, TrainerSettings, step_normalizer
+from distillery_runtime.trainer import SUMMED_OVER_RANKS, step_normalizer
 from distillery_runtime.uris import resolve_location
 
 log = logging.getLogger("distillery.runtime")
@@ -136,7 +136,8 @@ class Loop:
         self.eval_data: PreparedData | None = (
             prepare(spec.data.eval, spec.data, self.tokenizer) if spec.data.eval else None
         )
-        self.loss = LossConfig.from_api(spec.loss)
+        self.trainer_settings = resolve_training(spec, self.total)
+        """What every trainer rank reads; the learning-rate schedule spans this run's steps."""
         self.sampling = SamplingSettings(
             temperature=spec.student.rollout.temperature,
             top_p=spec.student.rollout.top_p,
@@ -266,26 +267,6 @@ class Loop:
         for path in (self.metrics_file.path, self.eval_file.path):
             path.unlink(missing_ok=True)
 
-    def trainer_settings(self) -> TrainerSettings:
-        opt = self.spec.student.optimizer
-        return TrainerSettings(
-            lr=opt.lr,
-            weight_decay=opt.weight_decay,
-            betas=opt.betas,
-            grad_clip=opt.grad_clip,
-            warmup_steps=opt.warmup_steps,
-            total_steps=self.total,
-            min_lr_ratio=opt.min_lr_ratio,
-            micro_batch_size=self.spec.schedule.micro_batch_size,
-            precision=self.spec.student.precision.value,
-            seed=self.spec.schedule.seed,
-            loss=self.loss,
-            sharding=self.spec.student.training.sharding.value,
-            activation_checkpointing=self.spec.student.training.activation_checkpointing,
-            cpu_offload=self.spec.student.training.cpu_offload,
-            micro_batch_tokens=self.spec.schedule.micro_batch_tokens,
-        )
-
     # ---------------------------------------------------------------------------------------- step parts
 
     def prompts_for(self, step: int) -> list[PromptRecord]:
@@ -344,7 +325,7 @@ class Loop:
     def train_samples(self, rolled: dict[str, Any]) -> list[TrainSample]:
         samples: list[RolloutSample] = rolled["samples"]
         advantages: dict[str, float] = {}
-        if self.loss.task_reward_coef > 0:
+        if self.trainer_settings.loss.task_reward_coef > 0:
             advantages = plan.group_advantages(samples, self._reward)
         return [
             plan.train_sample(s, name, scores, advantages.get(s.sample_id, 0.0))
@@ -362,7 +343,7 @@ class Loop:
         return text
 
     async def train(self, c: Components, samples: list[TrainSample]) -> dict[str, float]:
-        normalizer = step_normalizer(samples, self.loss)
+        normalizer = step_normalizer(samples, self.trainer_settings.loss)
         shards = plan.shard(samples, len(c.trainers))
         results = await asyncio.gather(
             *(t.train_step.remote(s, normalizer) for t, s in zip(c.trainers, shards, strict=True))
@@ -579,7 +560,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     world = max(1, spec.student.pool.workers * max(gpus, 1))
     colocated = [t for t in spec.teachers if t.placement == Placement.COLOCATED]
     plan = resolve(spec)
-    settings = loop.trainer_settings()
+    settings = loop.trainer_settings
     trainer_cls = ray.remote(workers.TrainerWorker).options(
         **workers.actor_options("trainer", gpus_per_worker=gpus, budget=plan.gpu_budget)
     )

@@ -1,8 +1,9 @@
 """The student's training step: micro-batches, loss, backward, gradient all-reduce, clip, AdamW, schedule.
 
-One `Trainer` per data-parallel rank. Each rank gets its share of the step's samples plus the step's
-global token (or sequence) count, so that every micro-batch's loss is weighted by its share of the whole
-step: the summed gradient is then the gradient of the step's loss whatever the split over ranks and
+One `Trainer` per data-parallel rank, reading the resolved `distillery.plan.training.TrainerSettings`. Each
+rank gets its share of the step's samples plus the step's normaliser (the global token or sequence count),
+so that every micro-batch's loss is weighted by its share of the whole step, both counted by the one
+`losses.reduction_units`: the summed gradient is then the gradient of the step's loss whatever the split over ranks and
 micro-batches (2 ranks x 2 micro-batches == 1 rank x 4). Gradients are summed across ranks with
 torch.distributed (gloo on CPU, nccl on GPU).
 
@@ -17,14 +18,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from distillery_runtime.losses import LossConfig, TeacherTargets, distillation_loss
+from distillery.api.spec import Precision, Sharding
+from distillery.plan.loss import LossConfig
+from distillery.plan.training import TrainerSettings
+from distillery_runtime.losses import TeacherTargets, counted_tokens, distillation_loss, reduction_units
 from distillery_runtime.samples import TrainSample
 from distillery_runtime.schedule import lr_factor
 
@@ -33,64 +36,31 @@ COUNT_METRICS = frozenset({"distill/tokens", "distill/teacher_pad_tokens"})
 SUMMED_OVER_RANKS = COUNT_METRICS | {"distill/loss"}
 
 
-@dataclass(frozen=True)
-class TrainerSettings:
-    """What a rank needs to know to train (copied from the spec, plain values)."""
-
-    lr: float
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0
-    warmup_steps: int = 0
-    total_steps: int = 1
-    min_lr_ratio: float = 0.0
-    micro_batch_size: int = 8
-    precision: str = "auto"
-    seed: int = 0
-    loss: LossConfig = field(default_factory=LossConfig)
-    sharding: str = "replicate"
-    """fsdp or replicate (student.training.sharding)."""
-    activation_checkpointing: bool = False
-    cpu_offload: bool = False
-    offload_pinned: bool = True
-    """Offloaded state in pinned host memory (fast copies; the pinned allocator rounds blocks up, so it
-    takes more host memory: +28% measured at 1.5B)."""
-    micro_batch_tokens: int | None = None
-    """Token budget of a packed micro-batch; None: micro_batch_size samples, padded."""
-
-
-def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
+def resolve_precision(precision: Precision, device: torch.device) -> torch.dtype:
     """auto: bfloat16 on a GPU that supports it, float32 otherwise (CPU runs stay deterministic)."""
-    if precision == "bfloat16":
+    if precision == Precision.BFLOAT16:
         return torch.bfloat16
-    if precision == "float32":
+    if precision == Precision.FLOAT32:
         return torch.float32
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return torch.float32
 
 
-def counted_positions(sample: TrainSample, loss: LossConfig) -> np.ndarray:
-    """Response positions that enter the loss: scored by the teacher, with a finite target."""
-    if loss.uses_topk:
-        finite = (
-            np.isfinite(sample.topk_logprobs).any(axis=-1)
-            if sample.topk_logprobs.shape[-1]
-            else np.zeros(len(sample.response_ids), dtype=bool)
-        )
-    else:
-        finite = np.isfinite(sample.token_logprobs)
-    return sample.teacher_mask & finite
+def counted_positions(sample: TrainSample, loss: LossConfig) -> torch.Tensor:
+    """Response positions that enter the loss (bool [R]): scored by the teacher, with a finite target."""
+    teacher = TeacherTargets(
+        topk_ids=torch.tensor(sample.topk_ids),
+        topk_logprobs=torch.tensor(sample.topk_logprobs),
+        token_logprobs=torch.tensor(sample.token_logprobs),
+    )
+    return counted_tokens(torch.tensor(sample.teacher_mask, dtype=torch.bool), teacher, loss)
 
 
 def step_normalizer(samples: Sequence[TrainSample], loss: LossConfig) -> float:
     """The denominator of the step's loss over ALL ranks' samples: tokens, sequences or 1."""
-    if loss.reduction == "sum":
-        return 1.0
-    counts = [int(counted_positions(s, loss).sum()) for s in samples]
-    if loss.reduction == "sequence_mean":
-        return float(max(sum(1 for c in counts if c > 0), 1))
-    return float(max(sum(counts), 1))
+    counts = torch.tensor([int(counted_positions(s, loss).sum()) for s in samples], dtype=torch.long)
+    return float(max(int(reduction_units(counts, loss.reduction)), 1))
 
 
 def sample_tokens(sample: TrainSample) -> int:
@@ -155,7 +125,7 @@ def collate(
         positions[i, :r] = torch.arange(start + p - 1, start + p + r - 1)
         offset += p + r
         response[i, :r] = torch.tensor(s.response_ids)
-        mask[i, :r] = torch.from_numpy(counted_positions(s, loss))
+        mask[i, :r] = counted_positions(s, loss)
         token_lp[i, :r] = torch.from_numpy(np.asarray(s.token_logprobs, dtype=np.float32))
         if k:
             topk_ids[i, :r] = torch.from_numpy(np.asarray(s.topk_ids[:, :k], dtype=np.int64))
@@ -202,7 +172,7 @@ class Trainer:
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.compute_dtype = resolve_precision(settings.precision, self.device)
-        self.fsdp = settings.sharding == "fsdp"
+        self.fsdp = settings.sharding == Sharding.FSDP
         torch.manual_seed(settings.seed)
         if model is None:
             assert model_dir is not None, "a model_dir or a model"
@@ -286,12 +256,9 @@ class Trainer:
             old_logprobs=batch.get("old_logprobs"),
             task_advantages=batch["advantages"] if loss_cfg.task_reward_coef > 0 else None,
         )
-        if loss_cfg.reduction == "sequence_mean":
-            share = int((batch["mask"].sum(-1) > 0).sum())
-        elif loss_cfg.reduction == "token_mean":
-            share = int(batch["mask"].sum())
-        else:
-            share = 1
+        # This micro-batch's units of the step's reduction (its tokens, sequences, or 1 for sum), counted
+        # by the function that counted the step's normaliser.
+        share = int(reduction_units(out.mask.sum(-1), loss_cfg.reduction))
         return out.loss, out.metrics, share
 
     def train_step(self, samples: Sequence[TrainSample], normalizer: float) -> dict[str, float]:
@@ -307,7 +274,8 @@ class Trainer:
         for part in batches:
             batch = collate(part, self.settings.loss, self.pad_id, packed=budget is not None)
             loss, metrics, share = self._micro_batch_loss(batch)
-            weight = share / normalizer if self.settings.loss.reduction != "sum" else 1.0
+            # sum: share 1 over normaliser 1, every micro-batch's whole loss.
+            weight = share / normalizer
             (loss * weight).backward()
             step_loss += float(loss.detach()) * weight
             total_share += share

@@ -13,9 +13,11 @@ import zlib
 
 import pytest
 import torch
-from distillery_runtime.losses import LossConfig, TeacherTargets, distillation_loss
+from distillery_runtime.losses import TeacherTargets, distillation_loss
 from losses import reference as ref
 from losses.test_losses_entry import CONFIGS, _ids
+
+from distillery.plan.loss import LossConfig
 
 DEVICES = [
     "cpu",

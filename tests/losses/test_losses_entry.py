@@ -8,31 +8,36 @@ import zlib
 
 import pytest
 import torch
-from distillery_runtime.losses import LossConfig, TeacherTargets, distillation_loss
+from distillery_runtime.losses import TeacherTargets, distillation_loss
 from losses import reference as ref
 
+from distillery.api.spec import LossMode, Objective, Reduction
+from distillery.plan.loss import LossConfig
+
 CONFIGS = [
-    LossConfig(mode="k2"),
-    LossConfig(mode="k3"),
-    LossConfig(mode="abs"),
-    LossConfig(mode="k3", temperature=0.7),
-    LossConfig(mode="k1", objective="policy_gradient"),
-    LossConfig(mode="k3", objective="policy_gradient", clip_ratio_low=0.1, clip_ratio_high=0.3),
-    LossConfig(mode="forward_kl_topk"),
-    LossConfig(mode="forward_kl_topk", add_tail=True),
-    LossConfig(mode="forward_kl_topk", renormalize=True),
-    LossConfig(mode="forward_kl_topk", renormalize=True, temperature=0.8),
-    LossConfig(mode="forward_kl_topk", log_prob_min_clamp=None, loss_max_clamp=None),
-    LossConfig(mode="forward_kl_topk", objective="policy_gradient"),
-    LossConfig(mode="reverse_kl_topk"),
-    LossConfig(mode="reverse_kl_topk", add_tail=True),
-    LossConfig(mode="reverse_kl_topk", temperature=0.9),
-    LossConfig(mode="jsd", beta=0.5),
-    LossConfig(mode="jsd", beta=0.1, temperature=0.9),
-    LossConfig(mode="jsd", beta=0.0),
-    LossConfig(mode="jsd", beta=1.0),
-    LossConfig(mode="jsd", beta=0.5, add_tail=True),
-    LossConfig(mode="jsd", beta=0.5, objective="policy_gradient"),
+    LossConfig(mode=LossMode.K2),
+    LossConfig(mode=LossMode.K3),
+    LossConfig(mode=LossMode.ABS),
+    LossConfig(mode=LossMode.K3, temperature=0.7),
+    LossConfig(mode=LossMode.K1, objective=Objective.POLICY_GRADIENT),
+    LossConfig(
+        mode=LossMode.K3, objective=Objective.POLICY_GRADIENT, clip_ratio_low=0.1, clip_ratio_high=0.3
+    ),
+    LossConfig(mode=LossMode.FORWARD_KL_TOPK),
+    LossConfig(mode=LossMode.FORWARD_KL_TOPK, add_tail=True),
+    LossConfig(mode=LossMode.FORWARD_KL_TOPK, renormalize=True),
+    LossConfig(mode=LossMode.FORWARD_KL_TOPK, renormalize=True, temperature=0.8),
+    LossConfig(mode=LossMode.FORWARD_KL_TOPK, log_prob_min_clamp=None, loss_max_clamp=None),
+    LossConfig(mode=LossMode.FORWARD_KL_TOPK, objective=Objective.POLICY_GRADIENT),
+    LossConfig(mode=LossMode.REVERSE_KL_TOPK),
+    LossConfig(mode=LossMode.REVERSE_KL_TOPK, add_tail=True),
+    LossConfig(mode=LossMode.REVERSE_KL_TOPK, temperature=0.9),
+    LossConfig(mode=LossMode.JSD, beta=0.5),
+    LossConfig(mode=LossMode.JSD, beta=0.1, temperature=0.9),
+    LossConfig(mode=LossMode.JSD, beta=0.0),
+    LossConfig(mode=LossMode.JSD, beta=1.0),
+    LossConfig(mode=LossMode.JSD, beta=0.5, add_tail=True),
+    LossConfig(mode=LossMode.JSD, beta=0.5, objective=Objective.POLICY_GRADIENT),
 ]
 
 
@@ -66,8 +71,8 @@ def _both(cfg, batch, old=None, task=None, chunk=3):
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
-@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean", "sum"])
-def test_matches_reference(cfg: LossConfig, reduction: str) -> None:
+@pytest.mark.parametrize("reduction", list(Reduction))
+def test_matches_reference(cfg: LossConfig, reduction: Reduction) -> None:
     batch = ref.make_batch(
         pad_rows=[(1, 2)], pad_entries=2, seed=zlib.crc32(f"{_ids(cfg)}/{reduction}".encode()) % 1000
     )
@@ -77,8 +82,8 @@ def test_matches_reference(cfg: LossConfig, reduction: str) -> None:
     assert grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("mode", ["k3", "forward_kl_topk", "jsd"])
-def test_policy_gradient_with_old_logprobs_and_task_advantages(mode: str) -> None:
+@pytest.mark.parametrize("mode", [LossMode.K3, LossMode.FORWARD_KL_TOPK, LossMode.JSD])
+def test_policy_gradient_with_old_logprobs_and_task_advantages(mode: LossMode) -> None:
     batch = ref.make_batch(pad_rows=[(0, 3)], seed=7)
     logits, resp = batch[0], batch[1]
     g = torch.Generator().manual_seed(3)
@@ -86,8 +91,8 @@ def test_policy_gradient_with_old_logprobs_and_task_advantages(mode: str) -> Non
     # Old log-probs off by up to ~0.5 in log space, so that some ratios fall outside [0.8, 1.2].
     old = current + 0.5 * torch.randn(current.shape, generator=g, dtype=current.dtype)
     task = torch.randn(current.shape, generator=g, dtype=current.dtype)
-    for objective in ["policy_gradient", "direct"]:
-        cfg = LossConfig(mode=mode, objective=objective, task_reward_coef=0.5, top_k=8)
+    for objective in [Objective.POLICY_GRADIENT, Objective.DIRECT]:
+        cfg = LossConfig(mode=mode, objective=objective, task_reward_coef=0.5)
         out, grad, expected, ref_grad = _both(cfg, batch, old=old, task=task)
         torch.testing.assert_close(out.loss, expected, rtol=1e-9, atol=1e-10)
         torch.testing.assert_close(grad, ref_grad, rtol=1e-8, atol=1e-10)
@@ -96,7 +101,7 @@ def test_policy_gradient_with_old_logprobs_and_task_advantages(mode: str) -> Non
 
 def test_float32_and_bfloat16_logits_match_float64_reference() -> None:
     batch = ref.make_batch(seed=11, pad_entries=1)
-    cfg = LossConfig(mode="forward_kl_topk", add_tail=True)
+    cfg = LossConfig(mode=LossMode.FORWARD_KL_TOPK, add_tail=True)
     _, _, expected, ref_grad = _both(cfg, batch)
     for dtype, tol in [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)]:
         low = (batch[0].to(dtype), *batch[1:4], batch[4].float(), batch[5].float())
@@ -108,7 +113,7 @@ def test_float32_and_bfloat16_logits_match_float64_reference() -> None:
 
 def test_chunk_size_does_not_change_results() -> None:
     batch = ref.make_batch(seed=5, pad_rows=[(1, 1)])
-    results = [_both(LossConfig(mode="forward_kl_topk"), batch, chunk=c)[:2] for c in (1, 4, 1000)]
+    results = [_both(LossConfig(mode=LossMode.FORWARD_KL_TOPK), batch, chunk=c)[:2] for c in (1, 4, 1000)]
     for out, grad in results[1:]:
         torch.testing.assert_close(out.loss, results[0][0].loss, rtol=1e-12, atol=0)
         torch.testing.assert_close(grad, results[0][1], rtol=1e-12, atol=1e-15)
@@ -116,14 +121,15 @@ def test_chunk_size_does_not_change_results() -> None:
 
 def test_k1_direct_is_refused() -> None:
     with pytest.raises(ValueError, match="k1 needs objective policy_gradient"):
-        LossConfig(mode="k1", objective="direct")
-    assert LossConfig(mode="k1", objective="policy_gradient").mode == "k1"
+        LossConfig(mode=LossMode.K1, objective=Objective.DIRECT)
+    assert LossConfig(mode=LossMode.K1, objective=Objective.POLICY_GRADIENT).mode == LossMode.K1
 
 
 @pytest.mark.parametrize(
     "bad",
     [
         {"mode": "kl"},
+        {"mode": "k3"},  # the API's enum, not a string copy of it
         {"objective": "sft"},
         {"reduction": "mean"},
         {"mode": "forward_kl_topk", "renormalize": True, "add_tail": True},
@@ -141,9 +147,11 @@ def test_invalid_configs_are_refused(bad: dict) -> None:
 def test_missing_teacher_inputs_are_reported() -> None:
     logits, resp, mask, tids, tlp, _ = ref.make_batch()
     with pytest.raises(ValueError, match="token_logprobs"):
-        distillation_loss(logits, resp, mask, TeacherTargets(tids, tlp, None), LossConfig(mode="k3"))
+        distillation_loss(logits, resp, mask, TeacherTargets(tids, tlp, None), LossConfig(mode=LossMode.K3))
     with pytest.raises(ValueError, match="topk"):
-        distillation_loss(logits, resp, mask, TeacherTargets(None, None, tlp[..., 0]), LossConfig(mode="jsd"))
+        distillation_loss(
+            logits, resp, mask, TeacherTargets(None, None, tlp[..., 0]), LossConfig(mode=LossMode.JSD)
+        )
     with pytest.raises(ValueError, match="task_advantages"):
         distillation_loss(
             logits, resp, mask, TeacherTargets(tids, tlp, tlp[..., 0]), LossConfig(task_reward_coef=1.0)

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from distillery_runtime.losses import (
     LOSS_REGISTRY,
-    LossConfig,
     TeacherTargets,
     distillation_loss,
     generalized_jsd,
@@ -26,18 +25,24 @@ from distillery_runtime.losses.estimators import clamp_token_loss
 from distillery_runtime.testing.full_vocab import forward_kl_full, jsd_full, reverse_kl_full
 from losses import reference as ref
 
-from distillery.api.spec import Loss, LossMode
+from distillery.api.spec import Loss, LossMode, Objective, Reduction
+from distillery.plan.loss import LossConfig, resolve_loss
 
 TOPK_CONFIGS = [
-    LossConfig(mode="forward_kl_topk"),
-    LossConfig(mode="forward_kl_topk", add_tail=True),
-    LossConfig(mode="forward_kl_topk", renormalize=True),
-    LossConfig(mode="reverse_kl_topk"),
-    LossConfig(mode="reverse_kl_topk", add_tail=True),
-    LossConfig(mode="jsd"),
-    LossConfig(mode="jsd", add_tail=True),
+    LossConfig(mode=LossMode.FORWARD_KL_TOPK),
+    LossConfig(mode=LossMode.FORWARD_KL_TOPK, add_tail=True),
+    LossConfig(mode=LossMode.FORWARD_KL_TOPK, renormalize=True),
+    LossConfig(mode=LossMode.REVERSE_KL_TOPK),
+    LossConfig(mode=LossMode.REVERSE_KL_TOPK, add_tail=True),
+    LossConfig(mode=LossMode.JSD),
+    LossConfig(mode=LossMode.JSD, add_tail=True),
 ]
-ALL_CONFIGS = [LossConfig(mode="k2"), LossConfig(mode="k3"), LossConfig(mode="abs"), *TOPK_CONFIGS]
+ALL_CONFIGS = [
+    LossConfig(mode=LossMode.K2),
+    LossConfig(mode=LossMode.K3),
+    LossConfig(mode=LossMode.ABS),
+    *TOPK_CONFIGS,
+]
 
 
 def _pair(b=2, t=5, v=30, seed=0):
@@ -57,25 +62,31 @@ def _full_targets(student, teacher_logits, k, resp=None):
 @pytest.mark.parametrize(
     ("cfg", "full"),
     [
-        (LossConfig(mode="forward_kl_topk", log_prob_min_clamp=None), lambda s, t, c: forward_kl_full(s, t)),
         (
-            LossConfig(mode="forward_kl_topk", add_tail=True, log_prob_min_clamp=None),
+            LossConfig(mode=LossMode.FORWARD_KL_TOPK, log_prob_min_clamp=None),
             lambda s, t, c: forward_kl_full(s, t),
         ),
         (
-            LossConfig(mode="forward_kl_topk", renormalize=True, temperature=0.8),
+            LossConfig(mode=LossMode.FORWARD_KL_TOPK, add_tail=True, log_prob_min_clamp=None),
+            lambda s, t, c: forward_kl_full(s, t),
+        ),
+        (
+            LossConfig(mode=LossMode.FORWARD_KL_TOPK, renormalize=True, temperature=0.8),
             lambda s, t, c: forward_kl_full(s, t, 0.8),
         ),
-        (LossConfig(mode="reverse_kl_topk", temperature=0.7), lambda s, t, c: reverse_kl_full(s, t, 0.7)),
-        (LossConfig(mode="reverse_kl_topk", add_tail=True), lambda s, t, c: reverse_kl_full(s, t)),
-        (LossConfig(mode="jsd", beta=0.0), lambda s, t, c: jsd_full(s, t, 0.0)),
         (
-            LossConfig(mode="jsd", beta=0.3, temperature=0.9),
+            LossConfig(mode=LossMode.REVERSE_KL_TOPK, temperature=0.7),
+            lambda s, t, c: reverse_kl_full(s, t, 0.7),
+        ),
+        (LossConfig(mode=LossMode.REVERSE_KL_TOPK, add_tail=True), lambda s, t, c: reverse_kl_full(s, t)),
+        (LossConfig(mode=LossMode.JSD, beta=0.0), lambda s, t, c: jsd_full(s, t, 0.0)),
+        (
+            LossConfig(mode=LossMode.JSD, beta=0.3, temperature=0.9),
             lambda s, t, c: jsd_full(s, t, 0.3, 0.9, chunk_tokens=c),
         ),
-        (LossConfig(mode="jsd", beta=1.0), lambda s, t, c: jsd_full(s, t, 1.0)),
+        (LossConfig(mode=LossMode.JSD, beta=1.0), lambda s, t, c: jsd_full(s, t, 1.0)),
         (
-            LossConfig(mode="jsd", beta=0.5, add_tail=True),
+            LossConfig(mode=LossMode.JSD, beta=0.5, add_tail=True),
             lambda s, t, c: jsd_full(s, t, 0.5, chunk_tokens=c),
         ),
     ],
@@ -86,7 +97,7 @@ def test_topk_with_k_equal_v_is_the_full_vocabulary_loss(cfg, full) -> None:
     cfg = dataclasses.replace(cfg, loss_max_clamp=None, chunk_tokens=3)
     mask = torch.ones(s.shape[:2], dtype=torch.bool)
     a = s.clone().requires_grad_(True)
-    out = distillation_loss(a, resp, mask, teacher, dataclasses.replace(cfg, reduction="sum"))
+    out = distillation_loss(a, resp, mask, teacher, dataclasses.replace(cfg, reduction=Reduction.SUM))
     out.loss.backward()
     b = s.clone().requires_grad_(True)
     expected = full(b, te, 3)
@@ -238,7 +249,12 @@ def test_log_prob_min_clamp_floors_teacher_token_and_topk_logprobs() -> None:
         resp,
         mask,
         TeacherTargets(None, None, far),
-        LossConfig(mode="k1", objective="policy_gradient", loss_max_clamp=None, log_prob_min_clamp=-10.0),
+        LossConfig(
+            mode=LossMode.K1,
+            objective=Objective.POLICY_GRADIENT,
+            loss_max_clamp=None,
+            log_prob_min_clamp=-10.0,
+        ),
     )
     torch.testing.assert_close(out.token_loss[mask], (s + 10.0)[mask])
     # Top-k: a student log-prob below the floor gets no gradient (verl clamps both sides).
@@ -246,7 +262,7 @@ def test_log_prob_min_clamp_floors_teacher_token_and_topk_logprobs() -> None:
     very_low[..., :] = 0.0
     very_low.scatter_(-1, tids[..., :1], -40.0)  # the teacher's top-1 is almost impossible for the student
     a = very_low.clone().requires_grad_(True)
-    cfg = LossConfig(mode="forward_kl_topk", loss_max_clamp=None)
+    cfg = LossConfig(mode=LossMode.FORWARD_KL_TOPK, loss_max_clamp=None)
     distillation_loss(a, resp, mask, TeacherTargets(tids, tlp, ttok), cfg).loss.backward()
     floored = a.grad.gather(-1, tids[..., :1])[mask]
     b = very_low.clone().requires_grad_(True)
@@ -260,11 +276,11 @@ def test_log_prob_min_clamp_floors_teacher_token_and_topk_logprobs() -> None:
 def test_reductions() -> None:
     values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
     mask = torch.tensor([[True, True, False], [True, False, False], [False, False, False]])
-    assert reduce_tokens(values, mask, "token_mean").item() == pytest.approx(7 / 3)
-    assert reduce_tokens(values, mask, "sequence_mean").item() == pytest.approx((1.5 + 4.0) / 2)
-    assert reduce_tokens(values, mask, "sum").item() == pytest.approx(7.0)
+    assert reduce_tokens(values, mask, Reduction.TOKEN_MEAN).item() == pytest.approx(7 / 3)
+    assert reduce_tokens(values, mask, Reduction.SEQUENCE_MEAN).item() == pytest.approx((1.5 + 4.0) / 2)
+    assert reduce_tokens(values, mask, Reduction.SUM).item() == pytest.approx(7.0)
     nothing = torch.zeros_like(mask)
-    for r in ("token_mean", "sequence_mean", "sum"):
+    for r in Reduction:
         assert reduce_tokens(values, nothing, r).item() == 0.0
     with pytest.raises(ValueError):
         reduce_tokens(values, mask, "mean")
@@ -273,7 +289,7 @@ def test_reductions() -> None:
 def test_diagnostics_match_a_direct_computation() -> None:
     logits, resp, mask, tids, tlp, ttok = ref.make_batch(seed=21, pad_entries=2, pad_rows=[(1, 3)])
     out = distillation_loss(
-        logits, resp, mask, TeacherTargets(tids, tlp, ttok), LossConfig(mode="jsd", top_k=8)
+        logits, resp, mask, TeacherTargets(tids, tlp, ttok), LossConfig(mode=LossMode.JSD)
     )
     ls = F.log_softmax(logits, -1)
     t_mass, s_mass, overlap, k1s = [], [], [], []
@@ -309,23 +325,24 @@ def test_registry_maps_each_api_mode_to_one_function() -> None:
 
 
 def test_config_from_api_model_keeps_the_api_defaults() -> None:
-    assert LossConfig.from_api(Loss()) == LossConfig()
+    assert resolve_loss(Loss()) == LossConfig()
     api = Loss.model_validate({"mode": "jsd", "topK": 16, "beta": 0.3, "addTail": True, "temperature": 0.9})
-    cfg = LossConfig.from_api(api)
-    assert (cfg.mode, cfg.top_k, cfg.beta, cfg.add_tail, cfg.temperature) == ("jsd", 16, 0.3, True, 0.9)
-    assert cfg.loss_max_clamp == 10.0 and cfg.log_prob_min_clamp == -10.0 and cfg.reduction == "token_mean"
+    cfg = resolve_loss(api)
+    assert (cfg.mode, cfg.beta, cfg.add_tail, cfg.temperature) == (LossMode.JSD, 0.3, True, 0.9)
+    assert cfg.loss_max_clamp == 10.0 and cfg.log_prob_min_clamp == -10.0
+    assert cfg.reduction == Reduction.TOKEN_MEAN and cfg.objective == Objective.DIRECT
 
 
 def test_config_from_api_k2_has_no_loss_clamp_unless_asked() -> None:
     # A clamp zeroes k2's gradient past |s - t| > sqrt(2 * clamp): unset means none for k2 only.
-    assert LossConfig.from_api(Loss.model_validate({"mode": "k2"})).loss_max_clamp is None
-    assert LossConfig.from_api(Loss.model_validate({"mode": "k3"})).loss_max_clamp == 10.0
-    assert LossConfig.from_api(Loss.model_validate({"mode": "k2", "lossMaxClamp": 5})).loss_max_clamp == 5.0
+    assert resolve_loss(Loss.model_validate({"mode": "k2"})).loss_max_clamp is None
+    assert resolve_loss(Loss.model_validate({"mode": "k3"})).loss_max_clamp == 10.0
+    assert resolve_loss(Loss.model_validate({"mode": "k2", "lossMaxClamp": 5})).loss_max_clamp == 5.0
 
 
 def test_config_from_api_zero_clamps_mean_none() -> None:
     # The API documents 0 as "no clamp"; the runtime must not refuse a valid spec at start-up.
-    cfg = LossConfig.from_api(Loss.model_validate({"mode": "k2", "lossMaxClamp": 0, "logProbMinClamp": 0}))
+    cfg = resolve_loss(Loss.model_validate({"mode": "k2", "lossMaxClamp": 0, "logProbMinClamp": 0}))
     assert cfg.loss_max_clamp is None and cfg.log_prob_min_clamp is None
 
 

@@ -16,20 +16,22 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from distillery_runtime import plan
-from distillery_runtime.losses import LossConfig
-from distillery_runtime.trainer import TrainerSettings, micro_batches, step_normalizer
+from distillery_runtime.trainer import micro_batches, step_normalizer
 from distillery_runtime.workers import TrainerWorker
 
+from distillery.api.spec import LossMode, Precision, Sharding
+from distillery.plan.loss import LossConfig
+from distillery.plan.training import TrainerSettings
 from tests.runtime.helpers import make_samples
 
 VOCAB = 64
 STEPS = 3
 BASE = TrainerSettings(
-    lr=1e-3, grad_clip=0.5, micro_batch_size=2, precision="float32", total_steps=STEPS,
-    loss=LossConfig(mode="forward_kl_topk", top_k=4), sharding="fsdp",
+    lr=1e-3, grad_clip=0.5, micro_batch_size=2, precision=Precision.FLOAT32, total_steps=STEPS,
+    loss=LossConfig(mode=LossMode.FORWARD_KL_TOPK), sharding=Sharding.FSDP,
 )  # fmt: skip
 CONFIGS: dict[str, TrainerSettings] = {
-    "replicate": dataclasses.replace(BASE, sharding="replicate"),
+    "replicate": dataclasses.replace(BASE, sharding=Sharding.REPLICATE),
     "fsdp": BASE,
     "fsdp_ckpt": dataclasses.replace(BASE, activation_checkpointing=True),
     "fsdp_packed": dataclasses.replace(BASE, micro_batch_tokens=24),

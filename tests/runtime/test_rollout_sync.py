@@ -8,10 +8,12 @@ import gc
 
 import pytest
 import torch
-from distillery_runtime.losses import LossConfig
 from distillery_runtime.rollout import GenerationRequest, SamplingSettings, build_engine
-from distillery_runtime.trainer import Trainer, TrainerSettings, step_normalizer
+from distillery_runtime.trainer import Trainer, step_normalizer
 
+from distillery.api.spec import LossMode, Precision
+from distillery.plan.loss import LossConfig
+from distillery.plan.training import TrainerSettings
 from tests.runtime.helpers import make_samples
 
 PROMPT = [5, 9, 13, 7]
@@ -26,7 +28,10 @@ RESPONSE = [11, 30, 8, 21, 17, 6]
 )
 def test_rollout_engine_follows_the_trainer(job_files, kind, enforce_eager):
     settings = TrainerSettings(
-        lr=5e-2, precision="float32", micro_batch_size=4, loss=LossConfig(mode="forward_kl_topk", top_k=4)
+        lr=5e-2,
+        precision=Precision.FLOAT32,
+        micro_batch_size=4,
+        loss=LossConfig(mode=LossMode.FORWARD_KL_TOPK),
     )
     trainer = Trainer(str(job_files.student), settings, device="cpu")
     engine = build_engine(

@@ -7,19 +7,36 @@ from __future__ import annotations
 
 import pytest
 import torch
-from distillery_runtime.losses import LossConfig
-from distillery_runtime.trainer import Trainer, TrainerSettings, step_normalizer
+from distillery_runtime.losses import reduction_units
+from distillery_runtime.trainer import Trainer, collate, micro_batches, step_normalizer
 
+from distillery.api.spec import LossMode, Precision, Reduction
+from distillery.plan.loss import LossConfig
+from distillery.plan.training import TrainerSettings
 from tests.runtime.helpers import make_samples
 
 
 def settings(
-    micro_batch: int, mode: str = "forward_kl_topk", reduction: str = "token_mean"
+    micro_batch: int, mode: LossMode = LossMode.FORWARD_KL_TOPK, reduction: Reduction = Reduction.TOKEN_MEAN
 ) -> TrainerSettings:
     return TrainerSettings(
-        lr=1e-2, grad_clip=0.5, micro_batch_size=micro_batch, precision="float32", total_steps=4, warmup_steps=1,
-        loss=LossConfig(mode=mode, top_k=4 if mode != "k3" else 0, reduction=reduction),
+        lr=1e-2, grad_clip=0.5, micro_batch_size=micro_batch, precision=Precision.FLOAT32, total_steps=4, warmup_steps=1,
+        loss=LossConfig(mode=mode, reduction=reduction),
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("reduction", list(Reduction))
+def test_micro_batch_weights_and_the_step_normaliser_come_from_one_count(reduction: Reduction) -> None:
+    # A mean's micro-batch weights (share / normaliser) add up to 1; sum weighs every micro-batch 1.
+    samples = make_samples(7, 64, 4, seed=2)
+    loss = LossConfig(mode=LossMode.FORWARD_KL_TOPK, reduction=reduction)
+    normaliser = step_normalizer(samples, loss)
+    parts = micro_batches(samples, 3, None)
+    shares = [
+        int(reduction_units(collate(part, loss, pad_id=0)["mask"].sum(-1), reduction)) for part in parts
+    ]
+    weights = [share / normaliser for share in shares]
+    assert sum(weights) == pytest.approx(len(parts) if reduction == Reduction.SUM else 1.0, rel=1e-12)
 
 
 def params(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -27,7 +44,12 @@ def params(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    ("mode", "reduction"), [("forward_kl_topk", "token_mean"), ("k3", "sequence_mean"), ("jsd", "sum")]
+    ("mode", "reduction"),
+    [
+        (LossMode.FORWARD_KL_TOPK, Reduction.TOKEN_MEAN),
+        (LossMode.K3, Reduction.SEQUENCE_MEAN),
+        (LossMode.JSD, Reduction.SUM),
+    ],
 )
 def test_gradient_accumulation_matches_one_big_micro_batch(job_files, mode, reduction):
     vocab = 64

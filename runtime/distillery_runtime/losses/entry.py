@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import torch
 
+from distillery.api.spec import LossMode, Objective
+from distillery.plan.loss import LossConfig
+
 from .chunked import gather_log_softmax
-from .config import LossConfig, LossOutput, TeacherTargets
 from .diagnostics import overlap_sample, sampled_kl_metrics, token_loss_metrics, topk_metrics
 from .estimators import clamp_token_loss
 from .policy_gradient import ppo_clipped_token_loss
-from .reduction import masked, masked_mean, reduce_tokens
+from .reduction import counted_tokens, masked, masked_mean, reduce_tokens
 from .registry import TokenInputs, get_token_loss_fn
+from .targets import LossOutput, TeacherTargets
 
 
 def distillation_loss(
@@ -54,23 +57,15 @@ def distillation_loss(
         raise ValueError("task_reward_coef > 0 needs task_advantages")
 
     # Which tokens count: the caller's mask, less the positions the teacher has nothing for.
-    if config.uses_topk:
-        if teacher.topk_ids is None or teacher.topk_logprobs is None:
-            raise ValueError(f"loss mode {config.mode!r} needs teacher topk_ids and topk_logprobs")
-        valid = torch.isfinite(teacher.topk_logprobs)
-        row_ok = valid.any(dim=-1)
-    else:
-        if teacher.token_logprobs is None:
-            raise ValueError(f"loss mode {config.mode!r} needs the teacher's token_logprobs")
-        row_ok = torch.isfinite(teacher.token_logprobs)
-    counted = mask & row_ok
+    counted = counted_tokens(mask, teacher, config)
 
     # One pass over the vocabulary: column 0 is the sampled token, then the teacher's top-k.
     ids = response_ids.long().unsqueeze(-1)
     k, overlap_rows = 0, None
     if config.uses_topk:
-        assert teacher.topk_ids is not None
+        assert teacher.topk_ids is not None and teacher.topk_logprobs is not None  # counted_tokens checked
         k = teacher.topk_ids.shape[-1]
+        valid = torch.isfinite(teacher.topk_logprobs)
         ids = torch.cat([ids, teacher.topk_ids.long()], dim=-1)
         overlap_rows = overlap_sample(counted)
     if _shift_invariant(config, use_task):
@@ -100,7 +95,7 @@ def distillation_loss(
     token_loss = masked(token_loss, counted)
 
     metrics: dict[str, float] = {}
-    if config.objective == "direct":
+    if config.objective == Objective.DIRECT:
         loss = reduce_tokens(token_loss, counted, config.reduction)
         if use_task:
             assert task_advantages is not None
@@ -128,7 +123,7 @@ def distillation_loss(
         metrics["distill/advantage_mean"] = masked_mean(advantages, pg_mask)
 
     metrics["distill/loss"] = float(loss.detach())
-    metrics.update(token_loss_metrics(token_loss, counted, mask & ~row_ok))
+    metrics.update(token_loss_metrics(token_loss, counted, mask & ~counted))
     if config.uses_topk:
         assert (
             inputs.student_topk is not None
@@ -149,14 +144,14 @@ def distillation_loss(
         )
     if teacher.token_logprobs is not None:
         metrics.update(sampled_kl_metrics(student_token, teacher.token_logprobs, counted))
-    return LossOutput(loss=loss, metrics=metrics, token_loss=token_loss.detach(), mask=counted)
+    return LossOutput(loss=loss, token_loss=token_loss.detach(), mask=counted, metrics=metrics)
 
 
 def _shift_invariant(config: LossConfig, use_task: bool) -> bool:
     """True when the back-propagated loss is unchanged by adding a constant to every student
     log-prob of a token: renormalised top-k losses in direct mode (the sampled token's log-prob,
     needed with a full-softmax gradient by the policy-gradient objectives, is then only a metric)."""
-    renormalised = (config.mode in {"reverse_kl_topk", "jsd"} and not config.add_tail) or (
-        config.mode == "forward_kl_topk" and config.renormalize
+    renormalised = (config.mode in {LossMode.REVERSE_KL_TOPK, LossMode.JSD} and not config.add_tail) or (
+        config.mode == LossMode.FORWARD_KL_TOPK and config.renormalize
     )
-    return renormalised and config.objective == "direct" and not use_task
+    return renormalised and config.objective == Objective.DIRECT and not use_task

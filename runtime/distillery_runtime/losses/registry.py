@@ -1,4 +1,4 @@
-"""The loss registry: each `loss.mode` value maps to exactly one per-token function.
+"""The loss registry: each `LossMode` maps to exactly one per-token function.
 
 Every registered function takes the per-token inputs (TokenInputs) and the LossConfig and
 returns the per-token distillation loss [B, T] before the shared loss_max_clamp and masking.
@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from distillery.api.spec import LossMode
+from distillery.plan.loss import LossConfig
+
 from . import estimators, topk
-from .config import ESTIMATOR_MODES, TOPK_MODES, LossConfig
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,10 @@ class TokenInputs:
 
 
 TokenLossFn = Callable[[TokenInputs, LossConfig], torch.Tensor]
-LOSS_REGISTRY: dict[str, TokenLossFn] = {}
+LOSS_REGISTRY: dict[LossMode, TokenLossFn] = {}
 
 
-def register(mode: str) -> Callable[[TokenLossFn], TokenLossFn]:
+def register(mode: LossMode) -> Callable[[TokenLossFn], TokenLossFn]:
     def decorator(fn: TokenLossFn) -> TokenLossFn:
         if mode in LOSS_REGISTRY:
             raise ValueError(f"loss mode {mode!r} registered twice")
@@ -43,17 +45,19 @@ def register(mode: str) -> Callable[[TokenLossFn], TokenLossFn]:
     return decorator
 
 
-def get_token_loss_fn(mode: str) -> TokenLossFn:
+def get_token_loss_fn(mode: LossMode) -> TokenLossFn:
     """The one function registered for this loss mode."""
     try:
         return LOSS_REGISTRY[mode]
     except KeyError:
-        raise ValueError(f"unknown loss mode {mode!r}; known: {sorted(LOSS_REGISTRY)}") from None
+        raise ValueError(
+            f"unknown loss mode {mode!r}; known: {sorted(m.value for m in LOSS_REGISTRY)}"
+        ) from None
 
 
 def _sampled(inputs: TokenInputs, config: LossConfig) -> tuple[torch.Tensor, torch.Tensor]:
     if inputs.teacher_token is None:
-        raise ValueError(f"loss mode {config.mode!r} needs the teacher's token_logprobs")
+        raise ValueError(f"loss mode {config.mode.value!r} needs the teacher's token_logprobs")
     t = inputs.teacher_token
     # Pad rows hold -inf; they are masked out later, but must not reach arithmetic as -inf.
     t = torch.where(torch.isfinite(t), t, torch.zeros_like(t))
@@ -66,31 +70,31 @@ def _sampled(inputs: TokenInputs, config: LossConfig) -> tuple[torch.Tensor, tor
 
 def _topk(inputs: TokenInputs, config: LossConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if inputs.student_topk is None or inputs.teacher_topk is None or inputs.topk_valid is None:
-        raise ValueError(f"loss mode {config.mode!r} needs the teacher's topk_ids and topk_logprobs")
+        raise ValueError(f"loss mode {config.mode.value!r} needs the teacher's topk_ids and topk_logprobs")
     return inputs.student_topk, inputs.teacher_topk.to(inputs.student_topk.dtype), inputs.topk_valid
 
 
-@register("k1")
+@register(LossMode.K1)
 def _k1(inputs: TokenInputs, config: LossConfig) -> torch.Tensor:
     return estimators.k1(*_sampled(inputs, config))
 
 
-@register("abs")
+@register(LossMode.ABS)
 def _abs(inputs: TokenInputs, config: LossConfig) -> torch.Tensor:
     return estimators.abs_estimator(*_sampled(inputs, config))
 
 
-@register("k2")
+@register(LossMode.K2)
 def _k2(inputs: TokenInputs, config: LossConfig) -> torch.Tensor:
     return estimators.k2(*_sampled(inputs, config))
 
 
-@register("k3")
+@register(LossMode.K3)
 def _k3(inputs: TokenInputs, config: LossConfig) -> torch.Tensor:
     return estimators.k3(*_sampled(inputs, config))
 
 
-@register("forward_kl_topk")
+@register(LossMode.FORWARD_KL_TOPK)
 def _forward_kl_topk(inputs: TokenInputs, config: LossConfig) -> torch.Tensor:
     student, teacher, valid = _topk(inputs, config)
     if config.renormalize:
@@ -98,16 +102,16 @@ def _forward_kl_topk(inputs: TokenInputs, config: LossConfig) -> torch.Tensor:
     return topk.forward_kl_topk(student, teacher, valid, config.log_prob_min_clamp, config.add_tail)
 
 
-@register("reverse_kl_topk")
+@register(LossMode.REVERSE_KL_TOPK)
 def _reverse_kl_topk(inputs: TokenInputs, config: LossConfig) -> torch.Tensor:
     student, teacher, valid = _topk(inputs, config)
     return topk.reverse_kl_topk(student, teacher, valid, config.temperature, config.add_tail)
 
 
-@register("jsd")
+@register(LossMode.JSD)
 def _jsd(inputs: TokenInputs, config: LossConfig) -> torch.Tensor:
     student, teacher, valid = _topk(inputs, config)
     return topk.jsd_topk(student, teacher, valid, config.beta, config.temperature, config.add_tail)
 
 
-assert set(LOSS_REGISTRY) == ESTIMATOR_MODES | TOPK_MODES, "every API loss mode needs exactly one function"
+assert set(LOSS_REGISTRY) == set(LossMode), "every API loss mode needs exactly one function"
