@@ -27,6 +27,7 @@ from transformers import AutoTokenizer
 
 from distillery.plan.engines import EngineSettings
 from distillery.plan.routes import RouteTable
+from distillery.plan.vllm_env import vllm_env
 
 from .conftest import assert_matches_reference, make_samples
 
@@ -42,8 +43,8 @@ def second_model_dir(tiny_model_factory):
 async def colocated(second_model_dir):
     from distillery_runtime.teachers import ColocatedTeacher
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    for name, value in vllm_env(os.environ).items():
+        os.environ.setdefault(name, value)
     engine = EngineSettings(
         "colocated", 16, 512, memory_fraction=0.9, tensor_parallel=1, dtype="bfloat16", enforce_eager=True
     )
@@ -91,8 +92,8 @@ async def test_routes_samples_to_their_teacher(
         for s, r in zip(samples, routes, strict=True)
     ]
     server_teacher = CompactTeacher([vllm_server.url], name="server")
-    routes = RouteTable({"math": "server", "code": "colocated"}, default="server")
-    scorer = MultiTeacherScorer(routes, {"server": server_teacher, "colocated": colocated})
+    table = RouteTable({"math": "server", "code": "colocated"}, default="server")
+    scorer = MultiTeacherScorer(table, {"server": server_teacher, "colocated": colocated})
     try:
         scores = await scorer.score(routed, 8)
         one = await scorer.score_one(routed[1], 8)
