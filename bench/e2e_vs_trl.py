@@ -14,7 +14,7 @@ tokens, sampling temperature, learning rate and schedule, with reverse KL as the
 - trl-distill: `trl.DistillationTrainer`, beta=1 (reverse KL), HF generate.
 
 Two parts:
-1. speed: randomly initialised Llamas (`distillery_runtime.models.tiny`) that rarely emit EOS, so
+1. speed: randomly initialised Llamas (`distillery_runtime.testing.tiny`) that rarely emit EOS, so
    every sample is ~max-new-tokens long and generation is a real share of each step; seconds per step
    (median and spread, first step excluded: warm-up) and peak memory of each system's process tree.
    Settings (`--speed-settings`): tiny (0.4M student / 1.6M teacher: fixed per-step costs dominate),
@@ -396,7 +396,7 @@ def speed_setting(
 ) -> Setting:
     """Random Llamas of the given scale (SPEED_MODELS) and 512 short prompts."""
     import torch
-    from distillery_runtime.models.tiny import build_tokenizer, default_texts, save_tiny_model
+    from distillery_runtime.testing.tiny import build_tokenizer, default_texts, save_tiny_model
 
     root = out / f"speed-models-{scale}"
     if not (root / "train.jsonl").exists():

@@ -37,9 +37,9 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "runtime")]
 
-from distillery_runtime.models import save_tiny_model  # noqa: E402
 from distillery_runtime.teachers import CompactTeacher, OpenAITeacher, ScoreRequest  # noqa: E402
 from distillery_runtime.testing.teacher_server import cpu_engine, cpu_env, start_teacher_server  # noqa: E402
+from distillery_runtime.testing.tiny import save_tiny_model  # noqa: E402
 
 N_SEQ, SEQ_LEN, PROMPT_LEN = 32, 256, 16
 KS = (1, 8, 32, 64)

@@ -43,8 +43,8 @@ def cpu_env(cache: Path) -> dict[str, str]:
 
 def build_tiny_model(directory: Path | None = None, **params: object) -> Path:
     """Build (or reuse from the cache) a tiny model; `params` go to `save_tiny_model`."""
-    import distillery_runtime.models.tiny as recipe
-    from distillery_runtime.models import save_tiny_model
+    import distillery_runtime.testing.tiny as recipe
+    from distillery_runtime.testing.tiny import save_tiny_model
 
     # the recipe's source is part of the key: changing how models are built invalidates the cache
     source = Path(recipe.__file__).read_bytes()

@@ -41,7 +41,7 @@ def _rows(n: int, seed: int, with_response: bool) -> list[dict]:
 @pytest.fixture(scope="session")
 def job_files(tmp_path_factory: pytest.TempPathFactory) -> JobFiles:
     import torch
-    from distillery_runtime.models import build_tokenizer, save_tiny_model
+    from distillery_runtime.testing.tiny import build_tokenizer, save_tiny_model
 
     root = tmp_path_factory.mktemp("runtime-job")
     texts = [f"{a}+{b}={a + b}" for a in range(100) for b in range(0, 100, 7)]

@@ -81,7 +81,7 @@ def _run(world: int, tmp: Path, model_dir: Path, names: list[str], monkeypatch: 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, int], dict[str, Any]]]:
-    from distillery_runtime.models import build_tokenizer, save_tiny_model
+    from distillery_runtime.testing.tiny import build_tokenizer, save_tiny_model
 
     tmp = tmp_path_factory.mktemp("fsdp")
     texts = [f"{a}+{b}={a + b}" for a in range(50) for b in range(0, 50, 7)]

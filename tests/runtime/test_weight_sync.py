@@ -103,7 +103,7 @@ def _wait_for(path: str) -> list[TensorMeta]:
 @pytest.fixture(scope="module")
 def synced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One run of the four processes (their start is most of the cost)."""
-    from distillery_runtime.models import build_tokenizer, save_tiny_model
+    from distillery_runtime.testing.tiny import build_tokenizer, save_tiny_model
 
     tmp = tmp_path_factory.mktemp("sync")
     texts = [f"{a}+{b}={a + b}" for a in range(50) for b in range(50)]

@@ -9,7 +9,6 @@ import msgspec
 import numpy as np
 import orjson
 import pytest
-from distillery_runtime.models import build_tokenizer
 from distillery_runtime.teachers import (
     InvalidSampleError,
     ScoreRequest,
@@ -31,6 +30,7 @@ from distillery_runtime.teachers.wire import (
     encode_request,
     encode_response,
 )
+from distillery_runtime.testing.tiny import build_tokenizer
 
 from distillery.plan.engines import EngineSettings
 from distillery.plan.routes import RouteTable
@@ -178,7 +178,7 @@ def test_tokenizer_compat() -> None:
 
 def test_vocab_padding_is_allowed(tmp_path) -> None:
     # same tokenizer, embedding tables of different sizes (as Qwen2.5 152064 vs 151936)
-    from distillery_runtime.models import save_tiny_model
+    from distillery_runtime.testing.tiny import save_tiny_model
     from transformers import AutoTokenizer
 
     tok = build_tokenizer(["1+1=2", "the teacher"] * 20, 300)

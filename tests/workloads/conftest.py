@@ -87,7 +87,7 @@ def model_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny student and teacher sharing one tokenizer, and addition prompts, in one folder (the
     contents of the `models` claim)."""
     import torch
-    from distillery_runtime.models import build_tokenizer, save_tiny_model
+    from distillery_runtime.testing.tiny import build_tokenizer, save_tiny_model
 
     root = tmp_path_factory.mktemp("models")
     texts = [f"{a}+{b}={a + b}" for a in range(100) for b in range(0, 100, 7)]
