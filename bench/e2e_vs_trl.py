@@ -188,7 +188,7 @@ def run_distillery(s: Setting, out: Path) -> dict:
     command = [
         sys.executable,
         "-m",
-        "distillery.cli",
+        "distillery_cli",
         "run",
         str(out / "job.yaml"),
         "-o",

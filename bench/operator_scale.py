@@ -7,7 +7,7 @@ requests per idle job per minute afterwards; and the operator process's memory (
 
 The peer, measured in the same run on the same emulator: the common kopf pattern - an `@kopf.on.create`
 handler that creates the children and a `@kopf.timer` that polls them (GET) to refresh the status - here
-with a 30 s timer. The operator runs as a separate process (`python -m distillery_operator`), the emulator
+with a 30 s timer. The operator runs as a separate process (`python -m distillery_cli operator`), the emulator
 in this process (tests/operator/kube_emulator.py).
 
     python bench/operator_scale.py --quick      # N = 50, 35 s idle window (longer than the peer's timer)

@@ -92,7 +92,7 @@ def run_distillery(doc: dict, out_dir: Path, method: str) -> Curve:
     command = [
         sys.executable,
         "-m",
-        "distillery.cli",
+        "distillery_cli",
         "run",
         str(manifest),
         "-o",

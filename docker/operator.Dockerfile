@@ -12,8 +12,10 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY distillery ./distillery
 COPY operator ./operator
-# The runtime's sources come along (one package for all three), its dependencies do not.
+# The runtime's sources come along (one distribution for the API, operator, runtime and CLI), its
+# dependencies do not.
 COPY runtime ./runtime
+COPY cli ./cli
 # The build fails if anything pulled the ML stack in.
 RUN /opt/distillery/bin/pip install ".[operator]" \
  && ! /opt/distillery/bin/pip show torch vllm ray 2>/dev/null | grep -q '^Name:'

@@ -45,6 +45,7 @@ COPY pyproject.toml README.md ./
 COPY distillery ./distillery
 COPY operator ./operator
 COPY runtime ./runtime
+COPY cli ./cli
 WORKDIR /
 # Our own package from the build context; its dependencies are pinned by pyproject's ranges and vLLM's.
 # hadolint ignore=DL3013

@@ -1,4 +1,4 @@
-"""The repository stays ruff-clean and formatted, and the API, operator and runtime packages type-check with mypy."""
+"""The repository stays ruff-clean and formatted, and the API, operator, runtime and CLI packages type-check with mypy."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_ruff_formatted() -> None:
 
 
 @pytest.mark.slow
-def test_mypy_api_operator_and_runtime() -> None:
+def test_mypy_api_operator_runtime_and_cli() -> None:
     result = _run(
         "mypy",
         "--no-error-summary",
@@ -38,6 +38,8 @@ def test_mypy_api_operator_and_runtime() -> None:
         "distillery_operator",
         "-p",
         "distillery_runtime",
+        "-p",
+        "distillery_cli",
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -48,7 +50,7 @@ def test_operator_does_not_import_ml_stacks() -> None:
         "import pkgutil, importlib, sys, distillery_operator, distillery\n"
         "for m in pkgutil.walk_packages(distillery_operator.__path__, 'distillery_operator.'):\n"
         "    importlib.import_module(m.name)\n"
-        "import distillery.cli, distillery.crd, distillery.validation, distillery.runtime_config\n"
+        "import distillery_cli.main, distillery.crd, distillery.validation, distillery.runtime_config\n"
         "bad = sorted(n for n in ('torch', 'vllm', 'ray', 'transformers') if n in sys.modules)\n"
         "print(','.join(bad))\n"
     )

@@ -32,7 +32,7 @@ def is_driver(argv: Sequence[str], config: str = CONFIG) -> bool:
     if "run" not in words:
         return False
     at = words.index("run")
-    launcher = "distillery" in words[:at] or any(a == "distillery.cli" for a in argv[:at])
+    launcher = "distillery" in words[:at] or any(a == "distillery_cli" for a in argv[:at])
     return launcher and config in argv[at + 1 :]
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 import yaml
+from distillery_cli.main import main as cli_main
 from support.openapi import validate as crd_validate
 
-from distillery.cli import main as cli_main
 from distillery.validation import load_jobs
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))

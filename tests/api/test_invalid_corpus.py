@@ -18,9 +18,9 @@ import pytest
 import yaml
 from api.corpus import ACCEPTED, AGREE, BASE, CASES, DELETE, boundary_cases
 from api.corpus import mutated as _mutated
+from distillery_cli.main import main as cli_main
 from support.openapi import validate as crd_validate
 
-from distillery.cli import main as cli_main
 from distillery.validation import InvalidManifest, parse_job
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import yaml
+from distillery_cli.main import main as cli_main
 
-from distillery.cli import main as cli_main
 from distillery.memory_plan import GIB, TrainingLayout, plan_memory, refusal
 from distillery.model_shapes import known_shape, resolve_shape
 

@@ -16,8 +16,7 @@ import pytest
 import yaml
 from chart.helm_chart import CHART, NAMESPACE, ROOT, SCENARIOS, by_kind, render, render_objects
 from cloudcoil.models.prometheus_operator import v1 as monitoring
-
-from distillery.cli import build_parser
+from distillery_cli.main import build_parser
 
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ("1.25", "1.37")

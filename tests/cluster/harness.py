@@ -231,7 +231,7 @@ def spawn_operator(
         [
             sys.executable,
             "-m",
-            "distillery.cli",
+            "distillery_cli",
             *args,
             f"--metrics-port={metrics_port}",
             f"--health-port={health_port}",

@@ -2,7 +2,7 @@
 
 `running_cluster()` serves the emulator on loopback and writes a kubeconfig for it; `running_operator()`
 runs the real kopf operator in the test's event loop (as `distillery operator` would, minus the process);
-`spawn_operator()` runs `python -m distillery_operator` as a process (for kill -9 tests and the bench).
+`spawn_operator()` runs `python -m distillery_cli operator` as a process (for kill -9 tests and the bench).
 """
 
 from __future__ import annotations
@@ -199,14 +199,20 @@ def free_port() -> int:
 
 
 def spawn_operator(cluster: Cluster, *args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
-    """`python -m distillery_operator -n NS` as a child process (kill it for crash tests)."""
+    """`python -m distillery_cli operator -n NS` as a child process (kill it for crash tests)."""
     env = cluster.env
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO), str(REPO / "operator"), str(REPO / "runtime"), env.get("PYTHONPATH", "")]
+        [
+            str(REPO),
+            str(REPO / "operator"),
+            str(REPO / "runtime"),
+            str(REPO / "cli"),
+            env.get("PYTHONPATH", ""),
+        ]
     )
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - the process owns it
     return subprocess.Popen(
-        [sys.executable, "-m", "distillery_operator", "-n", cluster.namespace, *args],
+        [sys.executable, "-m", "distillery_cli", "operator", "-n", cluster.namespace, *args],
         env=env,
         stdout=out,
         stderr=subprocess.STDOUT,

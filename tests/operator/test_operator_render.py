@@ -341,7 +341,7 @@ def test_placements_cover_all_modes() -> None:
 
 def test_render_cli_prints_a_yaml_stream() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "distillery.cli", "render", str(ROOT / "examples" / "multi-teacher.yaml"), "-n", "ml"],
+        [sys.executable, "-m", "distillery_cli", "render", str(ROOT / "examples" / "multi-teacher.yaml"), "-n", "ml"],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -356,7 +356,7 @@ def test_render_cli_reports_bad_manifests(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text((ROOT / "examples" / "gkd.yaml").read_text().replace("topK: 64", "topK: 0"))
     result = subprocess.run(
-        [sys.executable, "-m", "distillery.cli", "render", str(bad)],
+        [sys.executable, "-m", "distillery_cli", "render", str(bad)],
         capture_output=True,
         text=True,
         timeout=60,

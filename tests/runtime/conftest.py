@@ -106,7 +106,13 @@ def write_manifest(tmp_path: Path) -> Callable[[dict], Path]:
 def run_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT), str(ROOT / "operator"), str(ROOT / "runtime"), env.get("PYTHONPATH", "")]
+        [
+            str(ROOT),
+            str(ROOT / "operator"),
+            str(ROOT / "runtime"),
+            str(ROOT / "cli"),
+            env.get("PYTHONPATH", ""),
+        ]
     )
     env.update(
         VLLM_CPU_KVCACHE_SPACE="1",
@@ -118,7 +124,7 @@ def run_env() -> dict[str, str]:
 
 
 def distillery_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "distillery.cli", "run", *args]
+    return [sys.executable, "-m", "distillery_cli", "run", *args]
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from tests.runtime.test_run import finish, read_records, start, wait_for_step
             True,
         ),
         (["distillery", "run", "/etc/distillery/runtime-config.json", "--ray-address", "auto"], True),
-        (["python", "-m", "distillery.cli", "run", "/etc/distillery/runtime-config.json"], True),
+        (["python", "-m", "distillery_cli", "run", "/etc/distillery/runtime-config.json"], True),
         (["distillery", "run", "job.yaml"], False),  # a local run of a manifest
         (["python", "-m", "distillery_runtime.teachers.server", "--model", "m"], False),
         (["ray", "start", "--head", "--block"], False),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = ("pyproject.toml", "README.md", "distillery", "operator", "runtime", "docker")
+SOURCES = ("pyproject.toml", "README.md", "distillery", "operator", "runtime", "cli", "docker")
 
 
 @dataclass(frozen=True)

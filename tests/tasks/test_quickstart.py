@@ -28,7 +28,7 @@ def test_local_addition_example_improves_held_out_accuracy(prepared_task, tmp_pa
     }  # reuse the session's preparation
     out = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "distillery.cli", "run", str(ROOT / "examples" / "local-addition.yaml"), "-o", str(out), "--no-progress"],
+        [sys.executable, "-m", "distillery_cli", "run", str(ROOT / "examples" / "local-addition.yaml"), "-o", str(out), "--no-progress"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]

@@ -1,7 +1,9 @@
 """The `distillery` command: one entry point, a subcommand per job.
 
 validate and crd need only the API; render and operator load the operator package, run loads the
-runtime (torch, Ray, vLLM), each only when asked for, so that `distillery validate` stays instant.
+runtime (torch, Ray, vLLM), each only when asked for, so that `distillery validate` stays instant. It is
+the one package that may import all three (api, operator, runtime), so it lives above them, not in
+`distillery/`.
 """
 
 from __future__ import annotations
