@@ -1,0 +1,226 @@
+"""The packages stay layered: the API (`distillery`) at the bottom, the operator and the runtime beside each
+other on top of it, the CLI above all three, and no import circle anywhere.
+
+The graph is read from the source (ast), not by importing: every `import` and `from ... import`, at module
+level or inside a function (a lazy import is still a dependency), relative imports resolved. An edge goes
+to the module named, or to the submodule when `from package import name` names one. Importing `a.b.c`
+also runs `a/__init__.py`, but that implicit edge is not counted: Python finishes a package's own imports
+before it loads the package's modules, so it never closes a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {
+    "distillery": ROOT / "distillery",
+    "distillery_operator": ROOT / "operator" / "distillery_operator",
+    "distillery_runtime": ROOT / "runtime" / "distillery_runtime",
+    "distillery_cli": ROOT / "cli" / "distillery_cli",
+}
+TESTING = "distillery_runtime.testing"
+
+Graph = Mapping[str, set[str]]
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the four packages by dotted name (a package by its `__init__.py`)."""
+    modules = {}
+    for package, directory in PACKAGES.items():
+        for path in sorted(directory.rglob("*.py")):
+            parts = path.relative_to(directory).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join((package, *parts))] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: Iterable[str]) -> set[str]:
+    """The modules of the four packages that module `name` (source at `path`) imports, by the name it uses
+    (one that is not in `modules` is an import that would fail)."""
+    known = set(modules)
+    is_package = path.name == "__init__.py"
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = name.split(".") if is_package else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, node.module] if node.module else anchor)
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                targets.add(submodule if submodule in known else base)
+    roots = {module.partition(".")[0] for module in known}
+    return {target for target in targets if target != name and target.partition(".")[0] in roots}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def find_cycles(graph: Graph) -> list[list[str]]:
+    """One circle (`[a, b, ..., a]`) per strongly connected component that has one (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                connect(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                components.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return [_circle_in(component, graph) for component in components]
+
+
+def _circle_in(component: set[str], graph: Graph) -> list[str]:
+    """A shortest circle through the component's first module, staying inside the component."""
+    start = min(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for succ in sorted(graph.get(node, ())):
+                if succ == start:
+                    return [*paths[node], start]
+                if succ in component and succ not in paths:
+                    paths[succ] = [*paths[node], succ]
+                    nxt.append(succ)
+        frontier = nxt
+    raise AssertionError(f"no circle through {start} in {sorted(component)}")  # Tarjan gave a non-component
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _violations(graph: Graph, importer: str, forbidden: Iterable[str]) -> list[str]:
+    return sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if _in(module, importer)
+        for target in targets
+        if any(_in(target, package) for package in forbidden)
+    )
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph()
+
+
+def test_every_import_names_a_module(graph):
+    missing = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if target not in graph
+    )
+    assert missing == []
+
+
+def test_the_walk_sees_every_package_and_lazy_imports(graph):
+    for package in PACKAGES:
+        assert package in graph
+    # A function-level import counts: the CLI loads the operator only inside `_render`.
+    assert "distillery_operator.render" in graph["distillery_cli.main"]
+
+
+def test_the_api_imports_none_of_the_layers_above_it(graph):
+    assert (
+        _violations(graph, "distillery", ["distillery_operator", "distillery_runtime", "distillery_cli"])
+        == []
+    )
+
+
+def test_the_operator_and_the_runtime_do_not_import_each_other_or_the_cli(graph):
+    assert _violations(graph, "distillery_operator", ["distillery_runtime", "distillery_cli"]) == []
+    assert _violations(graph, "distillery_runtime", ["distillery_operator", "distillery_cli"]) == []
+
+
+def test_only_tests_and_benchmarks_import_the_testing_scaffolding(graph):
+    users = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if not _in(module, TESTING)
+        for target in targets
+        if _in(target, TESTING)
+    )
+    assert users == []
+
+
+def test_no_import_circle(graph):
+    circles = find_cycles(graph)
+    assert circles == [], "import circles:\n" + "\n".join(" -> ".join(circle) for circle in circles)
+
+
+# ------------------------------------------------------------------------------- the checks themselves
+
+
+def test_a_planted_circle_is_found_and_named():
+    graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a", "p.d"}, "p.d": set(), "p.e": {"p.d"}}
+    assert find_cycles(graph) == [["p.a", "p.b", "p.c", "p.a"]]
+    assert find_cycles({"p.a": {"p.a"}}) == [["p.a", "p.a"]]
+    assert find_cycles({**graph, "p.c": {"p.d"}}) == []
+
+
+def test_a_planted_upward_import_is_found_and_a_sibling_package_name_is_not_a_prefix():
+    graph = {
+        "distillery.x": {"distillery_runtime.y", "distillery.z"},
+        "distillery_cli.main": {"distillery_runtime.y"},
+    }
+    assert _violations(graph, "distillery", ["distillery_runtime"]) == [
+        "distillery.x imports distillery_runtime.y"
+    ]
+
+
+def test_relative_and_lazy_imports_resolve(tmp_path):
+    modules = ["pkg", "pkg.inner", "pkg.inner.mod", "pkg.inner.sibling", "pkg.inner.sub.leaf", "pkg.other"]
+    package = tmp_path / "__init__.py"  # pkg.inner: `.` is pkg.inner itself
+    package.write_text(
+        "from . import sibling\n"
+        "from .sub.leaf import thing\n"
+        "def later():\n"
+        "    from ..other import helper\n"
+        "    import pkg.other\n"
+        "    import json\n"
+    )
+    assert imports_of("pkg.inner", package, modules) == {
+        "pkg.inner.sibling",
+        "pkg.inner.sub.leaf",
+        "pkg.other",
+    }
+    module = tmp_path / "mod.py"  # pkg.inner.mod: `.` is its package, pkg.inner
+    module.write_text("from . import sibling\nfrom .. import other\nfrom pkg import inner\n")
+    assert imports_of("pkg.inner.mod", module, modules) == {"pkg.inner.sibling", "pkg.other", "pkg.inner"}
