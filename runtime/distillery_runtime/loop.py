@@ -35,6 +35,7 @@ from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.rollout_pool import RolloutPool
 from distillery_runtime.samples import RolloutSample, TrainSample
+from distillery_runtime.tasks import task_for
 from distillery_runtime.teachers.outage import OutageChange, OutageTracker, TeacherOutageError
 from distillery_runtime.teachers.types import ScoreRequest
 from distillery_runtime.trainer import SUMMED_OVER_RANKS, step_normalizer
@@ -112,12 +113,6 @@ class Components:
     """What a streamed weight sync sends (weight_sync.py); None: through the object store."""
 
 
-def exact_match(response_text: str, answer: str) -> bool:
-    from distillery_runtime.tasks.addition import score_answer
-
-    return bool(score_answer(response_text, answer))
-
-
 class Loop:
     """A run of one DistillationJob: owns the step counter, data position and output files."""
 
@@ -132,6 +127,8 @@ class Loop:
         tok_dir = resolve_location(spec.student.tokenizer) if spec.student.tokenizer else self.student_dir
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         self.train_data: PreparedData = prepare(spec.data.train, spec.data, self.tokenizer)
+        self.task = task_for(spec.data.train.path)
+        """Grades responses against `data.answerField` (task reward, eval accuracy)."""
         check_training_rows(self.train_data, spec.data.train, spec)
         self.eval_data: PreparedData | None = (
             prepare(spec.data.eval, spec.data, self.tokenizer) if spec.data.eval else None
@@ -335,7 +332,7 @@ class Loop:
     def _reward(self, sample: RolloutSample) -> float:
         if sample.answer is None:
             return 0.0
-        return 1.0 if exact_match(self._text(sample.response_ids), sample.answer) else 0.0
+        return 1.0 if self.task.grade(self._text(sample.response_ids), sample.answer) else 0.0
 
     def _text(self, ids: list[int]) -> str:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -499,7 +496,7 @@ class Loop:
             self.options.status.checkpoint(step, path)
 
     async def evaluate(self, c: Components, step: int) -> float:
-        """Greedy decoding of the held-out prompts, exact match against data.answerField."""
+        """Greedy decoding of the held-out prompts, graded by the job's task against data.answerField."""
         assert self.eval_data is not None
         records = [r for r in self.eval_data.records if r.answer is not None]
         if not records:
@@ -511,7 +508,7 @@ class Loop:
         greedy = SamplingSettings(max_new_tokens=self.sampling.max_new_tokens, greedy=True)
         started = time.perf_counter()
         outputs = await c.rollout.generate(requests, greedy)
-        correct = sum(exact_match(self._text(o.response_ids), o.answer or "") for o in outputs)
+        correct = sum(self.task.grade(self._text(o.response_ids), o.answer or "") for o in outputs)
         accuracy = correct / len(outputs)
         entry = {
             "step": step,

@@ -1,14 +1,14 @@
-"""The addition task's pure parts: problem format, answers, the held-out split, scoring."""
+"""The addition task's pure parts: problem format, answers, the held-out split, grading."""
 
 from __future__ import annotations
 
 import pytest
 from distillery_runtime.tasks.addition import (
+    TASK,
     Problem,
     is_held_out,
     little_endian,
     sample_problems,
-    score_answer,
 )
 
 
@@ -63,5 +63,5 @@ def test_asking_for_more_held_out_problems_than_exist_fails():
         ("", "2850", False),
     ],
 )
-def test_score_answer(response, answer, ok):
-    assert score_answer(response, answer) is ok
+def test_the_task_grades_by_exact_match(response, answer, ok):
+    assert TASK.grade(response, answer) is ok

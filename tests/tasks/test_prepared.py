@@ -56,11 +56,11 @@ def test_vllm_serves_the_teacher_as_accurately_as_transformers(prepared_task):
         import json, os
         os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1")
         from vllm import LLM, SamplingParams
-        from distillery_runtime.tasks import score_answer
+        from distillery_runtime.tasks.addition import TASK
         rows = [json.loads(l) for l in open({str(prepared_task / "eval.jsonl")!r})][:128]
         llm = LLM(model={str(prepared_task / "teacher")!r}, dtype="float32", enforce_eager=True, max_model_len=32)
         outs = llm.generate([r["prompt"] for r in rows], SamplingParams(temperature=0, max_tokens=8))
-        print("ACC", sum(score_answer(o.outputs[0].text, r["answer"]) for o, r in zip(outs, rows)) / len(rows))
+        print("ACC", sum(TASK.grade(o.outputs[0].text, r["answer"]) for o, r in zip(outs, rows)) / len(rows))
         """
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)

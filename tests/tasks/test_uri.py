@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from distillery_runtime.tasks import is_synthetic, parse_uri
+from distillery_runtime.tasks import is_synthetic, parse_uri, task_for
+from distillery_runtime.tasks.addition import TASK as ADDITION
+from distillery_runtime.tasks.base import ANSWER_MATCH
 
 
 @pytest.mark.parametrize(
@@ -30,3 +32,15 @@ def test_parse(uri, parsed):
 def test_errors_name_what_is_allowed(uri, message):
     with pytest.raises(ValueError, match=message):
         parse_uri(uri)
+
+
+@pytest.mark.parametrize(
+    ("path", "task"),
+    [
+        ("synthetic://addition/train", ADDITION),
+        ("/data/train.jsonl", ANSWER_MATCH),
+        ("s3://bucket/train.parquet", ANSWER_MATCH),
+    ],
+)
+def test_a_jobs_task_comes_from_its_training_data(path, task):
+    assert task_for(path) is task

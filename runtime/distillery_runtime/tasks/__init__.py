@@ -1,12 +1,12 @@
 """Bundled synthetic tasks a tiny model learns on CPU in minutes: the quick-start and the benchmarks.
 
 `resolve_uri("synthetic://addition/teacher")` (and `/student`, `/train`, `/eval`) gives a local path,
-preparing the task once (cached). `score_answer` is the task's exact-match check and
-`model_accuracy` a model directory's held-out accuracy under greedy decoding.
+preparing the task once (cached). `task_for(data_path)` is the task a job trains on (its grader is a
+field of the task) and `model_accuracy` a model directory's held-out accuracy under greedy decoding.
 """
 
-from distillery_runtime.tasks.addition import score_answer
-from distillery_runtime.tasks.uri import SCHEME, is_synthetic, parse_uri, resolve_uri
+from distillery_runtime.tasks.base import Task
+from distillery_runtime.tasks.uri import SCHEME, is_synthetic, parse_uri, resolve_uri, task_for
 
 
 def model_accuracy(model_dir, rows, **kw):  # type: ignore[no-untyped-def]
@@ -16,4 +16,4 @@ def model_accuracy(model_dir, rows, **kw):  # type: ignore[no-untyped-def]
     return _impl(model_dir, rows, **kw)
 
 
-__all__ = ["SCHEME", "is_synthetic", "model_accuracy", "parse_uri", "resolve_uri", "score_answer"]
+__all__ = ["SCHEME", "Task", "is_synthetic", "model_accuracy", "parse_uri", "resolve_uri", "task_for"]

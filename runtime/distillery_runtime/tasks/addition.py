@@ -1,4 +1,4 @@
-"""The synthetic addition task: problems, their reference answers, and scoring. Pure functions, no I/O.
+"""The synthetic addition task: problems, their reference answers, and grading (`TASK`). Pure, no I/O.
 
 Every number is written least-significant digit first and zero-padded to a fixed width: the problem
 a=123, b=459 (sum 582) is the prompt `"321+954="` and the answer `"2850"`. This "little-endian" format
@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
+
+from distillery_runtime.tasks.base import Task, exact_match
 
 ALPHABET = "0123456789+="
 DATA_SOURCE = "addition"
@@ -76,6 +78,5 @@ def sample_problems(n: int, *, digits: int, seed: int, held_out: bool) -> list[P
     return out
 
 
-def score_answer(response_text: str, answer: str) -> bool:
-    """Exact match after stripping surrounding whitespace."""
-    return response_text.strip() == answer.strip()
+TASK = Task(name="addition", grade=exact_match)
+"""The answer is a fixed-width number: exact match after stripping surrounding whitespace."""

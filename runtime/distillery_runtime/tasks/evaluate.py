@@ -1,4 +1,5 @@
-"""Held-out accuracy of a model: greedy decoding with transformers, exact match per problem."""
+"""Held-out accuracy of a model on the addition task: greedy decoding with transformers, each response
+graded by the task (`addition.TASK`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from distillery_runtime.tasks.addition import score_answer
+from distillery_runtime.tasks.addition import TASK
 
 
 @torch.inference_mode()
@@ -41,9 +42,9 @@ def greedy_responses(
 def accuracy(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, str]], **kw: int
 ) -> float:
-    """Fraction of rows whose greedy response matches the row's `answer`."""
+    """Fraction of rows whose greedy response the task grades correct against the row's `answer`."""
     responses = greedy_responses(model, tokenizer, [r["prompt"] for r in rows], **kw)
-    return sum(score_answer(resp, r["answer"]) for resp, r in zip(responses, rows, strict=True)) / len(rows)
+    return sum(TASK.grade(resp, r["answer"]) for resp, r in zip(responses, rows, strict=True)) / len(rows)
 
 
 def model_accuracy(model_dir: str | Path, rows: Sequence[dict[str, str]], **kw: int) -> float:

@@ -2,15 +2,19 @@
 
 `synthetic://addition/teacher` and `.../student` are model directories (transformers + vLLM),
 `.../train` and `.../eval` are jsonl datasets. The first resolution prepares the task (cached).
+`task_for(data_path)` is the task (and so the grader) a job's training data belongs to.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from distillery_runtime.tasks import addition
+from distillery_runtime.tasks.base import ANSWER_MATCH, Task
+
 SCHEME = "synthetic://"
 ARTEFACTS = {"teacher": "teacher", "student": "student", "train": "train.jsonl", "eval": "eval.jsonl"}
-TASKS = ("addition",)
+TASKS = {addition.TASK.name: addition.TASK}
 
 
 def is_synthetic(uri: str) -> bool:
@@ -27,6 +31,14 @@ def parse_uri(uri: str) -> tuple[str, str]:
     if artefact not in ARTEFACTS:
         raise ValueError(f"unknown artefact {artefact!r} in {uri!r}; known: {', '.join(ARTEFACTS)}")
     return task, artefact
+
+
+def task_for(data_path: str) -> Task:
+    """The bundled task behind a `synthetic://TASK/...` data path; any other data is `ANSWER_MATCH`."""
+    if not is_synthetic(data_path):
+        return ANSWER_MATCH
+    task, _artefact = parse_uri(data_path)
+    return TASKS[task]
 
 
 def resolve_uri(uri: str) -> Path:
