@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
 """A collective that has not finished by then fails (a stuck rank) instead of hanging the job."""
@@ -96,7 +97,7 @@ def materialize_random(model: nn.Module, device: torch.device) -> None:
     model.to_empty(device=device)
     std = float(getattr(model.config, "initializer_range", 0.02))  # type: ignore[union-attr]
     for name, param in model.named_parameters():
-        local = param.to_local() if hasattr(param, "to_local") else param
+        local = param.to_local() if isinstance(param, DTensor) else param
         if name.endswith("norm.weight"):
             local.fill_(1.0)
         elif name.endswith(".bias"):
@@ -116,7 +117,7 @@ def local_grad_norm_squared(params: list[nn.Parameter], device: torch.device) ->
         if p.grad is None:
             continue
         grad = p.grad
-        local = grad.to_local() if hasattr(grad, "to_local") else grad
+        local = grad.to_local() if isinstance(grad, DTensor) else grad
         total += local.float().pow(2).sum().to(device)
     return total
 
@@ -135,14 +136,15 @@ def clip_sharded_gradients(params: list[nn.Parameter], max_norm: float, device: 
         for p in params:
             if p.grad is not None:
                 grad = p.grad
-                (grad.to_local() if hasattr(grad, "to_local") else grad).mul_(scale)
+                (grad.to_local() if isinstance(grad, DTensor) else grad).mul_(scale)
     return norm
 
 
 def full_tensor(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The whole tensor of a (possibly sharded) parameter; a collective: every rank must call it."""
-    if hasattr(tensor, "full_tensor"):
-        # An offloaded shard lives on the CPU; the all-gather runs where the group does.
+    if isinstance(tensor, DTensor):
+        # An offloaded shard lives on the CPU; the all-gather runs where the group does. (A DTensor's `to`
+        # returns a DTensor; torch types it as a plain Tensor.)
         whole: torch.Tensor = tensor.to(device).full_tensor()  # type: ignore[attr-defined]
         return whole
     return tensor
