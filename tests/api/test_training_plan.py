@@ -1,0 +1,55 @@
+"""The loss and trainer half of the resolved plan (`distillery.plan.loss`, `distillery.plan.training`): the
+spec's values, typed by the API's enums, each derived in one function and carried on the JobPlan."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from distillery.api.spec import LossMode, Objective, Precision, Reduction, Sharding
+from distillery.plan import resolve
+from distillery.plan.loss import LossConfig, resolve_loss
+from distillery.plan.training import TrainerSettings, resolve_training
+from distillery.validation import parse_job
+
+
+def test_the_trainer_settings_are_the_spec_s(base_manifest: dict[str, Any]) -> None:
+    doc = copy.deepcopy(base_manifest)
+    doc["spec"]["student"].update(
+        precision="float32",
+        optimizer={"lr": 2e-5, "weightDecay": 0.1, "gradClip": 0.5, "warmupSteps": 3, "minLrRatio": 0.1},
+        training={"sharding": "replicate", "activationCheckpointing": False},
+    )
+    doc["spec"]["schedule"] = {"steps": 40, "microBatchSize": 4, "microBatchTokens": 2048, "seed": 7}
+    doc["spec"]["loss"] = {"mode": "jsd", "topK": 8, "beta": 0.3, "reduction": "sequence_mean"}
+    spec = parse_job(doc).spec
+    settings = resolve_training(spec, total_steps=12)
+    assert settings == TrainerSettings(
+        lr=2e-5,
+        weight_decay=0.1,
+        grad_clip=0.5,
+        warmup_steps=3,
+        total_steps=12,
+        min_lr_ratio=0.1,
+        micro_batch_size=4,
+        precision=Precision.FLOAT32,
+        seed=7,
+        loss=LossConfig(mode=LossMode.JSD, beta=0.3, reduction=Reduction.SEQUENCE_MEAN),
+        sharding=Sharding.REPLICATE,
+        activation_checkpointing=False,
+        micro_batch_tokens=2048,
+    )
+    plan = resolve(spec)
+    assert plan.trainer == resolve_training(spec, total_steps=40)  # the schedule's steps
+    assert plan.loss == plan.trainer.loss == resolve_loss(spec.loss)
+
+
+def test_the_api_defaults_resolve_to_fsdp_with_checkpointing(base_manifest: dict[str, Any]) -> None:
+    settings = resolve(parse_job(base_manifest).spec).trainer
+    assert (settings.sharding, settings.activation_checkpointing, settings.cpu_offload) == (
+        Sharding.FSDP,
+        True,
+        False,
+    )
+    assert settings.precision == Precision.AUTO and settings.micro_batch_tokens is None
+    assert settings.loss.mode == LossMode.FORWARD_KL_TOPK and settings.loss.objective == Objective.DIRECT
