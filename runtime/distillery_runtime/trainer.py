@@ -3,8 +3,8 @@
 One `Trainer` per data-parallel rank, reading the resolved `distillery.plan.training.TrainerSettings`. Each
 rank gets its share of the step's samples plus the step's normaliser (the global token or sequence count),
 so that every micro-batch's loss is weighted by its share of the whole step, both counted by the one
-`losses.reduction_units`: the summed gradient is then the gradient of the step's loss whatever the split over ranks and
-micro-batches (2 ranks x 2 micro-batches == 1 rank x 4). Gradients are summed across ranks with
+`losses.reduction_units`: the summed gradient is then the gradient of the step's loss whatever the split
+over ranks and micro-batches (2 ranks x 2 micro-batches == 1 rank x 4). Gradients are summed across ranks with
 torch.distributed (gloo on CPU, nccl on GPU).
 
 Two layouts (`student.training.sharding`): fsdp, FSDP2 over the ranks (`sharding.py`: sharded float32
