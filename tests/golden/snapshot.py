@@ -14,19 +14,24 @@ from pathlib import Path
 
 import orjson
 import yaml
+from distillery_operator.render import (
+    RenderContext,
+    render_job,
+    render_manifest_stream,
+    render_trainer_identity,
+)
+from distillery_runtime.local import teacher_server_command
+from distillery_runtime.local_gpus import NotEnoughGpus, TeacherGpus, plan_local_gpus
 
 from distillery.api import Placement
 from distillery.crd import build_crd
 from distillery.plan import resolve
 from distillery.runtime_config import resolve_runtime_config
 from distillery.validation import load_jobs
-from distillery_operator.render import RenderContext, render_job, render_manifest_stream, render_trainer_identity
-from distillery_runtime.local import teacher_server_command
-from distillery_runtime.local_gpus import NotEnoughGpus, TeacherGpus, plan_local_gpus
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "out"
-SOURCES = sorted((ROOT / "examples").glob("*.yaml")) + [Path(__file__).resolve().parent / "variants.yaml"]
+SOURCES = [*sorted((ROOT / "examples").glob("*.yaml")), Path(__file__).resolve().parent / "variants.yaml"]
 VISIBLE_GPUS = [[], ["0"], ["0", "1"], [str(i) for i in range(8)]]
 
 

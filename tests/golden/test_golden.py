@@ -18,5 +18,7 @@ def test_golden_files_are_exactly_the_snapshot() -> None:
 @pytest.mark.parametrize("name", sorted(CURRENT))
 def test_output_is_byte_identical(name: str) -> None:
     golden = (GOLDEN / name).read_text()
-    diff = "".join(difflib.unified_diff(golden.splitlines(True), CURRENT[name].splitlines(True), name, "now", n=2))
+    diff = "".join(
+        difflib.unified_diff(golden.splitlines(True), CURRENT[name].splitlines(True), name, "now", n=2)
+    )
     assert CURRENT[name] == golden, f"{name} changed:\n{diff[:4000]}"
