@@ -37,21 +37,19 @@ class EngineSettings:
     engine is told the device it found (`engine_kwargs(on_gpu=...)`)."""
 
     def server_args(self) -> list[str]:
-        """The flags of our teacher server (`distillery_runtime.teachers.server`) after its address.
-
-        An eager server (launched on this machine) passes its GPU flags last and only on a GPU; the
-        Deployment's flags keep the order its manifests have always had (the golden files pin both)."""
-        limits = [
+        """The flags of our teacher server (`distillery_runtime.teachers.server`) after its address."""
+        memory = ["--gpu-memory-utilization", str(self.memory_fraction)] if self.on_gpu else []
+        eager = ["--enforce-eager"] if self.enforce_eager else []
+        return [
             "--served-model-name", self.served_model_name,
             "--max-logprobs", str(self.max_logprobs),
             "--max-model-len", str(self.max_model_len),
+            "--tensor-parallel-size", str(self.tensor_parallel),
+            *memory,
+            "--dtype", self.dtype,
+            *eager,
+            *self.extra_args,
         ]  # fmt: skip
-        memory = ["--gpu-memory-utilization", str(self.memory_fraction)] if self.on_gpu else []
-        parallel = ["--tensor-parallel-size", str(self.tensor_parallel)]
-        if self.enforce_eager:
-            gpu = [*parallel, *memory] if self.on_gpu else []
-            return [*limits, "--dtype", self.dtype, "--enforce-eager", *gpu, *self.extra_args]
-        return [*limits, *parallel, *memory, "--dtype", self.dtype, *self.extra_args]
 
     def engine_kwargs(self, *, on_gpu: bool) -> dict[str, Any]:
         """vLLM `EngineArgs` keyword arguments of an in-process engine beyond the model; `on_gpu`: the
