@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distillery.api.spec import DistillationJobSpec, Placement, Teacher
+from distillery.plan.rollout import sequence_length
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,7 @@ def max_logprobs(spec: DistillationJobSpec) -> int:
 
 def max_model_len(spec: DistillationJobSpec, teacher: Teacher) -> int:
     """The context a teacher needs: the longest prompt, the longest response and one scoring token."""
-    needed = spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens + 1
-    return max(teacher.inference.max_model_len or 0, needed)
+    return max(teacher.inference.max_model_len or 0, sequence_length(spec))
 
 
 def served_model_name(teacher: Teacher) -> str:

@@ -12,6 +12,7 @@ from distillery.api.spec import DistillationJobSpec
 from distillery.plan.engines import EngineSettings, max_logprobs, teacher_engine
 from distillery.plan.gpu_budget import GpuBudget, gpu_budget
 from distillery.plan.loss import LossConfig
+from distillery.plan.rollout import RolloutSettings, resolve_rollout, trainer_world_size
 from distillery.plan.routes import RouteTable, route_table
 from distillery.plan.training import TrainerSettings, resolve_training
 
@@ -31,13 +32,18 @@ class JobPlan:
     loss: LossConfig
     """The loss, keyed by the API's enums (`loss.resolve_loss`)."""
     trainer: TrainerSettings
-    """What each trainer rank reads, over the schedule's steps (`training.resolve_training`)."""
+    """What each trainer rank reads, over the run's steps (`training.resolve_training`)."""
+    world_size: int
+    """Trainer ranks (`rollout.trainer_world_size`)."""
+    rollout: RolloutSettings
+    """What each rollout engine is started with (`rollout.resolve_rollout`)."""
 
 
-def resolve(spec: DistillationJobSpec) -> JobPlan:
-    """The plan of a validated spec."""
+def resolve(spec: DistillationJobSpec, *, steps: int | None = None) -> JobPlan:
+    """The plan of a validated spec, for a run of `steps` optimizer steps (default: the schedule's; a local
+    run may be told to stop earlier, and its learning-rate schedule then spans the steps it takes)."""
     budget = gpu_budget(spec)
-    trainer = resolve_training(spec, spec.schedule.steps)
+    trainer = resolve_training(spec, steps or spec.schedule.steps)
     return JobPlan(
         engines={t.name: teacher_engine(spec, t, budget.teacher_fractions[t.name]) for t in spec.teachers},
         top_k=max_logprobs(spec),
@@ -45,4 +51,6 @@ def resolve(spec: DistillationJobSpec) -> JobPlan:
         gpu_budget=budget,
         loss=trainer.loss,
         trainer=trainer,
+        world_size=trainer_world_size(spec),
+        rollout=resolve_rollout(spec),
     )

@@ -27,7 +27,6 @@ from typing import Any
 
 from distillery.api.spec import Placement, ResumePolicy
 from distillery.plan import resolve
-from distillery.plan.training import resolve_training
 from distillery.runtime_config import RuntimeConfig
 from distillery_runtime import checkpoint, plan
 from distillery_runtime.data import PreparedData, PromptRecord, check_training_rows, prepare, take
@@ -122,7 +121,9 @@ class Loop:
         self.config = config
         self.spec = spec = config.spec
         self.options = options
-        self.total = options.steps or spec.schedule.steps
+        self.plan = resolve(spec, steps=options.steps)
+        """Every setting derived from the spec (distillery.plan): the run reads them from here."""
+        self.total = self.plan.trainer.total_steps
         self.student_dir = resolve_location(spec.student.model)
         tok_dir = resolve_location(spec.student.tokenizer) if spec.student.tokenizer else self.student_dir
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
@@ -133,8 +134,6 @@ class Loop:
         self.eval_data: PreparedData | None = (
             prepare(spec.data.eval, spec.data, self.tokenizer) if spec.data.eval else None
         )
-        self.trainer_settings = resolve_training(spec, self.total)
-        """What every trainer rank reads; the learning-rate schedule spans this run's steps."""
         self.sampling = SamplingSettings(
             temperature=spec.student.rollout.temperature,
             top_p=spec.student.rollout.top_p,
@@ -322,7 +321,7 @@ class Loop:
     def train_samples(self, rolled: dict[str, Any]) -> list[TrainSample]:
         samples: list[RolloutSample] = rolled["samples"]
         advantages: dict[str, float] = {}
-        if self.trainer_settings.loss.task_reward_coef > 0:
+        if self.plan.loss.task_reward_coef > 0:
             advantages = plan.group_advantages(samples, self._reward)
         return [
             plan.train_sample(s, name, scores, advantages.get(s.sample_id, 0.0))
@@ -340,7 +339,7 @@ class Loop:
         return text
 
     async def train(self, c: Components, samples: list[TrainSample]) -> dict[str, float]:
-        normalizer = step_normalizer(samples, self.trainer_settings.loss)
+        normalizer = step_normalizer(samples, self.plan.loss)
         shards = plan.shard(samples, len(c.trainers))
         results = await asyncio.gather(
             *(t.train_step.remote(s, normalizer) for t, s in zip(c.trainers, shards, strict=True))
@@ -553,11 +552,11 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     from distillery_runtime.scoring import TeacherScoring, build_client, client_retry
 
     spec = config.spec
+    plan = loop.plan
     gpus = spec.student.pool.gpus_per_worker
-    world = max(1, spec.student.pool.workers * max(gpus, 1))
+    world = plan.world_size
     colocated = [t for t in spec.teachers if t.placement == Placement.COLOCATED]
-    plan = resolve(spec)
-    settings = loop.trainer_settings
+    settings = plan.trainer
     trainer_cls = ray.remote(workers.TrainerWorker).options(
         **workers.actor_options("trainer", gpus_per_worker=gpus, budget=plan.gpu_budget)
     )
@@ -566,24 +565,11 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     if world > 1:
         address = await trainers[0].rendezvous.remote()
         await asyncio.gather(*(t.init_group.remote(address) for t in trainers))
-    precision = spec.student.precision.value  # resolved by each actor on its own device
-    max_len = spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens + 1
     rollout_cls = ray.remote(workers.RolloutWorker).options(
         **workers.actor_options("rollout", gpus_per_worker=gpus, budget=plan.gpu_budget)
     )
     rollout = RolloutPool(
-        [
-            rollout_cls.remote(
-                spec.student.rollout.engine.value,
-                loop.model_dir,
-                precision,
-                max_len,
-                spec.schedule.seed,
-                spec.student.rollout.memory_fraction,
-                spec.student.rollout.enforce_eager,
-            )
-            for _ in range(spec.student.rollout.replicas)
-        ]
+        [rollout_cls.remote(loop.model_dir, plan.rollout) for _ in range(plan.rollout.replicas)]
     )
     colocated_actors: dict[str, Any] = {}
     for teacher in colocated:

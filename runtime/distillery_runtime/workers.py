@@ -18,6 +18,7 @@ import torch
 
 from distillery.plan.engines import EngineSettings
 from distillery.plan.gpu_budget import GpuBudget
+from distillery.plan.rollout import RolloutSettings
 from distillery_runtime.samples import RolloutSample, TrainSample
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -147,27 +148,18 @@ class TrainerWorker:
 class RolloutWorker:
     """The student's rollout engine (vLLM or transformers) in its own process."""
 
-    def __init__(
-        self,
-        kind: str,
-        model_dir: str,
-        precision: str,
-        max_model_len: int,
-        seed: int,
-        memory_fraction: float,
-        enforce_eager: bool | None = None,
-    ) -> None:
+    def __init__(self, model_dir: str, settings: RolloutSettings) -> None:
         from distillery_runtime.rollout import build_engine
 
-        self.dtype_name = compute_dtype_here(precision)
+        self.dtype_name = compute_dtype_here(settings.precision)
         self.engine = build_engine(
-            kind,
+            settings.engine,
             model_dir,
             dtype=DTYPES[self.dtype_name],
-            max_model_len=max_model_len,
-            seed=seed,
-            memory_fraction=memory_fraction,
-            enforce_eager=enforce_eager,
+            max_model_len=settings.max_model_len,
+            seed=settings.seed,
+            memory_fraction=settings.memory_fraction,
+            enforce_eager=settings.enforce_eager,
         )
 
     def dtype(self) -> str:

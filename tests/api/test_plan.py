@@ -144,3 +144,30 @@ def test_share_left_on_a_shared_gpu() -> None:
 def test_vllm_env_keeps_the_callers_kv_cache() -> None:
     assert vllm_env({}) == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     assert vllm_env({"VLLM_CPU_KVCACHE_SPACE": "8"})["VLLM_CPU_KVCACHE_SPACE"] == "8"
+
+
+def test_rollout_settings_and_world_size(base_manifest: dict[str, Any]) -> None:
+    base_manifest["spec"]["student"]["rollout"] = {"replicas": 2, "memoryFraction": 0.3}
+    base_manifest["spec"]["student"]["pool"] = {"workers": 2, "gpusPerWorker": 4}
+    plan = plan_of(base_manifest)
+    rollout, spec = plan.rollout, parse_job(base_manifest).spec
+    assert (rollout.replicas, rollout.memory_fraction, rollout.engine) == (
+        2,
+        0.3,
+        spec.student.rollout.engine,
+    )
+    # The student's engines and a teacher without its own maxModelLen see the same longest sequence.
+    assert rollout.max_model_len == spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens + 1
+    plain = [t.name for t in spec.teachers if t.inference.max_model_len is None]
+    assert plain and all(plan.engines[name].max_model_len == rollout.max_model_len for name in plain)
+    assert plan.world_size == 8
+    base_manifest["spec"]["student"]["pool"] = {"workers": 3, "gpusPerWorker": 0}
+    assert plan_of(base_manifest).world_size == 3
+
+
+def test_a_run_told_to_stop_early_schedules_its_learning_rate_over_the_steps_it_takes(
+    base_manifest: dict[str, Any],
+) -> None:
+    spec = parse_job(base_manifest).spec
+    assert resolve(spec).trainer.total_steps == spec.schedule.steps
+    assert resolve(spec, steps=3).trainer.total_steps == 3

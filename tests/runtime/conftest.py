@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from distillery.plan.vllm_env import vllm_env
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -114,12 +116,7 @@ def run_env() -> dict[str, str]:
             env.get("PYTHONPATH", ""),
         ]
     )
-    env.update(
-        VLLM_CPU_KVCACHE_SPACE="1",
-        HF_HUB_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
+    env.update(vllm_env(os.environ), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     return env
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from distillery.api.spec import RolloutEngine as EngineKind
 from distillery_runtime.rollout.base import RolloutEngine
 
 
 def build_engine(
-    kind: str,
+    kind: EngineKind,
     model_dir: str,
     *,
     dtype: torch.dtype,
@@ -22,7 +23,7 @@ def build_engine(
     enforce_eager: bool | None = None,
 ) -> RolloutEngine:
     """The engine named by `student.rollout.engine` (vllm or transformers)."""
-    if kind == "vllm":
+    if kind == EngineKind.VLLM:
         from distillery_runtime.rollout.vllm_engine import VllmRolloutEngine
 
         return VllmRolloutEngine(
@@ -33,8 +34,8 @@ def build_engine(
             memory_fraction=memory_fraction,
             enforce_eager=enforce_eager,
         )
-    if kind == "transformers":
+    if kind == EngineKind.TRANSFORMERS:
         from distillery_runtime.rollout.hf_engine import TransformersRolloutEngine
 
         return TransformersRolloutEngine(model_dir, dtype=dtype)
-    raise ValueError(f"unknown rollout engine {kind!r}; known: vllm, transformers")
+    raise ValueError(f"unknown rollout engine {kind!r}; known: {', '.join(EngineKind)}")

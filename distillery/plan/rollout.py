@@ -1,0 +1,54 @@
+"""The student's side of a run, resolved: its rollout engines' settings and how many trainer ranks it has.
+
+Each rollout replica is started from one `RolloutSettings` (the loop only translates it into an actor), and
+the context every engine needs, the student's and the teachers', is `sequence_length`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """What each of the student's rollout engines is started with."""
+
+    engine: RolloutEngine
+    precision: Precision
+    """auto is resolved by each engine on its own device (it must match the trainer's cast of synced
+    weights)."""
+    max_model_len: int
+    seed: int
+    memory_fraction: float
+    """vLLM's gpu_memory_utilization on the student's GPU (awake beside the colocated teachers)."""
+    enforce_eager: bool | None
+    """None: vLLM compiles on a GPU, runs eagerly on CPU."""
+    replicas: int
+
+
+def sequence_length(spec: DistillationJobSpec) -> int:
+    """The longest sequence an engine sees: the longest prompt, the longest response and one scoring
+    token (a teacher scores the position after the last response token)."""
+    return spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens + 1
+
+
+def resolve_rollout(spec: DistillationJobSpec) -> RolloutSettings:
+    """The rollout engines' settings of a spec."""
+    rollout = spec.student.rollout
+    return RolloutSettings(
+        engine=rollout.engine,
+        precision=spec.student.precision,
+        max_model_len=sequence_length(spec),
+        seed=spec.schedule.seed,
+        memory_fraction=rollout.memory_fraction,
+        enforce_eager=rollout.enforce_eager,
+        replicas=rollout.replicas,
+    )
+
+
+def trainer_world_size(spec: DistillationJobSpec) -> int:
+    """Trainer ranks: one per student GPU, or one per worker on CPU."""
+    pool = spec.student.pool
+    return max(1, pool.workers * max(pool.gpus_per_worker, 1))
