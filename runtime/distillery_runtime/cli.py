@@ -12,10 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ import orjson
 from distillery.runtime_config import RuntimeConfig, resolve_runtime_config
 from distillery.validation import InvalidManifest, load_job
 from distillery_runtime.local_gpus import LocalGpuPlan
+from distillery_runtime.startup import SEQUENTIAL_ENV, StartupClock, startup_plan
 
 log = logging.getLogger("distillery.runtime")
 
@@ -167,6 +171,20 @@ async def check_served_tokenizers(config: RuntimeConfig, student_tokenizer: Any,
             )
 
 
+def _first_step_mark(
+    on_step: Callable[[dict[str, Any]], None], clock: StartupClock, say: Callable[[str], None]
+) -> Callable[[dict[str, Any]], None]:
+    """`on_step`, which also prints the start-up line once the run's first step is done."""
+
+    def step(record: dict[str, Any]) -> None:
+        on_step(record)
+        if "first step" not in clock.marks:
+            clock.mark("first step")
+            say(clock.line())
+
+    return step
+
+
 async def _run(
     config: RuntimeConfig,
     in_cluster: bool,
@@ -201,35 +219,69 @@ async def _run(
         status=status,
         on_event=lambda message: print(message, flush=True),
     )
-    loop = Loop(config, options)  # data and tokenizer problems surface here, before any process starts
-    check_teacher_tokenizers(config, loop.tokenizer)
-    for note in loop.notes:
-        print(f"data: {note}", flush=True)
-    if gpus is not None and (gpus.student or gpus.teachers):
-        print(gpus.describe(), flush=True)
-    loop.restore()
-    loop.preflight()
-    progress = Progress(loop.total, loop.step_done, plain=args.no_progress or not sys.stdout.isatty())
-    options.on_step, options.on_event = progress.step, progress.event
-    _install_interrupt(stop, progress.event)
+    clock = StartupClock()
+    plan = startup_plan(in_cluster, sequential=os.environ.get(SEQUENTIAL_ENV) == "1")
     teachers = None
-    components = None
-    failure: Exception | None = None
     started = time.monotonic()
-    try:
-        if not in_cluster:
-            config, teachers = local.start_local_teachers(config, out_dir / "logs", gpus)
-            loop.config = config
+
+    def start_ray() -> None:
         local.init_ray(
             args.ray_address or ("auto" if in_cluster else None),
             gpus.student if gpus else None,
             model_locations=config.spec.loaded_models(),
         )
+        clock.mark("ray")
+
+    def load_job() -> Loop:
+        job = Loop(config, options)  # data and tokenizer problems surface here
+        check_teacher_tokenizers(config, job.tokenizer)
+        job.restore()
+        job.preflight()
+        clock.mark("job loaded")
+        return job
+
+    try:
+        if plan.teachers_first:
+            config, teachers = local.start_local_teachers(config, out_dir / "logs", gpus)
+        if plan.ray_with_job:
+            # The teachers boot (subprocesses) and Ray starts while this process loads the job's data and
+            # tokenizers in a thread; ray.init stays on the main thread (it installs signal handlers).
+            with ThreadPoolExecutor(1, thread_name_prefix="load-job") as pool:
+                loading = pool.submit(load_job)
+                try:
+                    start_ray()
+                finally:
+                    loop = loading.result()
+        else:
+            loop = load_job()
+    except BaseException:
+        if teachers is not None:
+            teachers.stop()
+        raise
+    for note in loop.notes:
+        print(f"data: {note}", flush=True)
+    if gpus is not None and (gpus.student or gpus.teachers):
+        print(gpus.describe(), flush=True)
+    progress = Progress(loop.total, loop.step_done, plain=args.no_progress or not sys.stdout.isatty())
+    options.on_step, options.on_event = _first_step_mark(progress.step, clock, progress.event), progress.event
+    _install_interrupt(stop, progress.event)
+    components = None
+    failure: Exception | None = None
+    try:
+        if not in_cluster and not plan.teachers_first:
+            config, teachers = local.start_local_teachers(config, out_dir / "logs", gpus)
+        loop.config = config
+        if not plan.ray_with_job:
+            start_ray()
         # ray.init installs its own SIGTERM handler in the driver (it logs a stack and aborts): ours again,
         # so that a SIGTERM (a pod's deletion, the preStop hook) finishes the step and saves a checkpoint.
         _install_interrupt(stop, progress.event)
         components_task = asyncio.create_task(start_components(loop, config))
-        waited = await local.wait_for_teachers(config, config.spec.teacher_ready_timeout_seconds, teachers)
+        components_task.add_done_callback(lambda _task: clock.mark("components ready"))
+        waited = await local.wait_for_teachers(
+            config, config.spec.teacher_ready_timeout_seconds, teachers, interval=plan.poll_interval_s
+        )
+        clock.mark("teachers ready")
         progress.event(f"teachers ready after {waited:.1f} s")
         await check_served_tokenizers(config, loop.tokenizer, progress.event)
         components = await components_task

@@ -1,0 +1,81 @@
+"""Start-up of a run: in which order its parts start, and how long each took to be ready.
+
+The first step waits for four things: the job (its data, tokenizers, checkpoint state), Ray, the
+teachers (local runs: vLLM server subprocesses) and the components (the rollout engine and the trainer
+ranks, Ray actors). `startup_plan` decides once how they overlap. Concurrent (the default): the
+teacher servers are spawned first, then Ray starts on the main thread while the job loads in a
+thread, then the actors start while the teachers finish booting. Sequential (`DISTILLERY_SEQUENTIAL_STARTUP=1`,
+kept so that `bench/startup.py` can measure both in one run): the job loads, then the teachers are
+spawned, then Ray starts, as before issue 18.
+
+`distillery run` prints one line when its first step is done, for people and for `bench/startup.py`:
+
+    start-up: job loaded 4.1 s, ray 9.8 s, teachers ready 31.2 s, components ready 33.0 s, first step 41.7 s
+
+Times count from the process's creation (what a user waits), not from when Python got to `main`, so
+interpreter and import time are in them. A mark is printed in the order it happened; phases that run
+concurrently (the teachers boot while Ray starts and the job's data loads) can finish in any order.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+PREFIX = "start-up: "
+SEQUENTIAL_ENV = "DISTILLERY_SEQUENTIAL_STARTUP"
+
+
+@dataclass(frozen=True)
+class StartupPlan:
+    teachers_first: bool
+    """Spawn the local teacher servers before loading the job (they boot for tens of seconds)."""
+    ray_with_job: bool
+    """Start Ray on the main thread while the job loads in a thread."""
+    poll_interval_s: float
+    """How often the teachers' health endpoints are polled: a ready teacher waits at most this long."""
+
+
+def startup_plan(in_cluster: bool, *, sequential: bool) -> StartupPlan:
+    """How a run starts (in a cluster there are no local teachers to spawn; Ray is joined, not started)."""
+    if sequential:
+        return StartupPlan(teachers_first=False, ray_with_job=False, poll_interval_s=1.0)
+    return StartupPlan(teachers_first=not in_cluster, ray_with_job=True, poll_interval_s=0.25)
+
+
+_ITEM = re.compile(r"([a-z][a-z -]*?) (\d+(?:\.\d+)?) s")
+
+
+def process_started() -> float:
+    """The wall-clock time this process was created (psutil), or now where that cannot be read."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # an unusual platform: fall back to "since the clock was made"
+        return time.time()
+
+
+@dataclass
+class StartupClock:
+    """Named marks, in seconds since the process started."""
+
+    origin: float = field(default_factory=process_started)
+    marks: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, name: str) -> float:
+        """Record `name` now (the first time only: a mark is when a thing first became ready)."""
+        return self.marks.setdefault(name, round(time.time() - self.origin, 1))
+
+    def line(self) -> str:
+        ordered = sorted(self.marks.items(), key=lambda item: item[1])
+        return PREFIX + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in ordered)
+
+
+def parse_line(text: str) -> dict[str, float] | None:
+    """The marks of the first start-up line in `text` (a run's output), or None if it has none."""
+    for line in text.splitlines():
+        if line.startswith(PREFIX):
+            return {name: float(seconds) for name, seconds in _ITEM.findall(line[len(PREFIX) :])}
+    return None

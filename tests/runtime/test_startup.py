@@ -1,0 +1,46 @@
+"""The start-up plan (what starts concurrently) and the start-up line `bench/startup.py` reads."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from distillery_runtime.startup import PREFIX, StartupClock, StartupPlan, parse_line, startup_plan
+
+
+def test_local_runs_spawn_the_teachers_first_and_start_ray_while_the_job_loads():
+    assert startup_plan(in_cluster=False, sequential=False) == StartupPlan(
+        teachers_first=True, ray_with_job=True, poll_interval_s=0.25
+    )
+
+
+def test_in_a_cluster_there_are_no_teachers_to_spawn():
+    plan = startup_plan(in_cluster=True, sequential=False)
+    assert not plan.teachers_first and plan.ray_with_job
+
+
+@pytest.mark.parametrize("in_cluster", [False, True])
+def test_the_sequential_order_is_the_one_before_issue_18(in_cluster):
+    assert startup_plan(in_cluster, sequential=True) == StartupPlan(
+        teachers_first=False, ray_with_job=False, poll_interval_s=1.0
+    )
+
+
+def test_marks_count_from_the_process_start_and_keep_the_first_time():
+    clock = StartupClock(origin=time.time() - 10)
+    first = clock.mark("ray")
+    assert 10 <= first < 12
+    clock.marks["job loaded"] = 4.25
+    assert clock.mark("ray") == first  # a second mark does not move the first
+    assert clock.line() == f"{PREFIX}job loaded 4.2 s, ray {first:.1f} s"
+
+
+def test_the_process_start_is_in_the_past():
+    assert 0 <= time.time() - StartupClock().origin < 3600
+
+
+def test_the_line_reads_back():
+    clock = StartupClock(origin=0, marks={"job loaded": 3.0, "teachers ready": 30.5, "first step": 41.7})
+    output = f"data: note\n{clock.line()}\nstep 1/1 ...\n"
+    assert parse_line(output) == {"job loaded": 3.0, "teachers ready": 30.5, "first step": 41.7}
+    assert parse_line("step 1/1\n") is None
