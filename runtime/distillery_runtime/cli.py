@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -242,18 +241,10 @@ async def _run(
 
     try:
         if plan.teachers_first:
+            # The teacher servers boot (subprocesses, tens of seconds) while this process loads the job; they
+            # write only to their logs, and a job that fails to load stops them before anything else starts.
             config, teachers = local.start_local_teachers(config, out_dir / "logs", gpus)
-        if plan.ray_with_job:
-            # The teachers boot (subprocesses) and Ray starts while this process loads the job's data and
-            # tokenizers in a thread; ray.init stays on the main thread (it installs signal handlers).
-            with ThreadPoolExecutor(1, thread_name_prefix="load-job") as pool:
-                loading = pool.submit(load_job)
-                try:
-                    start_ray()
-                finally:
-                    loop = loading.result()
-        else:
-            loop = load_job()
+        loop = load_job()
     except BaseException:
         if teachers is not None:
             teachers.stop()
@@ -271,8 +262,7 @@ async def _run(
         if not in_cluster and not plan.teachers_first:
             config, teachers = local.start_local_teachers(config, out_dir / "logs", gpus)
         loop.config = config
-        if not plan.ray_with_job:
-            start_ray()
+        start_ray()
         # ray.init installs its own SIGTERM handler in the driver (it logs a stack and aborts): ours again,
         # so that a SIGTERM (a pod's deletion, the preStop hook) finishes the step and saves a checkpoint.
         _install_interrupt(stop, progress.event)

@@ -1,20 +1,24 @@
 """Start-up of a run: in which order its parts start, and how long each took to be ready.
 
-The first step waits for four things: the job (its data, tokenizers, checkpoint state), Ray, the
-teachers (local runs: vLLM server subprocesses) and the components (the rollout engine and the trainer
-ranks, Ray actors). `startup_plan` decides once how they overlap. Concurrent (the default): the
-teacher servers are spawned first, then Ray starts on the main thread while the job loads in a
-thread, then the actors start while the teachers finish booting. Sequential (`DISTILLERY_SEQUENTIAL_STARTUP=1`,
-kept so that `bench/startup.py` can measure both in one run): the job loads, then the teachers are
-spawned, then Ray starts, as before issue 18.
+The first step waits for four things: the job (its data, tokenizers, checkpoint state), the teachers
+(local runs: vLLM server subprocesses), Ray, and the components (the rollout engine and the trainer
+ranks, Ray actors). `startup_plan` decides once how they overlap. Now (the default): the teacher servers
+are spawned first and boot while the job loads, then Ray starts, then the actors start while the
+teachers finish booting, and the teachers' health is polled every 0.25 s. Sequential
+(`DISTILLERY_SEQUENTIAL_STARTUP=1`, kept so that `bench/startup.py` can measure both in one run): the job
+loads, then the teachers are spawned, then Ray, polled every second, as before issue 18.
+
+Ray is not started while the job loads, although that measured faster (bench/README.md): a job whose
+data or checkpoint folder is wrong must fail with its one line before Ray (which logs to stderr) or any
+actor starts (tests/runtime/test_run.py); the teacher servers spawned early write only to their logs
+and are stopped.
 
 `distillery run` prints one line when its first step is done, for people and for `bench/startup.py`:
 
     start-up: job loaded 4.1 s, ray 9.8 s, teachers ready 31.2 s, components ready 33.0 s, first step 41.7 s
 
 Times count from the process's creation (what a user waits), not from when Python got to `main`, so
-interpreter and import time are in them. A mark is printed in the order it happened; phases that run
-concurrently (the teachers boot while Ray starts and the job's data loads) can finish in any order.
+interpreter and import time are in them. Marks are printed in the order they happened.
 """
 
 from __future__ import annotations
@@ -25,26 +29,22 @@ from dataclasses import dataclass, field
 
 PREFIX = "start-up: "
 SEQUENTIAL_ENV = "DISTILLERY_SEQUENTIAL_STARTUP"
+_ITEM = re.compile(r"([a-z][a-z -]*?) (\d+(?:\.\d+)?) s")
 
 
 @dataclass(frozen=True)
 class StartupPlan:
     teachers_first: bool
     """Spawn the local teacher servers before loading the job (they boot for tens of seconds)."""
-    ray_with_job: bool
-    """Start Ray on the main thread while the job loads in a thread."""
     poll_interval_s: float
     """How often the teachers' health endpoints are polled: a ready teacher waits at most this long."""
 
 
 def startup_plan(in_cluster: bool, *, sequential: bool) -> StartupPlan:
-    """How a run starts (in a cluster there are no local teachers to spawn; Ray is joined, not started)."""
+    """How a run starts (in a cluster the teachers are the operator's, already starting)."""
     if sequential:
-        return StartupPlan(teachers_first=False, ray_with_job=False, poll_interval_s=1.0)
-    return StartupPlan(teachers_first=not in_cluster, ray_with_job=True, poll_interval_s=0.25)
-
-
-_ITEM = re.compile(r"([a-z][a-z -]*?) (\d+(?:\.\d+)?) s")
+        return StartupPlan(teachers_first=False, poll_interval_s=1.0)
+    return StartupPlan(teachers_first=not in_cluster, poll_interval_s=0.25)
 
 
 def process_started() -> float:

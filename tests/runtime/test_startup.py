@@ -8,22 +8,19 @@ import pytest
 from distillery_runtime.startup import PREFIX, StartupClock, StartupPlan, parse_line, startup_plan
 
 
-def test_local_runs_spawn_the_teachers_first_and_start_ray_while_the_job_loads():
+def test_local_runs_spawn_the_teachers_first_and_poll_them_often():
     assert startup_plan(in_cluster=False, sequential=False) == StartupPlan(
-        teachers_first=True, ray_with_job=True, poll_interval_s=0.25
+        teachers_first=True, poll_interval_s=0.25
     )
 
 
 def test_in_a_cluster_there_are_no_teachers_to_spawn():
-    plan = startup_plan(in_cluster=True, sequential=False)
-    assert not plan.teachers_first and plan.ray_with_job
+    assert not startup_plan(in_cluster=True, sequential=False).teachers_first
 
 
 @pytest.mark.parametrize("in_cluster", [False, True])
 def test_the_sequential_order_is_the_one_before_issue_18(in_cluster):
-    assert startup_plan(in_cluster, sequential=True) == StartupPlan(
-        teachers_first=False, ray_with_job=False, poll_interval_s=1.0
-    )
+    assert startup_plan(in_cluster, sequential=True) == StartupPlan(teachers_first=False, poll_interval_s=1.0)
 
 
 def test_marks_count_from_the_process_start_and_keep_the_first_time():
