@@ -47,7 +47,6 @@ def untrained_job(directory: Path) -> Path:
     """The example's manifest pointing at untrained models of the task's shape and 64 rows of data."""
     _paths()
     import orjson
-    import torch
     from distillery_runtime.tasks.addition import ALPHABET, sample_problems
     from distillery_runtime.tasks.prepare import AdditionRecipe, _llama
     from distillery_runtime.tasks.tokenizer import build_char_tokenizer
@@ -56,7 +55,7 @@ def untrained_job(directory: Path) -> Path:
     tokenizer = build_char_tokenizer(ALPHABET)
     for seed, role in enumerate(("teacher", "student")):
         model = _llama(tokenizer, recipe.student, seed=seed, max_positions=recipe.max_positions)
-        model.to(torch.float32).save_pretrained(directory / role, safe_serialization=True)
+        model.save_pretrained(directory / role, safe_serialization=True)  # float32, like the task's
         tokenizer.save_pretrained(directory / role)
     for name, held_out in (("train", False), ("eval", True)):
         rows = [p.row() for p in sample_problems(64, digits=3, seed=7, held_out=held_out)]

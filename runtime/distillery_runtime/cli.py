@@ -170,6 +170,25 @@ async def check_served_tokenizers(config: RuntimeConfig, student_tokenizer: Any,
             )
 
 
+def report_references(config: RuntimeConfig) -> dict[str, float]:
+    """The teachers' held-out accuracies where known (a synthetic task's build measured them on the job's
+    eval prompts): the lines the report's accuracy plot shows the student climbing toward."""
+    from distillery_runtime.tasks import teacher_accuracy
+
+    eval_path = config.spec.data.eval.path if config.spec.data.eval else None
+    teachers = config.spec.teachers
+    out: dict[str, float] = {}
+    for teacher in teachers:
+        try:
+            accuracy = teacher_accuracy(teacher.model, eval_path)
+        except (OSError, KeyError, ValueError) as error:  # the report of a finished run must not fail
+            log.warning("teacher %s: its held-out accuracy could not be read (%s)", teacher.name, error)
+            continue
+        if accuracy is not None:
+            out["teacher" if len(teachers) == 1 else f"teacher {teacher.name}"] = accuracy
+    return out
+
+
 def _first_step_mark(
     on_step: Callable[[dict[str, Any]], None], clock: StartupClock, say: Callable[[str], None]
 ) -> Callable[[dict[str, Any]], None]:
@@ -301,7 +320,12 @@ async def _run(
         + (f"; {'; '.join(loop.notes)}" if loop.notes else ""),
     }
     report = write_report(
-        out_dir, job_name=config.job_name, records=result.records, evals=result.evals, summary=summary
+        out_dir,
+        job_name=config.job_name,
+        records=result.records,
+        evals=result.evals,
+        summary=summary,
+        references=report_references(config),
     )
     if result.evals:
         first, last = result.evals[0], result.evals[-1]

@@ -1,4 +1,8 @@
-"""The end-of-run report: `report.md` plus PNG plots of loss, KL and eval accuracy over steps."""
+"""The end-of-run report: `report.md` plus PNG plots of loss, KL and eval accuracy over steps.
+
+`references` are accuracies the student is climbing toward or measured against (the teacher's held-out
+accuracy, an SFT baseline's): dashed lines on the accuracy plot, and named in the headline.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,11 @@ def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
 
 
 def plot(
-    path: Path, title: str, ylabel: str, series: dict[str, tuple[list[int], list[float]]]
+    path: Path,
+    title: str,
+    ylabel: str,
+    series: dict[str, tuple[list[int], list[float]]],
+    hlines: dict[str, float] | None = None,
 ) -> Path | None:
     import matplotlib
 
@@ -29,11 +37,15 @@ def plot(
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     for label, (xs, ys) in series.items():
         ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
+    for (label, value), color in zip(
+        (hlines or {}).items(), ("tab:green", "tab:red", "tab:gray"), strict=False
+    ):
+        ax.axhline(value, linestyle="--", linewidth=1, color=color, label=f"{label} ({value:.1%})")
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    if len(series) > 1:
+    if len(series) + len(hlines or {}) > 1:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path)
@@ -53,8 +65,12 @@ def write_report(
     records: list[dict[str, Any]],
     evals: list[dict[str, Any]],
     summary: dict[str, Any],
+    references: dict[str, float] | None = None,
 ) -> Path:
-    """Write report.md and its plots into out_dir; returns the report's path."""
+    """Write report.md and its plots into out_dir; returns the report's path.
+
+    `references`: {label: held-out accuracy}, e.g. {"teacher": 0.99, "SFT baseline": 0.8}."""
+    references = references or {}
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = []
     p = plot(out_dir / "loss.png", "Distillation loss", "loss", {"loss": _series(records, "loss")})
@@ -74,6 +90,7 @@ def write_report(
                 "Held-out accuracy",
                 "exact match",
                 {"student": _series(evals, "eval_accuracy")},
+                references,
             ),
         )
     )
@@ -83,7 +100,8 @@ def write_report(
         lines += [
             f"**Held-out accuracy: {first['eval_accuracy']:.1%} at step {first['step']} -> "
             f"{last['eval_accuracy']:.1%} at step {last['step']}** "
-            f"({last['eval_accuracy'] - first['eval_accuracy']:+.1%}, {last.get('n', '?')} prompts, greedy, exact match)",
+            f"({last['eval_accuracy'] - first['eval_accuracy']:+.1%}, {last.get('n', '?')} prompts, greedy, exact match)"
+            + "".join(f"; {label}: {value:.1%}" for label, value in references.items()),
             "",
         ]
     step_times = [r["time/step_s"] for r in records]

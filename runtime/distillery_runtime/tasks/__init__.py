@@ -5,8 +5,22 @@ preparing the task once (cached). `task_for(data_path)` is the task a job trains
 field of the task) and `model_accuracy` a model directory's held-out accuracy under greedy decoding.
 """
 
+import orjson
+
 from distillery_runtime.tasks.base import Task
 from distillery_runtime.tasks.uri import SCHEME, is_synthetic, parse_uri, resolve_uri, task_for
+
+
+def teacher_accuracy(teacher_model: str, eval_path: str | None) -> float | None:
+    """The held-out accuracy a synthetic task's build measured for its teacher (its manifest), when the job
+    evaluates on that task's eval set, so the number is on the same prompts; None for anything else."""
+    if not (is_synthetic(teacher_model) and eval_path and is_synthetic(eval_path)):
+        return None
+    task, artefact = parse_uri(teacher_model)
+    if artefact != "teacher" or parse_uri(eval_path) != (task, "eval"):
+        return None
+    manifest = orjson.loads((resolve_uri(teacher_model).parent / "manifest.json").read_bytes())
+    return float(manifest["teacher"]["eval_accuracy"])
 
 
 def model_accuracy(model_dir, rows, **kw):  # type: ignore[no-untyped-def]
@@ -16,4 +30,13 @@ def model_accuracy(model_dir, rows, **kw):  # type: ignore[no-untyped-def]
     return _impl(model_dir, rows, **kw)
 
 
-__all__ = ["SCHEME", "Task", "is_synthetic", "model_accuracy", "parse_uri", "resolve_uri", "task_for"]
+__all__ = [
+    "SCHEME",
+    "Task",
+    "is_synthetic",
+    "model_accuracy",
+    "parse_uri",
+    "resolve_uri",
+    "task_for",
+    "teacher_accuracy",
+]

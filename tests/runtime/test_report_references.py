@@ -1,0 +1,88 @@
+"""The report shows the accuracy the student climbs toward: the teacher's (and a baseline's) as lines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from distillery_runtime import tasks
+from distillery_runtime.report import write_report
+
+EVALS = [{"step": 0, "eval_accuracy": 0.15, "n": 512}, {"step": 10, "eval_accuracy": 0.6, "n": 512}]
+
+
+def test_the_headline_names_the_references_and_the_plot_draws_them(tmp_path, monkeypatch):
+    drawn = {}
+    import matplotlib.axes
+
+    original = matplotlib.axes.Axes.axhline
+
+    def axhline(self, y=0, *args, **kw):
+        drawn[kw["label"]] = y
+        return original(self, y, *args, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline", axhline)
+    report = write_report(
+        tmp_path,
+        job_name="j",
+        records=[],
+        evals=EVALS,
+        summary={},
+        references={"teacher": 0.994, "SFT baseline": 0.7},
+    )
+    text = report.read_text()
+    assert "15.0% at step 0 -> 60.0% at step 10" in text
+    assert "; teacher: 99.4%; SFT baseline: 70.0%" in text
+    assert drawn == {"teacher (99.4%)": 0.994, "SFT baseline (70.0%)": 0.7}
+    assert (tmp_path / "eval_accuracy.png").is_file()
+
+
+def test_without_references_the_report_is_as_before(tmp_path):
+    text = write_report(tmp_path, job_name="j", records=[], evals=EVALS, summary={}).read_text()
+    assert "exact match)\n" in text and "teacher:" not in text
+
+
+@pytest.mark.parametrize(
+    ("teacher", "eval_path"),
+    [
+        ("/models/teacher", "synthetic://addition/eval"),
+        ("synthetic://addition/teacher", "/data/eval.jsonl"),
+        ("synthetic://addition/teacher", None),
+        ("synthetic://addition/teacher", "synthetic://fibonacci/eval"),  # another task's prompts
+        ("synthetic://addition/student", "synthetic://addition/eval"),
+    ],
+)
+def test_the_teacher_line_only_when_it_was_measured_on_the_same_prompts(teacher, eval_path, monkeypatch):
+    monkeypatch.setattr(tasks, "resolve_uri", lambda _uri: pytest.fail("nothing to read"))
+    assert tasks.teacher_accuracy(teacher, eval_path) is None
+
+
+def test_the_teacher_line_comes_from_the_prepared_task(tmp_path, monkeypatch):
+    (tmp_path / "teacher").mkdir()
+    (tmp_path / "manifest.json").write_text(json.dumps({"teacher": {"eval_accuracy": 0.98828125}}))
+    monkeypatch.setattr(tasks, "resolve_uri", lambda uri: tmp_path / "teacher")
+    assert tasks.teacher_accuracy("synthetic://fibonacci/teacher", "synthetic://fibonacci/eval") == 0.98828125
+
+
+def test_the_run_passes_the_teacher_line_and_survives_a_missing_manifest(monkeypatch):
+    from pathlib import Path
+
+    from distillery_runtime.cli import load_config, report_references
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "local-addition.yaml"
+    config, _in_cluster = load_config(str(example))
+    seen = []
+
+    def measured(model, eval_path):
+        seen.append((model, eval_path))
+        return 0.99
+
+    monkeypatch.setattr(tasks, "teacher_accuracy", measured)
+    assert report_references(config) == {"teacher": 0.99}
+    assert seen == [("synthetic://addition/teacher", "synthetic://addition/eval")]
+
+    def missing(_model, _eval_path):
+        raise FileNotFoundError("manifest.json")
+
+    monkeypatch.setattr(tasks, "teacher_accuracy", missing)
+    assert report_references(config) == {}
