@@ -3,8 +3,8 @@
     nice -n 19 python bench/startup.py --rounds 3
 
 Each round runs the same local job twice, once per start-up order (`runtime/distillery_runtime/startup.py`):
-concurrent (the default: teacher servers spawned first, Ray started while the job loads, the rollout
-engine and trainer started while the teachers boot) and sequential (`DISTILLERY_SEQUENTIAL_STARTUP=1`:
+concurrent (the default: teacher servers spawned first and booting while the job loads and Ray starts,
+the rollout engine and trainer started while the teachers finish booting) and sequential (`DISTILLERY_SEQUENTIAL_STARTUP=1`:
 load the job, then spawn the teachers, then start Ray, then the actors: the order before issue 18).
 The two alternate so that a busy machine slows both alike. Times are read from the run's own
 `start-up:` line (seconds since the process was created); "first step" includes the step-0 evaluation
@@ -37,7 +37,7 @@ PHASES = ("job loaded", "ray", "teachers ready", "components ready", "first step
 
 
 def _paths() -> None:
-    for sub in ("", "operator", "runtime"):
+    for sub in ("", "operator", "runtime", "cli"):
         path = str(ROOT / sub) if sub else str(ROOT)
         if path not in sys.path:
             sys.path.insert(0, path)
@@ -76,8 +76,8 @@ def run_once(manifest: Path, mode: str, out: Path) -> dict[str, float]:
     from distillery_runtime.startup import SEQUENTIAL_ENV, parse_line
 
     env = {**os.environ, SEQUENTIAL_ENV: "1" if mode == "sequential" else "0"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "operator"), str(ROOT / "runtime")])
-    command = [sys.executable, "-m", "distillery.cli", "run", str(manifest), "--steps", "1"]
+    env["PYTHONPATH"] = os.pathsep.join(str(ROOT / sub) for sub in ("", "operator", "runtime", "cli"))
+    command = [sys.executable, "-m", "distillery_cli", "run", str(manifest), "--steps", "1"]
     command += ["--no-progress", "--output", str(out), "--overwrite"]
     started = time.monotonic()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, check=False)

@@ -48,7 +48,6 @@ def test_without_references_the_report_is_as_before(tmp_path):
         ("/models/teacher", "synthetic://addition/eval"),
         ("synthetic://addition/teacher", "/data/eval.jsonl"),
         ("synthetic://addition/teacher", None),
-        ("synthetic://addition/teacher", "synthetic://fibonacci/eval"),  # another task's prompts
         ("synthetic://addition/student", "synthetic://addition/eval"),
     ],
 )
@@ -61,7 +60,7 @@ def test_the_teacher_line_comes_from_the_prepared_task(tmp_path, monkeypatch):
     (tmp_path / "teacher").mkdir()
     (tmp_path / "manifest.json").write_text(json.dumps({"teacher": {"eval_accuracy": 0.98828125}}))
     monkeypatch.setattr(tasks, "resolve_uri", lambda uri: tmp_path / "teacher")
-    assert tasks.teacher_accuracy("synthetic://fibonacci/teacher", "synthetic://fibonacci/eval") == 0.98828125
+    assert tasks.teacher_accuracy("synthetic://addition/teacher", "synthetic://addition/eval") == 0.98828125
 
 
 def test_the_run_passes_the_teacher_line_and_survives_a_missing_manifest(monkeypatch):
