@@ -85,8 +85,12 @@ def audit_requests(installation: Installation, since: int, users: set[str]) -> l
     """The resource requests of `users` logged after `since`, one per request (the last stage seen)."""
     by_id: dict[str, dict[str, Any]] = {}
     with installation.plane.audit_log.open("rb") as f:
-        f.seek(since)
+        f.seek(max(since - 1, 0))
+        if since and f.read(1) != b"\n":
+            f.readline()  # `since` fell inside a line the server was still writing: a request of before
         for line in f:
+            if not line.endswith(b"\n"):
+                break  # the server is still writing it
             if not line.strip():
                 continue
             event = json.loads(line)
