@@ -6,6 +6,7 @@ import pytest
 from distillery_runtime.tasks import is_synthetic, parse_uri, task_for
 from distillery_runtime.tasks.addition import TASK as ADDITION
 from distillery_runtime.tasks.base import ANSWER_MATCH
+from distillery_runtime.tasks.fibonacci import TASK as FIBONACCI
 
 
 @pytest.mark.parametrize(
@@ -38,6 +39,7 @@ def test_errors_name_what_is_allowed(uri, message):
     ("path", "task"),
     [
         ("synthetic://addition/train", ADDITION),
+        ("synthetic://fibonacci/eval", FIBONACCI),
         ("/data/train.jsonl", ANSWER_MATCH),
         ("s3://bucket/train.parquet", ANSWER_MATCH),
     ],

@@ -1,7 +1,8 @@
 """Bundled synthetic tasks a tiny model learns on CPU in minutes: the quick-start and the benchmarks.
 
 `resolve_uri("synthetic://addition/teacher")` (and `/student`, `/train`, `/eval`) gives a local path,
-preparing the task once (cached). `task_for(data_path)` is the task a job trains on (its grader is a
+preparing the task once (cached); `synthetic://fibonacci/...` is the long-generation task (74-134-token
+traces graded on their last number). `task_for(data_path)` is the task a job trains on (its grader is a
 field of the task) and `model_accuracy` a model directory's held-out accuracy under greedy decoding.
 """
 

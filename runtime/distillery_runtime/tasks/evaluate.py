@@ -1,5 +1,5 @@
-"""Held-out accuracy of a model on the addition task: greedy decoding with transformers, each response
-graded by the task (`addition.TASK`)."""
+"""Held-out accuracy of a model on a synthetic task: greedy decoding with transformers, each response
+graded by the task's grader (the addition task's by default)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from distillery_runtime.tasks.addition import TASK
+from distillery_runtime.tasks.addition import TASK as ADDITION
+from distillery_runtime.tasks.base import Task
 
 
 @torch.inference_mode()
@@ -40,15 +41,22 @@ def greedy_responses(
 
 
 def accuracy(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, str]], **kw: int
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Sequence[dict[str, str]],
+    *,
+    task: Task = ADDITION,
+    **kw: int,
 ) -> float:
-    """Fraction of rows whose greedy response the task grades correct against the row's `answer`."""
+    """Fraction of rows whose greedy response `task` grades correct against the row's `answer`."""
     responses = greedy_responses(model, tokenizer, [r["prompt"] for r in rows], **kw)
-    return sum(TASK.grade(resp, r["answer"]) for resp, r in zip(responses, rows, strict=True)) / len(rows)
+    return sum(task.grade(resp, r["answer"]) for resp, r in zip(responses, rows, strict=True)) / len(rows)
 
 
-def model_accuracy(model_dir: str | Path, rows: Sequence[dict[str, str]], **kw: int) -> float:
+def model_accuracy(
+    model_dir: str | Path, rows: Sequence[dict[str, str]], *, task: Task = ADDITION, **kw: int
+) -> float:
     """Held-out accuracy of the model saved in `model_dir` (loaded in float32 on CPU)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return accuracy(model, tokenizer, rows, **kw)
+    return accuracy(model, tokenizer, rows, task=task, **kw)

@@ -1,7 +1,8 @@
 """Resolve `synthetic://<task>/<artefact>` strings (model and data paths in a job spec) to local paths.
 
 `synthetic://addition/teacher` and `.../student` are model directories (transformers + vLLM),
-`.../train` and `.../eval` are jsonl datasets. The first resolution prepares the task (cached).
+`.../train` and `.../eval` are jsonl datasets; `synthetic://fibonacci/...` the same for the
+long-generation task. The first resolution prepares the task (cached).
 `task_for(data_path)` is the task (and so the grader) a job's training data belongs to.
 """
 
@@ -9,12 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distillery_runtime.tasks import addition
+from distillery_runtime.tasks import addition, fibonacci
 from distillery_runtime.tasks.base import ANSWER_MATCH, Task
 
 SCHEME = "synthetic://"
 ARTEFACTS = {"teacher": "teacher", "student": "student", "train": "train.jsonl", "eval": "eval.jsonl"}
-TASKS = {addition.TASK.name: addition.TASK}
+TASKS = {task.name: task for task in (addition.TASK, fibonacci.TASK)}
 
 
 def is_synthetic(uri: str) -> bool:
@@ -43,7 +44,7 @@ def task_for(data_path: str) -> Task:
 
 def resolve_uri(uri: str) -> Path:
     """The local path behind a synthetic URI, preparing the task on first use."""
-    from distillery_runtime.tasks.prepare import prepare_addition
+    from distillery_runtime.tasks.prepare import prepare
 
-    _task, artefact = parse_uri(uri)
-    return prepare_addition() / ARTEFACTS[artefact]
+    task, artefact = parse_uri(uri)
+    return prepare(task) / ARTEFACTS[artefact]
