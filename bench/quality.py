@@ -2,12 +2,14 @@
 held-out accuracy, with on-policy distillation (each loss mode, run by `distillery run`) versus
 supervised fine-tuning on teacher-generated answers (off-policy distillation), from the same start.
 
-    python bench/quality.py --quick      # k3 and forward_kl_topk vs SFT (~15 min on 2 cores)
-    python bench/quality.py              # every loss mode vs SFT
+    python bench/quality.py --quick                    # k3 and forward_kl_topk vs SFT (~15 min on 2 cores)
+    python bench/quality.py                            # every loss mode vs SFT
+    python bench/quality.py --task fibonacci --quick   # the long-generation task (74-134-token traces)
 
-The task is the bundled synthetic addition (`synthetic://addition/*`, prepared and cached on first
-use). Each on-policy run is a real `distillery run` of examples/local-addition.yaml with only the loss
-(and the step budget) changed: vLLM CPU rollout, the teacher as a loopback vLLM teacher server, Ray,
+The task is a bundled synthetic one (`synthetic://TASK/*`, prepared and cached on first use):
+addition (5-token answers, the default) or fibonacci (long traces graded on their last number). Each
+on-policy run is a real `distillery run` of examples/local-TASK.yaml with only the loss (and the step
+budget) changed: vLLM CPU rollout, the teacher as a loopback vLLM teacher server, Ray,
 the same trainer as in a cluster. The SFT baseline uses the same prompts per step, optimizer,
 learning rate and schedule, on the teacher's greedy answers to the same training prompts. "Steps to
 target" is the first evaluation at or above the target; "train s" sums the step times up to it
@@ -29,7 +31,13 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "local-addition.yaml"
+TASKS = ("addition", "fibonacci")
+
+
+def example_path(task: str) -> Path:
+    """The task's quick-start manifest: the on-policy runs' job, and the budgets SFT shares with them."""
+    return ROOT / "examples" / f"local-{task}.yaml"
+
 
 # Loss blocks per mode; everything else comes from the example. k1 is a reward, so it needs the
 # policy-gradient objective; the top-k modes read the teacher's top 8 log-probs per position.
@@ -64,9 +72,9 @@ class Curve:
         return None
 
 
-def job_manifest(loss: dict, *, steps: int, eval_every: int, name: str) -> dict:
+def job_manifest(example: Path, loss: dict, *, steps: int, eval_every: int, name: str) -> dict:
     """The example manifest with another loss and step budget."""
-    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc = yaml.safe_load(example.read_text())
     doc = copy.deepcopy(doc)
     doc["metadata"]["name"] = name
     doc["spec"]["loss"] = loss
@@ -117,12 +125,24 @@ def run_distillery(doc: dict, out_dir: Path, method: str) -> Curve:
 
 
 def run_sft(
-    task_dir: Path, *, steps: int, batch: int, lr: float, warmup: int, eval_every: int, target: float
+    task_dir: Path,
+    *,
+    task: str,
+    steps: int,
+    batch: int,
+    lr: float,
+    warmup: int,
+    eval_every: int,
+    target: float,
+    max_new_tokens: int,
 ) -> Curve:
     """SFT of the student on the teacher's greedy answers; stops at the target or after `steps`."""
+    import functools
+
     import torch
-    from distillery_runtime.tasks.evaluate import accuracy, greedy_responses
+    from distillery_runtime.tasks import evaluate
     from distillery_runtime.tasks.sft import train_sft
+    from distillery_runtime.tasks.uri import TASKS as GRADED
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.monotonic()
@@ -130,11 +150,15 @@ def run_sft(
     teacher = AutoModelForCausalLM.from_pretrained(task_dir / "teacher", dtype=torch.float32).eval()
     train = read_jsonl(task_dir / "train.jsonl")
     evals = read_jsonl(task_dir / "eval.jsonl")
-    answers = greedy_responses(teacher, tokenizer, [r["prompt"] for r in train])
+    accuracy = functools.partial(evaluate.accuracy, task=GRADED[task], max_new_tokens=max_new_tokens)
+    answers = evaluate.greedy_responses(
+        teacher, tokenizer, [r["prompt"] for r in train], max_new_tokens=max_new_tokens
+    )
     pairs = [(r["prompt"], a) for r, a in zip(train, answers, strict=True)]
     student = AutoModelForCausalLM.from_pretrained(task_dir / "student", dtype=torch.float32)
     curve = Curve("sft (teacher answers)")
-    curve.note = f"teacher answers correct on {sum(a == r['answer'] for r, a in zip(train, answers, strict=True))}/{len(train)} train prompts"
+    correct = sum(GRADED[task].grade(a, r["answer"]) for r, a in zip(train, answers, strict=True))
+    curve.note = f"teacher answers correct on {correct}/{len(train)} train prompts"
     curve.points.append((0, accuracy(student, tokenizer, evals), 0.0))
     train_s = 0.0
     last = time.perf_counter()
@@ -172,22 +196,31 @@ def run_sft(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=TASKS, default="addition", help="the bundled synthetic task")
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)} vs SFT")
     parser.add_argument("--modes", nargs="*", choices=sorted(LOSSES), help="loss modes to run (default: all)")
     parser.add_argument("--steps", type=int, default=150, help="on-policy step budget")
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT step budget (default: 4x on-policy)")
     parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--output", type=Path, default=ROOT / "runs" / "bench-quality")
+    parser.add_argument("--output", type=Path, default=None, help="default: runs/bench-quality[-TASK]")
     args = parser.parse_args(argv)
+    output = args.output or ROOT / "runs" / (
+        "bench-quality" + ("" if args.task == "addition" else f"-{args.task}")
+    )
 
     from distillery_runtime.tasks import resolve_uri
     from distillery_runtime.tasks.evaluate import model_accuracy
+    from distillery_runtime.tasks.uri import TASKS as GRADED
 
-    task_dir = resolve_uri("synthetic://addition/teacher").parent
+    example_file = example_path(args.task)
+    example = yaml.safe_load(example_file.read_text())["spec"]
+    max_new_tokens = example["student"]["rollout"]["maxNewTokens"]
+    task_dir = resolve_uri(f"synthetic://{args.task}/teacher").parent
     evals = read_jsonl(task_dir / "eval.jsonl")
-    teacher_acc = model_accuracy(task_dir / "teacher", evals)
+    teacher_acc = model_accuracy(
+        task_dir / "teacher", evals, task=GRADED[args.task], max_new_tokens=max_new_tokens
+    )
     target = 0.9 * teacher_acc
-    example = yaml.safe_load(EXAMPLE.read_text())["spec"]
     steps = args.steps
     batch = example["schedule"]["promptsPerStep"]
     lr = example["student"]["optimizer"]["lr"]
@@ -198,14 +231,20 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         print(f"on-policy {mode}: distillery run, {steps} steps ...", file=sys.stderr, flush=True)
         doc = job_manifest(
-            LOSSES[mode], steps=steps, eval_every=args.eval_every, name=f"quality-{mode.replace('_', '-')}"
+            example_file,
+            LOSSES[mode],
+            steps=steps,
+            eval_every=args.eval_every,
+            name=f"quality-{mode.replace('_', '-')}",
         )
-        curves.append(run_distillery(doc, args.output / mode, f"opd {mode}"))
+        curves.append(run_distillery(doc, output / mode, f"opd {mode}"))
     sft_steps = args.sft_steps or 4 * steps
     print(f"SFT on teacher answers: up to {sft_steps} steps ...", file=sys.stderr, flush=True)
     curves.append(
         run_sft(
             task_dir,
+            task=args.task,
+            max_new_tokens=max_new_tokens,
             steps=sft_steps,
             batch=batch,
             lr=lr,
@@ -216,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     print(
-        f"\nSynthetic addition (3 digits), {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f}); teacher held-out accuracy {teacher_acc:.3f}, "
+        f"\nSynthetic {args.task} (3 digits), {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f}); teacher held-out accuracy {teacher_acc:.3f}, "
         f"target 90% of it = {target:.3f}; {batch} prompts per step, lr {lr}"
     )
     print(
@@ -247,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ratio = (sft / opd_best) if sft and opd_best else None
     print(json.dumps({
-        "bench": "quality", "task": "synthetic://addition", "cpu_cores": os.cpu_count(),
+        "bench": "quality", "task": f"synthetic://{args.task}", "cpu_cores": os.cpu_count(),
                 "load_average_at_end": os.getloadavg(),
         "teacher_accuracy": teacher_acc, "target": target, "prompts_per_step": batch,
         "sft_steps_over_best_opd_steps": ratio, "results": summary,
