@@ -13,7 +13,9 @@ budget) changed: vLLM CPU rollout, the teacher as a loopback vLLM teacher server
 the same trainer as in a cluster. The SFT baseline uses the same prompts per step, optimizer,
 learning rate and schedule, on the teacher's greedy answers to the same training prompts. "Steps to
 target" is the first evaluation at or above the target; "train s" sums the step times up to it
-(start-up and evaluation excluded). The last line is a JSON summary.
+(start-up and evaluation excluded). Each on-policy run also gets `OUTPUT/MODE/vs-sft/report.md`: its
+accuracy plot with the teacher and the SFT baseline as the lines it is measured against. The last line
+is a JSON summary.
 """
 
 from __future__ import annotations
@@ -194,6 +196,35 @@ def run_sft(
     return curve
 
 
+def sft_accuracy_at(sft: Curve, step: int) -> tuple[int, float]:
+    """SFT's accuracy at its last evaluation up to `step` (SFT stops early once at the target)."""
+    at = [(s, acc) for s, acc, _ in sft.points if s <= step]
+    return at[-1] if at else (sft.points[0][0], sft.points[0][1])
+
+
+def write_comparison(method_dir: Path, curve: Curve, sft: Curve, teacher_acc: float) -> Path:
+    """An on-policy run's report with the teacher and the SFT baseline drawn as the lines it is measured
+    against, in `method_dir/vs-sft/` (the run's own report stays as the run wrote it)."""
+    from distillery_runtime.report import write_report
+
+    run = method_dir / "run"
+    last_step = curve.points[-1][0]
+    sft_step, sft_acc = sft_accuracy_at(sft, last_step)
+    reached = sft.reach(0.9 * teacher_acc)
+    return write_report(
+        method_dir / "vs-sft",
+        job_name=f"{curve.method} vs SFT on teacher answers",
+        records=read_jsonl(run / "metrics.jsonl"),
+        evals=read_jsonl(run / "eval.jsonl"),
+        summary={
+            "method": curve.method,
+            "SFT on teacher answers": f"{sft_acc:.1%} at step {sft_step}; "
+            + (f"90% of the teacher at step {reached[0]}" if reached else "did not reach 90% of the teacher"),
+        },
+        references={"teacher": teacher_acc, f"SFT baseline (step {sft_step})": sft_acc},
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=TASKS, default="addition", help="the bundled synthetic task")
@@ -253,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
             target=target,
         )
     )
+
+    sft_curve = curves[-1]
+    for mode, curve in zip(modes, curves, strict=False):
+        write_comparison(output / mode, curve, sft_curve, teacher_acc)
 
     print(
         f"\nSynthetic {args.task} (3 digits), {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f}); teacher held-out accuracy {teacher_acc:.3f}, "
