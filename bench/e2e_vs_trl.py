@@ -20,8 +20,11 @@ Two parts:
    Settings (`--speed-settings`): tiny (0.4M student / 1.6M teacher: fixed per-step costs dominate),
    small (11.5M / 37M), medium (37M / 86M), each in float32 or bfloat16 (`small:bfloat16`). Distillery
    compiles its rollout engine (`enforceEager: false`) except at the tiny scale.
-2. learning: the bundled synthetic addition task; held-out accuracy over steps, the training and wall
-   seconds to reach an accuracy threshold, the final accuracy, and peak memory.
+2. learning: a bundled synthetic task (`--task`: addition, 5-token answers, or fibonacci, 74-134-token
+   traces graded on their last number); held-out accuracy over steps, the training and wall seconds to
+   reach an accuracy threshold, the final accuracy, and peak memory. Rollout length and temperature
+   are the task's quick-start example's (examples/local-fibonacci.yaml samples at 0.5; addition keeps
+   1.0 and 32 new tokens, as before).
 Runs alternate between systems (repeat r starts with system r mod 3). Each system runs in its own
 process tree, measured the same way (RSS of the tree, sampled every 0.2 s). The last line is a JSON
 summary.
@@ -70,6 +73,9 @@ class Setting:
     precision: str = "float32"
     """float32, or bfloat16: both systems keep float32 master weights and compute in bf16 (Distillery:
     bf16 rollout and teacher engines, autocast training; TRL: teacher in bf16, `bf16=True` autocast)."""
+    task: str | None = None
+    """The synthetic task of a learning setting: its grader and eval budget score both systems."""
+    eval_max_new_tokens: int = 8
     device: str = "cpu"
     """Both systems' device: cpu, or cuda (Distillery's student on one GPU with CUDA-graph rollout; its
     teacher server on the next GPU, or sharing the student's on a one-GPU machine)."""
@@ -219,16 +225,25 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
     """Runs inside its own process: one TRL trainer on the setting, steps and evals written as jsonl."""
     import torch
     from datasets import Dataset
-    from distillery_runtime.tasks.evaluate import accuracy
+    from distillery_runtime.tasks import evaluate, is_synthetic, resolve_uri, task_for
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
+    def local(path: str) -> Path:
+        return resolve_uri(path) if is_synthetic(path) else Path(path)
+
+    def accuracy(model, tokenizer, rows):  # type: ignore[no-untyped-def]
+        # The same grader as Distillery's loop: the task its training data belongs to.
+        return evaluate.accuracy(
+            model, tokenizer, rows, task=task_for(s.train), max_new_tokens=s.eval_max_new_tokens
+        )
+
     torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(s.student)
-    student = AutoModelForCausalLM.from_pretrained(s.student, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(local(s.student))
+    student = AutoModelForCausalLM.from_pretrained(local(s.student), dtype=torch.float32)
     teacher_dtype = torch.bfloat16 if s.precision == "bfloat16" else torch.float32
-    teacher = AutoModelForCausalLM.from_pretrained(s.teacher, dtype=teacher_dtype).eval()
-    rows = read_jsonl(Path(s.train))
-    eval_rows = read_jsonl(Path(s.eval))[: s.eval_rows] if s.eval else []
+    teacher = AutoModelForCausalLM.from_pretrained(local(s.teacher), dtype=teacher_dtype).eval()
+    rows = read_jsonl(local(s.train))
+    eval_rows = read_jsonl(local(s.eval))[: s.eval_rows] if s.eval else []
     steps_file, evals_file = open(out / "steps.jsonl", "w"), open(out / "evals.jsonl", "w")  # noqa: SIM115
     cuda = s.device == "cuda"
     generate_s = [0.0]  # seconds inside HF generate: the rollout share of each step
@@ -273,7 +288,7 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
             steps_file.write(json.dumps(record) + "\n")
             steps_file.flush()
             if eval_rows and s.eval_every and state.global_step % s.eval_every == 0:
-                acc = accuracy(model, tokenizer, eval_rows, max_new_tokens=8)
+                acc = accuracy(model, tokenizer, eval_rows)
                 model.train()
                 evals_file.write(
                     json.dumps(
@@ -295,7 +310,7 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
         save_strategy="no", logging_steps=1, seed=0, dataloader_num_workers=0, disable_tqdm=True,
     )  # fmt: skip
     if eval_rows:
-        acc0 = accuracy(student, tokenizer, eval_rows, max_new_tokens=8)
+        acc0 = accuracy(student, tokenizer, eval_rows)
         evals_file.write(json.dumps({"step": 0, "accuracy": acc0, "train_s": 0.0}) + "\n")
     if system == "trl-gkd":
         from trl.experimental.gkd import GKDConfig, GKDTrainer
@@ -419,13 +434,21 @@ def speed_setting(
     )  # fmt: skip
 
 
-def learning_setting(steps: int, eval_every: int) -> Setting:
-    from distillery_runtime.tasks import resolve_uri
-
-    task = resolve_uri("synthetic://addition/teacher").parent
+def learning_setting(task: str, steps: int, eval_every: int) -> Setting:
+    """The task's synthetic URIs (Distillery grades with the task they name; the TRL child resolves them)."""
+    uri = f"synthetic://{task}/"
+    if task == "addition":
+        budget = {"max_new_tokens": 32, "eval_max_new_tokens": 8}
+        temperature = 1.0
+    else:
+        rollout = yaml.safe_load((ROOT / "examples" / f"local-{task}.yaml").read_text())["spec"]["student"][
+            "rollout"
+        ]
+        budget = {"max_new_tokens": rollout["maxNewTokens"], "eval_max_new_tokens": rollout["maxNewTokens"]}
+        temperature = rollout["temperature"]
     return Setting(
-        "addition", str(task / "student"), str(task / "teacher"), str(task / "train.jsonl"), str(task / "eval.jsonl"),
-        steps, max_new_tokens=32, eval_every=eval_every, eval_rows=512,
+        task, uri + "student", uri + "teacher", uri + "train", uri + "eval", steps, eval_every=eval_every,
+        eval_rows=512, temperature=temperature, task=task, **budget,
     )  # fmt: skip
 
 
@@ -457,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--systems", nargs="*", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument(
+        "--task", choices=["addition", "fibonacci"], default="addition", help="the learning part's task"
+    )
+    parser.add_argument(
         "--threshold", type=float, default=0.5, help="held-out accuracy for time-to-threshold"
     )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both systems run")
@@ -484,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
                 speed_setting(args.output, speed_steps, scale, precision or "float32", args.device)
             )
     if "learning" in args.parts:
-        settings.append(replace(learning_setting(learn_steps, eval_every), device=args.device))
+        settings.append(replace(learning_setting(args.task, learn_steps, eval_every), device=args.device))
 
     machine_before = {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")}
     results: dict[str, dict[str, list[dict]]] = {}
