@@ -1,24 +1,29 @@
 """The synthetic Fibonacci task: a long, stepwise generation graded on its final answer. Pure, no I/O.
 
 A problem is two W-digit seeds a, b and a line count m. The response writes out the recurrence
-z = (previous + the one before) mod 10^W for m lines, digit by digit with each digit's carry, and only
-the number on the last line is graded. With W=3, a=123, b=459, m=2:
+(x, y) -> (y, x + y mod 10^W) for m lines, each addition column by column with its carry, and only the
+sum on the last line is graded. With W=3, a=123, b=459, m=2:
 
-    prompt    "3:3_2_1_;2:9_5_4_;"          the seeds as lines labelled m+1 and m
-    response  "1:2^8_5_;0:1^4^0^"            582 then (459 + 582) mod 1000 = 41
-    answer    "140"                          the last number, little-endian
+    prompt    "2:639_325_314_;"                   the seed line: 336 + 123 = 459
+    response  "1:392^258_145_;0:921^584^450^"     123 + 459 = 582; 459 + 582 = 041 (mod 1000)
+    answer    "140"                               the last sum, little-endian
 
 A line is `k:` (k counting down in hex to 0, so the model knows when to stop without counting), then
-per digit, least significant first, the digit and its carry-out (`^` carried, `_` not), then `;`.
-Every token is a function of tokens at fixed distances behind it, the same in every line: a digit is
-the digits one and two lines up plus the carry just written; a carry is those two digits plus the carry
-before it; a label is the label one line up minus one. The addition task writes its sum with the carry
-implicit (`addition.py`); a chain of those, tried first, never learned the carried digits (a tiny model
-sat at chance on them for 1,200 steps). With the carry written out each step is local, and one
-wrong digit or carry changes every later line: one wrong step spoils the graded answer. That is the
-regime where a student's own early mistakes put it in states the teacher's answers never show.
+one group per digit, least significant first: x's digit, y's digit, their sum's digit and the carry out
+(`^` carried, `_` not), then `;`. The prompt is a line like any other, whose x is b - a, so that its y
+and sum are the seeds. Every token is a fixed function of tokens at fixed distances behind it, the same
+in every line: x and y copy the line above's y and sum; a sum digit adds the two digits just written and
+the carry that ends the group before; a carry is the same three; a label is the one above minus one.
 
-A line is 2W + 3 tokens (9 for W=3), so m in 8..14 lines gives 71-125 response tokens plus EOS. The held-out split is a deterministic function of (m, a, b), as in the addition task.
+Why this layout: a chain of the addition task's lines (`addition.py`, the carry implicit, the operands
+not written next to each other) was tried first and never learned its carried digits (a tiny model sat
+at chance on them for 1,200 steps). Written out this way a 0.13M-parameter model learns the task in a
+few hundred SFT steps. One wrong digit or carry changes every later line, so one wrong step spoils the
+graded answer: the regime where a student's own early mistakes put it in states the teacher's answers
+never show.
+
+A line is 4W + 3 tokens (15 for W=3), so 5-9 lines give 74-134 response tokens plus EOS. The held-out
+split is a deterministic function of (m, a, b), as in the addition task.
 """
 
 from __future__ import annotations
