@@ -2,21 +2,24 @@
 
 The first step waits for four things: the job (its data, tokenizers, checkpoint state), the teachers
 (local runs: vLLM server subprocesses), Ray, and the components (the rollout engine and the trainer
-ranks, Ray actors). `startup_plan` decides once how they overlap. Now (the default, local runs): the teacher servers
-are spawned first, then the job loads (in a thread) while Ray starts (in the main thread: Ray installs
-signal handlers), then the actors start while the teachers finish booting, and the teachers' health is
-polled every 0.25 s. Sequential (`DISTILLERY_SEQUENTIAL_STARTUP=1`, kept so that `bench/startup.py` can
-measure both in one run): the job loads, then the teachers are spawned, then Ray, polled every second,
-as before issue 18. In a cluster the teachers are the operator's and Ray is joined, not started, after
-the job loads.
+ranks, Ray actors). `startup_plan` decides once how they overlap. Now (the default, local runs): the
+teacher servers are spawned first, then the job loads (in a thread) while Ray starts (in the main thread:
+Ray installs signal handlers), then the actors start while the teachers finish booting, and the
+teachers' health is polled every 0.25 s. Sequential (`DISTILLERY_SEQUENTIAL_STARTUP=1`, kept so that
+`bench/startup.py` can measure both in one run): the job loads, then the teachers are spawned, then Ray,
+polled every second, as before issue 18. In a cluster the teachers are the operator's and Ray is joined,
+not started, after the job loads.
 
 A job whose data or checkpoint folder is wrong still fails with its one line and nothing else
-(tests/runtime/test_run.py): the one line the embedded Ray writes while it starts (a warning that token
-authentication is on by default) is held (`held_logs`) and printed once the job has loaded; on a failure
+(tests/runtime/test_run.py). The one line the embedded Ray writes while it starts (a warning that token
+authentication is on by default) is held (`held_logs`) and printed once the job has loaded. On a failure
 Ray is shut down and the teacher servers stopped (they write only to their logs), so nothing is left
-running. (Naming the mode, `RAY_AUTH_MODE=token`, silences the warning but fails where no token was
-saved before: Ray generates one only when the mode is left unset.) Such a failure comes once Ray's start is over (a few seconds) rather than
-before it.
+running; the failure comes once Ray's start is over (a few seconds) rather than before it. Naming the
+mode (`RAY_AUTH_MODE=token`) would silence the warning, but fails where no token was saved before: Ray
+generates one only when the mode is left unset.
+
+On 2 cores this order measured no faster than the sequential one (bench/README.md): every start-up phase
+is CPU-bound. It shortens start-up where cores are free.
 
 `distillery run` prints one line when its first step is done, for people and for `bench/startup.py`:
 
