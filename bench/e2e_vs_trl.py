@@ -73,9 +73,8 @@ class Setting:
     precision: str = "float32"
     """float32, or bfloat16: both systems keep float32 master weights and compute in bf16 (Distillery:
     bf16 rollout and teacher engines, autocast training; TRL: teacher in bf16, `bf16=True` autocast)."""
-    task: str | None = None
-    """The synthetic task of a learning setting: its grader and eval budget score both systems."""
     eval_max_new_tokens: int = 8
+    """Greedy budget of the TRL child's evaluations (Distillery's evaluate with the rollout's)."""
     device: str = "cpu"
     """Both systems' device: cpu, or cuda (Distillery's student on one GPU with CUDA-graph rollout; its
     teacher server on the next GPU, or sharing the student's on a one-GPU machine)."""
@@ -448,7 +447,7 @@ def learning_setting(task: str, steps: int, eval_every: int) -> Setting:
         temperature = rollout["temperature"]
     return Setting(
         task, uri + "student", uri + "teacher", uri + "train", uri + "eval", steps, eval_every=eval_every,
-        eval_rows=512, temperature=temperature, task=task, **budget,
+        eval_rows=512, temperature=temperature, **budget,
     )  # fmt: skip
 
 
