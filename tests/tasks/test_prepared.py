@@ -4,12 +4,11 @@ transformers and by vLLM, reached through synthetic:// URIs."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
+
+from tests.tasks.prepared_checks import vllm_greedy_accuracy
 
 # The first test of the session prepares the task (minutes; many more on a loaded machine).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -50,23 +49,8 @@ def test_uris_resolve_to_the_prepared_files_without_rebuilding(prepared_task, mo
 
 
 def test_vllm_serves_the_teacher_as_accurately_as_transformers(prepared_task):
-    # A real vLLM engine (CPU build), in a child process: vLLM wants a fresh process and its own env.
-    script = textwrap.dedent(
-        f"""
-        import json, os
-        os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1")
-        from vllm import LLM, SamplingParams
-        from distillery_runtime.tasks.addition import TASK
-        rows = [json.loads(l) for l in open({str(prepared_task / "eval.jsonl")!r})][:128]
-        llm = LLM(model={str(prepared_task / "teacher")!r}, dtype="float32", enforce_eager=True, max_model_len=32)
-        outs = llm.generate([r["prompt"] for r in rows], SamplingParams(temperature=0, max_tokens=8))
-        print("ACC", sum(TASK.grade(o.outputs[0].text, r["answer"]) for o, r in zip(outs, rows)) / len(rows))
-        """
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("ACC ")]
-    assert result.returncode == 0 and lines, result.stderr[-3000:]
     from distillery_runtime.tasks import model_accuracy
 
+    served = vllm_greedy_accuracy(prepared_task, "addition", rows=128, max_tokens=8, max_model_len=32)
     hf = model_accuracy(prepared_task / "teacher", read_rows(prepared_task / "eval.jsonl")[:128])
-    assert float(lines[0].split()[1]) == pytest.approx(hf, abs=0.02)
+    assert served == pytest.approx(hf, abs=0.02)

@@ -76,6 +76,8 @@ class AdditionRecipe:
     teacher_min_accuracy: ClassVar[float] = 0.0
     max_new_tokens: ClassVar[int] = 8
     """Greedy decoding budget when measuring accuracy: the answer (digits + 1) and EOS, with room."""
+    tokenizer_max_length: ClassVar[int] = 64
+    """The tokenizer's `model_max_length` (its default, which this task's tokenizers were saved with)."""
 
     def held_out(self, n: int, seed: int) -> list[dict[str, str]]:
         return [p.row() for p in addition.sample_problems(n, digits=self.digits, seed=seed, held_out=True)]
@@ -118,6 +120,10 @@ class FibonacciRecipe:
     task: ClassVar[Task] = fibonacci.TASK
     alphabet: ClassVar[str] = fibonacci.ALPHABET
     teacher_min_accuracy: ClassVar[float] = 0.9
+
+    @property
+    def tokenizer_max_length(self) -> int:
+        return self.max_positions
 
     @property
     def max_new_tokens(self) -> int:
@@ -229,7 +235,7 @@ def build_task(out: Path, recipe: Recipe, log: Callable[[str], None] = print) ->
     """
     t0 = time.monotonic()
     torch.manual_seed(recipe.seed)
-    tokenizer = build_char_tokenizer(recipe.alphabet, model_max_length=_tokenizer_max_length(recipe))
+    tokenizer = build_char_tokenizer(recipe.alphabet, model_max_length=recipe.tokenizer_max_length)
     held_out = recipe.held_out(recipe.eval_rows + recipe.dev_rows, recipe.seed + 1)
     eval_rows = held_out[: recipe.eval_rows]
     dev_rows = held_out[recipe.eval_rows :]
@@ -289,11 +295,6 @@ def build_task(out: Path, recipe: Recipe, log: Callable[[str], None] = print) ->
         log(f"{role}: {manifest[role]}")
     manifest["seconds"] = round(time.monotonic() - t0, 1)
     return manifest
-
-
-def _tokenizer_max_length(recipe: Recipe) -> int:
-    # The addition task's tokenizers were saved with the default (64); kept so its cache stays valid.
-    return 64 if isinstance(recipe, AdditionRecipe) else recipe.max_positions
 
 
 def prepare_task(
