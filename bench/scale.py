@@ -219,21 +219,32 @@ def plan_part() -> dict:
     from distillery.model_shapes import KNOWN_SHAPES
 
     out = {}
-    for label, name in (("1.5B", "qwen2.5-1.5b"), ("7B", "qwen2.5-7b"), ("32B", "qwen2.5-32b")):
+    # A 32B student's bf16 weights (61 GiB) fill a 0.5 share of one 80 GB GPU: its rollout engine needs
+    # tensor parallelism, which the plan checks too.
+    cases = (
+        ("1.5B", "qwen2.5-1.5b", 1),
+        ("7B", "qwen2.5-7b", 1),
+        ("32B", "qwen2.5-32b", 1),
+        ("32B", "qwen2.5-32b", 2),
+    )
+    for label, name, tensor_parallel in cases:
         for offload in (False, True):
             plan = plan_memory(
                 TrainingLayout(
                     shape=KNOWN_SHAPES[name], ranks=8, gpu_bytes=80 * GIB, cpu_offload=offload,
                     micro_batch_tokens=4096, response_tokens=3072, rollout_fraction=0.5,
+                    rollout_tensor_parallel=tensor_parallel,
                 )
             )  # fmt: skip
             key = f"{label} on 8x80GB" + (" with cpuOffload" if offload else "")
+            key += f", rollout tensorParallel {tensor_parallel}" if tensor_parallel > 1 else ""
             out[key] = {
                 "fits": plan.fits,
                 "peak_gib": round(plan.peak_bytes / GIB, 2),
                 "peak_phase": plan.peak_phase,
                 "trainer_peak_gib": round(plan.trainer_peak_bytes / GIB, 2),
                 "host_gib_per_rank": round(plan.host_bytes / GIB, 2),
+                "rollout_weights_gib_per_gpu": round(plan.rollout_weight_bytes / GIB, 2),
             }
     return out
 

@@ -22,7 +22,9 @@ What a trainer GPU holds (P parameters, N trainer ranks, c = 2 bytes for bfloat1
   an H200: 1.5B at 28.8 GiB = 16 bytes a parameter + 4 (foreach);
 - rollout: the rollout engine wakes up and takes `rollout.memoryFraction` of the GPU, colocated
   teachers their `inference.memoryFraction`, while the trainer keeps its state; while the trainer
-  steps they sleep (vLLM sleep mode frees weights and KV cache, ~1 GiB stays each).
+  steps they sleep (vLLM sleep mode frees weights and KV cache, ~1 GiB stays each). Inside its share
+  the engine holds its weights, cP split over `rollout.tensorParallel` GPUs, and the KV cache in what
+  is left: a share the weights fill leaves no KV cache, and vLLM refuses to start.
 Every phase adds 1 GiB of CUDA context.
 """
 
@@ -60,6 +62,8 @@ class TrainingLayout:
     compute_bytes: int = 2
     rollout_fraction: float = 0.0
     """Of each trainer GPU, what the rollout engine takes while it samples (0: no engine there)."""
+    rollout_tensor_parallel: int = 1
+    """GPUs one rollout engine's weights are split over."""
     teacher_fractions: tuple[float, ...] = ()
     """The same for each colocated teacher."""
     fused_optimizer: bool = True
@@ -103,8 +107,32 @@ class MemoryPlan:
         return self.phase_bytes(self.peak_phase)
 
     @property
+    def rollout_weight_bytes(self) -> int:
+        """Per GPU, the rollout engine's weights (its tensor-parallel shard); 0 without an engine."""
+        layout = self.layout
+        if layout.rollout_fraction <= 0:
+            return 0
+        return layout.compute_bytes * layout.shape.params // layout.rollout_tensor_parallel
+
+    @property
+    def rollout_share_bytes(self) -> int:
+        return int(self.layout.rollout_fraction * self.layout.gpu_bytes)
+
+    @property
+    def rollout_fits(self) -> bool:
+        """The engine's weights leave room for a KV cache in its share of the GPU."""
+        return self.rollout_weight_bytes < self.rollout_share_bytes or not self.rollout_weight_bytes
+
+    @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.layout.gpu_bytes
+        return self.peak_bytes <= self.layout.gpu_bytes and self.rollout_fits
+
+    @property
+    def refused_field(self) -> str:
+        """The field a refusal is reported on: the GPUs' memory, or the rollout engine's parallelism."""
+        if self.peak_bytes > self.layout.gpu_bytes or self.rollout_fits:
+            return "spec.student.pool.gpuMemoryGiB"
+        return "spec.student.rollout.tensorParallel"
 
     def table(self) -> str:
         """The plan as a text table, GiB per GPU."""
@@ -118,6 +146,13 @@ class MemoryPlan:
             f"peak {self.peak_bytes / GIB:.2f} GiB ({self.peak_phase}) of {self.layout.gpu_bytes / GIB:.0f} GiB "
             f"per GPU: {verdict}"
         )
+        if self.rollout_weight_bytes:
+            room = "leaves room for" if self.rollout_fits else "leaves NO room for"
+            rows.append(
+                f"rollout engine: weights {self.rollout_weight_bytes / GIB:.2f} GiB per GPU "
+                f"(tensorParallel {self.layout.rollout_tensor_parallel}) of its {self.rollout_share_bytes / GIB:.2f} "
+                f"GiB share: {room} its KV cache"
+            )
         if self.host_bytes:
             rows.append(f"host memory per trainer rank (offloaded state): {self.host_bytes / GIB:.2f} GiB")
         return "\n".join(rows)
@@ -243,6 +278,7 @@ def layout_of(spec: Any) -> TrainingLayout | None:
         rollout_fraction=spec.student.rollout.memory_fraction
         if spec.student.rollout.engine == "vllm"
         else 0.0,
+        rollout_tensor_parallel=spec.student.rollout.tensor_parallel,
         teacher_fractions=tuple(budget.teacher_fractions[t.name] for t in colocated),
     )
 
@@ -257,6 +293,14 @@ def refusal(plan: MemoryPlan) -> str | None:
     if plan.fits:
         return None
     layout = plan.layout
+    if plan.refused_field == "spec.student.rollout.tensorParallel":
+        return (
+            f"the rollout engine's weights take {plan.rollout_weight_bytes / GIB:.1f} GiB per GPU over "
+            f"{layout.rollout_tensor_parallel} GPU(s) and its share (rollout.memoryFraction "
+            f"{layout.rollout_fraction:g} of {layout.gpu_bytes / GIB:g} GiB) is {plan.rollout_share_bytes / GIB:.1f} "
+            "GiB, with no room for its KV cache; use a higher student.rollout.tensorParallel or "
+            "student.rollout.memoryFraction"
+        )
     gib = layout.gpu_bytes / GIB
     phase = plan.peak_phase
     parts = ", ".join(f"{line.name} {line.bytes / GIB:.1f}" for line in plan.phases[phase] if line.bytes)

@@ -33,9 +33,9 @@ def _validate(args: argparse.Namespace) -> int:
             # Not a rule of the API (the API server cannot know the model's shape): the CLI's own check.
             plan = plan_job(job.spec)
             reason = refusal(plan) if plan is not None else None
-            if reason:
+            if plan is not None and reason:
                 refused = failed = True
-                print(f"{path}: spec.student.pool.gpuMemoryGiB: {reason}")
+                print(f"{path}: {plan.refused_field}: {reason}")
         if refused:
             continue
         if not args.quiet:

@@ -175,12 +175,25 @@ class Rollout(ApiModel):
     memory_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     """Fraction of each GPU's memory the rollout engine may take (vLLM gpu_memory_utilization)."""
     replicas: int = Field(default=1, ge=1, le=1024)
-    """Data-parallel rollout engines, each a whole copy of the student on one of the student's GPUs; a
-    step's requests are split among them and one weight sync feeds them all."""
+    """Data-parallel rollout engines, each a whole copy of the student on tensorParallel of the student's
+    GPUs; a step's requests are split among them and one weight sync feeds them all."""
+    tensor_parallel: int = Field(default=1, ge=1, le=8)
+    """vLLM engine only. GPUs (on CPU: processes) one rollout replica spans, for a student that does not
+    fit one GPU: vLLM's tensor parallelism. Each tensor-parallel rank joins the weight sync itself and
+    keeps its shard of every synced tensor."""
     enforce_eager: bool | None = None
     """vLLM engine only. true: run eagerly (no torch.compile, no CUDA graphs): faster start, slower steps.
     false: compile (and capture CUDA graphs on GPU). Unset: compiled on GPU, eager on CPU, where compiling
     costs ~10 s of start-up that small local jobs do not win back."""
+
+    rules = (
+        Rule(
+            check=lambda r: r.tensor_parallel == 1 or r.engine == RolloutEngine.VLLM,
+            cel="self.tensorParallel == 1 || self.engine == 'vllm'",
+            message="tensorParallel needs engine: vllm (the transformers engine runs on one device)",
+            field="tensorParallel",
+        ),
+    )
 
 
 class Optimizer(ApiModel):
@@ -269,11 +282,21 @@ class Student(ApiModel):
             check=lambda s: (
                 s.pool.gpus_per_worker == 0
                 or s.pool.workers < 1
-                or s.rollout.replicas <= s.pool.workers * s.pool.gpus_per_worker
+                or s.pool.gpus_per_worker % s.rollout.tensor_parallel != 0
+                or s.rollout.replicas * s.rollout.tensor_parallel <= s.pool.workers * s.pool.gpus_per_worker
             ),
-            cel="self.pool.gpusPerWorker == 0 || self.pool.workers < 1 || self.rollout.replicas <= self.pool.workers * self.pool.gpusPerWorker",
-            message="each rollout replica shares one of the student's GPUs: at most pool.workers x pool.gpusPerWorker",
+            cel="self.pool.gpusPerWorker == 0 || self.pool.workers < 1 || self.pool.gpusPerWorker % self.rollout.tensorParallel != 0 || self.rollout.replicas * self.rollout.tensorParallel <= self.pool.workers * self.pool.gpusPerWorker",
+            message="each rollout replica shares rollout.tensorParallel of the student's GPUs: replicas x tensorParallel at most pool.workers x pool.gpusPerWorker",
             field="rollout.replicas",
+        ),
+        Rule(
+            # A replica's tensor-parallel ranks talk over NVLink/PCIe: the GPUs of one worker pod.
+            check=lambda s: (
+                s.pool.gpus_per_worker == 0 or s.pool.gpus_per_worker % s.rollout.tensor_parallel == 0
+            ),
+            cel="self.pool.gpusPerWorker == 0 || self.pool.gpusPerWorker % self.rollout.tensorParallel == 0",
+            message="a rollout replica's tensor-parallel ranks are GPUs of one worker: a divisor of pool.gpusPerWorker",
+            field="rollout.tensorParallel",
         ),
     )
 

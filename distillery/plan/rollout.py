@@ -26,6 +26,13 @@ class RolloutSettings:
     enforce_eager: bool | None
     """None: vLLM compiles on a GPU, runs eagerly on CPU."""
     replicas: int
+    tensor_parallel: int
+    """Workers (GPUs; on CPU, processes) of each replica's engine: each is one rank of the weight sync."""
+
+    @property
+    def sync_ranks(self) -> int:
+        """Receivers of a weight sync: every tensor-parallel worker of every replica."""
+        return self.replicas * self.tensor_parallel
 
 
 def sequence_length(spec: DistillationJobSpec) -> int:
@@ -45,7 +52,17 @@ def resolve_rollout(spec: DistillationJobSpec) -> RolloutSettings:
         memory_fraction=rollout.memory_fraction,
         enforce_eager=rollout.enforce_eager,
         replicas=rollout.replicas,
+        tensor_parallel=rollout.tensor_parallel,
     )
+
+
+def rollout_executor(tensor_parallel: int, *, on_gpu: bool) -> str:
+    """vLLM's executor for a rollout engine: its one worker in the engine's own process ("uni"), or, with
+    tensor parallelism, a worker per rank: Ray actors on GPU ("ray": each takes a share of one GPU beside
+    a trainer rank, as the budget says), processes on CPU ("mp")."""
+    if tensor_parallel == 1:
+        return "uni"
+    return "ray" if on_gpu else "mp"
 
 
 def trainer_world_size(spec: DistillationJobSpec) -> int:

@@ -566,10 +566,16 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
         address = await trainers[0].rendezvous.remote()
         await asyncio.gather(*(t.init_group.remote(address) for t in trainers))
     rollout_cls = ray.remote(workers.RolloutWorker).options(
-        **workers.actor_options("rollout", gpus_per_worker=gpus, budget=plan.gpu_budget)
+        **workers.actor_options(
+            "rollout",
+            gpus_per_worker=gpus,
+            budget=plan.gpu_budget,
+            tensor_parallel=plan.rollout.tensor_parallel,
+        )
     )
     rollout = RolloutPool(
-        [rollout_cls.remote(loop.model_dir, plan.rollout) for _ in range(plan.rollout.replicas)]
+        [rollout_cls.remote(loop.model_dir, plan.rollout) for _ in range(plan.rollout.replicas)],
+        tensor_parallel=plan.rollout.tensor_parallel,
     )
     colocated_actors: dict[str, Any] = {}
     for teacher in colocated:
@@ -591,7 +597,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     )
     scoring = TeacherScoring(plan, clients, outages)
     dtype = await rollout.dtype()
-    # The weight-sync group: trainer rank 0 sends, every rollout replica receives (weight_sync.py).
+    # The weight-sync group: trainer rank 0 sends, every rollout replica's workers receive (weight_sync.py).
     host, port = await trainers[0].sync_address.remote()
     names = ["trainer rank 0", *rollout.names]
     await asyncio.gather(

@@ -5,7 +5,8 @@ one per replica, and the samples of all replicas stream out as they finish (merg
 loop sorts them back into request order). Every sample's seed comes from its request, not from the
 replica that draws it, so a run samples the same responses with any number of replicas. Sleep, wake-up,
 versions and weight syncs go to every replica; the weight sync is one group with the trainer as rank 0
-and replica i as rank i + 1 (`weight_sync.py`), so one broadcast feeds them all.
+and the workers of replica i (one per tensor-parallel rank, t of them) as ranks 1 + i t .. (i + 1) t
+(`weight_sync.py`), so one broadcast feeds them all.
 """
 
 from __future__ import annotations
@@ -24,15 +25,22 @@ _DONE = object()
 class RolloutPool:
     """Ray actor handles of the replicas (`RolloutWorker`), driven together."""
 
-    def __init__(self, actors: Sequence[Any]) -> None:
+    def __init__(self, actors: Sequence[Any], tensor_parallel: int = 1) -> None:
         if not actors:
             raise ValueError("a rollout pool needs at least one engine")
         self.actors = list(actors)
+        self.tensor_parallel = tensor_parallel
 
     @property
     def names(self) -> list[str]:
-        """How the weight-sync group names each replica in its errors."""
-        return [f"rollout engine {i}" for i in range(len(self.actors))]
+        """How the weight-sync group names each engine worker in its errors, in rank order."""
+        if self.tensor_parallel == 1:
+            return [f"rollout engine {i}" for i in range(len(self.actors))]
+        return [
+            f"rollout engine {i} tensor-parallel rank {t}"
+            for i in range(len(self.actors))
+            for t in range(self.tensor_parallel)
+        ]
 
     def _shares(self, requests: Sequence[GenerationRequest]) -> list[tuple[Any, list[GenerationRequest]]]:
         shares = plan.shard(requests, len(self.actors))
@@ -92,9 +100,10 @@ class RolloutPool:
         await asyncio.gather(*(a.set_version.remote(version) for a in self.actors))
 
     async def join_weight_sync(self, host: str, port: int, names: list[str]) -> None:
-        """Replica i joins as rank i + 1 (rank 0 is the trainer)."""
+        """Replica i's workers join as ranks 1 + i t onwards (rank 0 is the trainer)."""
+        t = self.tensor_parallel
         await asyncio.gather(
-            *(a.join_weight_sync.remote(host, port, i + 1, names) for i, a in enumerate(self.actors))
+            *(a.join_weight_sync.remote(host, port, 1 + i * t, names) for i, a in enumerate(self.actors))
         )
 
     async def receive_weights(self, metas: list[Any], bucket_bytes: int, version: int) -> None:

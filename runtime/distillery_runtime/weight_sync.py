@@ -1,7 +1,8 @@
 """Weight sync streamed in buckets from the trainer to every rollout engine, without Ray's object store.
 
 A sync group is a torch.distributed process group of its own (not the trainers' group): rank 0 is trainer
-rank 0, ranks 1..n the rollout engines' workers, joined through a TCPStore that rank 0 hosts. Gloo, on
+rank 0, ranks 1..n the rollout engines' workers (one per tensor-parallel rank; in vLLM's workers through
+its weight-transfer API, rollout/vllm_transfer.py), joined through a TCPStore that rank 0 hosts. Gloo, on
 tensors in host memory (where the engines' loaders take them today), so the CPU tests run what a GPU job
 runs; NCCL when the members pass a CUDA device (written, not yet run: the lent GPU machines have no vLLM).
 

@@ -42,14 +42,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def actor_options(role: str, *, gpus_per_worker: int, budget: GpuBudget) -> dict[str, Any]:
+def actor_options(
+    role: str, *, gpus_per_worker: int, budget: GpuBudget, tensor_parallel: int = 1
+) -> dict[str, Any]:
     """Ray resources of an actor. A trainer rank takes one GPU; the rollout engine and colocated teachers
     share the first rank's GPU by the budget's fractions (they sleep while it trains); on CPU nothing is
-    reserved so that a small machine is never short of logical CPUs."""
+    reserved so that a small machine is never short of logical CPUs.
+
+    A tensor-parallel rollout engine spans several GPUs, which one Ray actor cannot hold in fractions:
+    vLLM's Ray executor starts a worker actor per rank that takes the engine's share of one GPU
+    (VLLM_RAY_PER_WORKER_GPUS), and the engine's own actor, which only drives them, takes none."""
     if gpus_per_worker <= 0:
         return {"num_cpus": 0}
     if role == "trainer":
         return {"num_cpus": 1, "num_gpus": budget.trainer_gpus}
+    if role == "rollout" and tensor_parallel > 1:
+        env = {"VLLM_RAY_PER_WORKER_GPUS": str(budget.engine_gpus)}
+        return {"num_cpus": 0, "num_gpus": 0, "runtime_env": {"env_vars": env}}
     return {"num_cpus": 0, "num_gpus": budget.engine_gpus}
 
 
@@ -160,6 +169,7 @@ class RolloutWorker:
             seed=settings.seed,
             memory_fraction=settings.memory_fraction,
             enforce_eager=settings.enforce_eager,
+            tensor_parallel=settings.tensor_parallel,
         )
 
     def dtype(self) -> str:
@@ -177,17 +187,16 @@ class RolloutWorker:
         self.engine.update_weights(weights, version)
         return version
 
-    def join_weight_sync(self, host: str, port: int, rank: int, names: list[str]) -> bool:
-        from distillery_runtime.weight_sync import SyncGroup
+    def join_weight_sync(self, host: str, port: int, first_rank: int, names: list[str]) -> bool:
+        """The engine's workers join the sync group as ranks `first_rank` onwards."""
+        from distillery_runtime.weight_sync import DEFAULT_TIMEOUT
 
-        self.sync_group = SyncGroup(host, port, rank, names)
+        self.engine.join_weight_sync(host, port, first_rank, names, DEFAULT_TIMEOUT.total_seconds())
         return True
 
     def receive_weights(self, metas: list[Any], bucket_bytes: int, version: int) -> int:
-        """A streamed sync: the tensors reach the engine's loader bucket by bucket as they arrive. Each is
-        copied out of its bucket's buffer: a view would carry the whole buffer into vLLM's worker RPC."""
-        received = ((name, tensor.clone()) for name, tensor in self.sync_group.receive(metas, bucket_bytes))
-        self.engine.update_weights(received, version)  # type: ignore[arg-type]
+        """A streamed sync: the engine's workers load the buckets as they arrive."""
+        self.engine.receive_weights(metas, bucket_bytes, version)
         return version
 
     def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:

@@ -206,6 +206,30 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.student.rollout.replicas",
         AGREE,
     ),
+    (
+        "rollout-tensor-parallel-replicas-above-gpus",
+        {
+            "spec.student.rollout": {"replicas": 2, "tensorParallel": 2},
+            "spec.student.pool": {"workers": 1, "gpusPerWorker": 2},
+        },
+        "spec.student.rollout.replicas",
+        AGREE,
+    ),
+    (
+        "rollout-tensor-parallel-across-workers",
+        {
+            "spec.student.rollout": {"tensorParallel": 4},
+            "spec.student.pool": {"workers": 2, "gpusPerWorker": 2},
+        },
+        "spec.student.rollout.tensorParallel",
+        AGREE,
+    ),
+    (
+        "rollout-tensor-parallel-transformers",
+        {"spec.student.rollout": {"engine": "transformers", "tensorParallel": 2}},
+        "spec.student.rollout.tensorParallel",
+        AGREE,
+    ),
     ("gpu-memory-zero", {"spec.student.pool": {"gpuMemoryGiB": 0}}, "spec.student.pool.gpuMemoryGiB", AGREE),
     ("eval-every-without-eval", {"spec.schedule": {"evalEvery": 5}}, "spec.schedule.evalEvery", AGREE),
     ("checkpoint-keep-zero", {"spec.checkpoint": {"keep": 0}}, "spec.checkpoint.keep", AGREE),

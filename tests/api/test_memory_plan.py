@@ -91,6 +91,23 @@ def test_the_issue_cases_7b_fits_8x80_and_alone_it_does_not() -> None:
     assert refusal(plan_memory(_layout("qwen2.5-7b"))) is None
 
 
+def test_the_rollout_engine_weights_must_leave_room_in_its_share_tensor_parallel_splits_them() -> None:
+    # Qwen2.5-32B in bf16 is 61 GiB: more than half of an 80 GB GPU, the engine's default share.
+    alone = plan_memory(_layout("qwen2.5-32b", cpu_offload=True, rollout_fraction=0.5))
+    assert alone.peak_bytes <= alone.layout.gpu_bytes and not alone.fits  # the trainer fits, the engine not
+    assert alone.refused_field == "spec.student.rollout.tensorParallel"
+    line = refusal(alone)
+    assert line is not None and "\n" not in line
+    assert "61.0 GiB per GPU over 1 GPU(s)" in line and "is 40.0 GiB" in line and "tensorParallel" in line
+    split = plan_memory(
+        _layout("qwen2.5-32b", cpu_offload=True, rollout_fraction=0.5, rollout_tensor_parallel=2)
+    )
+    assert split.fits and split.rollout_weight_bytes * 2 == alone.rollout_weight_bytes
+    assert "leaves room for its KV cache" in split.table()
+    # A trainer that does not fit is reported on the GPUs' memory, whatever the engine.
+    assert plan_memory(_layout("qwen2.5-32b", rollout_fraction=0.5)).refused_field.endswith("gpuMemoryGiB")
+
+
 def _write(tmp_path: Path, manifest: dict[str, Any]) -> Path:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(manifest))
@@ -126,3 +143,18 @@ def test_cpu_offload_needs_fsdp(
     base_manifest["spec"]["student"]["training"] = {"sharding": "replicate", "cpuOffload": True}
     assert cli_main(["validate", str(_write(tmp_path, base_manifest))]) == 1
     assert "spec.student.training.cpuOffload: cpuOffload needs sharding: fsdp" in capsys.readouterr().out
+
+
+def test_validate_names_tensor_parallel_when_only_the_rollout_engine_does_not_fit(
+    base_manifest: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    student = base_manifest["spec"]["student"]
+    student["model"] = "Qwen/Qwen2.5-32B-Instruct"
+    student["pool"] = {"workers": 1, "gpusPerWorker": 8}
+    student["training"] = {"cpuOffload": True}
+    path = _write(tmp_path, base_manifest)
+    assert cli_main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith(f"{path}: spec.student.rollout.tensorParallel: ")
+    student["rollout"] = {**student.get("rollout", {}), "tensorParallel": 2}
+    assert cli_main(["validate", "-q", str(_write(tmp_path, base_manifest))]) == 0

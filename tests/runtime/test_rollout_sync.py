@@ -1,15 +1,22 @@
 """Weight sync: after an optimizer step and an update, the rollout engine's log-probs of a fixed sequence
 equal the trainer's. Real engines: vLLM (CPU build, in-process; eager and torch.compiled, whose graphs must
-see weights reloaded in place) and the transformers fallback."""
+see weights reloaded in place), vLLM with two tensor-parallel worker processes, and the transformers
+fallback; updated through the object store's path (`update_weights`) and streamed over a sync group
+(`receive_weights`, through vLLM's weight-transfer API into each worker)."""
 
 from __future__ import annotations
 
 import gc
+import socket
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import torch
 from distillery_runtime.rollout import GenerationRequest, SamplingSettings, build_engine
 from distillery_runtime.trainer import Trainer, step_normalizer
+from distillery_runtime.weight_sync import SyncGroup
 
 from distillery.api.spec import LossMode, Precision
 from distillery.plan.loss import LossConfig
@@ -40,13 +47,62 @@ def test_rollout_engine_follows_the_trainer(job_files, kind, enforce_eager):
     if kind == "vllm":
         assert engine.enforce_eager is enforce_eager
     try:
-        _check_sync(trainer, engine, settings)
+        _check_sync(trainer, engine, settings, lambda e: e.update_weights(trainer.weights(torch.float32), 3))
     finally:
         del engine  # the in-process vLLM engine holds ~2 GB: free it for the tests that follow
         gc.collect()
 
 
-def _check_sync(trainer, engine, settings):
+BUCKET = 4 * 1024
+"""Bytes: many buckets for the tiny model, so that a layer's tensors span several."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "tensor_parallel"),
+    [("vllm", 1), ("vllm", 2), ("transformers", 1)],
+    ids=["vllm", "vllm-tensor-parallel-2", "transformers"],
+)
+def test_streamed_sync_reaches_every_engine_worker(job_files, kind, tensor_parallel, monkeypatch):
+    """Trainer rank 0 here (a thread) streams to the engine's workers: with tensorParallel 2, two vLLM
+    worker processes, each its own rank of the sync group, each loading its half of every weight."""
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)  # the engine's binding goes with the test
+    settings = TrainerSettings(
+        lr=5e-2,
+        precision=Precision.FLOAT32,
+        micro_batch_size=4,
+        loss=LossConfig(mode=LossMode.FORWARD_KL_TOPK),
+    )
+    trainer = Trainer(str(job_files.student), settings, device="cpu")
+    engine = build_engine(
+        kind, str(job_files.student), dtype=torch.float32, max_model_len=64, tensor_parallel=tensor_parallel
+    )
+    assert engine.sync_ranks == tensor_parallel
+    names = ["trainer rank 0", *(f"engine worker {w}" for w in range(tensor_parallel))]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pool = ThreadPoolExecutor(1)
+    try:
+        sender = pool.submit(SyncGroup, "127.0.0.1", port, 0, names)
+        engine.join_weight_sync("127.0.0.1", port, 1, names, timeout_s=60)
+        group = sender.result(timeout=60)
+        metas = trainer.weight_metas(torch.float32)
+
+        def streamed(e: Any) -> None:
+            sent = pool.submit(trainer.stream_weights, group, torch.float32, BUCKET)
+            e.receive_weights(metas, BUCKET, version=3)
+            assert sent.result(timeout=60) == sum(m.nbytes for m in metas)
+
+        _check_sync(trainer, engine, settings, streamed)
+        group.close()
+    finally:
+        pool.shutdown(wait=False)
+        del engine
+        gc.collect()
+
+
+def _check_sync(trainer, engine, settings, update: Callable[[Any], None]) -> None:
 
     before = trainer.sequence_logprobs(PROMPT, RESPONSE)
     assert engine.sequence_logprobs(PROMPT, RESPONSE) == pytest.approx(before, abs=1e-4)
@@ -59,7 +115,8 @@ def _check_sync(trainer, engine, settings):
     stale = engine.sequence_logprobs(PROMPT, RESPONSE)
     assert stale == pytest.approx(before, abs=1e-4)  # the engine has not seen the update yet
 
-    engine.update_weights(trainer.weights(torch.float32), version=trainer.version)
+    assert trainer.version == 3
+    update(engine)
     assert engine.policy_version == 3
     assert engine.sequence_logprobs(PROMPT, RESPONSE) == pytest.approx(after, abs=1e-4)
 

@@ -9,6 +9,7 @@ from typing import Protocol
 import torch
 
 from distillery_runtime.samples import RolloutSample
+from distillery_runtime.weight_sync import TensorMeta
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class RolloutEngine(Protocol):
     """What the loop needs from a rollout engine."""
 
     policy_version: int
+    sync_ranks: int
+    """Ranks the engine takes in the weight-sync group (its workers: vLLM's tensor-parallel ranks)."""
 
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
@@ -44,6 +47,16 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
         """Load the trainer's weights (Hugging Face names); later samples use them."""
+        ...
+
+    def join_weight_sync(
+        self, host: str, port: int, first_rank: int, names: Sequence[str], timeout_s: float
+    ) -> None:
+        """Join the weight-sync group (weight_sync.py) as ranks `first_rank` .. `first_rank + sync_ranks - 1`."""
+        ...
+
+    def receive_weights(self, metas: Sequence[TensorMeta], bucket_bytes: int, version: int) -> None:
+        """One streamed sync: load the trainer's weights as their buckets arrive; later samples use them."""
         ...
 
     def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:

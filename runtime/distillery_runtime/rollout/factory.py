@@ -21,6 +21,7 @@ def build_engine(
     seed: int = 0,
     memory_fraction: float = 0.5,
     enforce_eager: bool | None = None,
+    tensor_parallel: int = 1,
 ) -> RolloutEngine:
     """The engine named by `student.rollout.engine` (vllm or transformers)."""
     if kind == EngineKind.VLLM:
@@ -33,7 +34,10 @@ def build_engine(
             seed=seed,
             memory_fraction=memory_fraction,
             enforce_eager=enforce_eager,
+            tensor_parallel=tensor_parallel,
         )
+    if tensor_parallel != 1:  # the spec refuses it; a direct caller gets the same reason
+        raise ValueError("tensor_parallel needs the vllm engine (the transformers engine runs on one device)")
     if kind == EngineKind.TRANSFORMERS:
         from distillery_runtime.rollout.hf_engine import TransformersRolloutEngine
 

@@ -7,12 +7,14 @@ seed gives). Weights are loaded with `load_state_dict`.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator, Sequence
 
 import torch
 
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.samples import RolloutSample
+from distillery_runtime.weight_sync import SyncGroup, TensorMeta
 
 
 class TransformersRolloutEngine:
@@ -28,6 +30,8 @@ class TransformersRolloutEngine:
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
         self.policy_version = 0
+        self.sync_ranks = 1
+        self.sync_group: SyncGroup | None = None
 
     @torch.no_grad()
     def _sample_one(
@@ -76,6 +80,23 @@ class TransformersRolloutEngine:
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
         state = {name: tensor for name, tensor in weights}
         self.model.load_state_dict(state, strict=False)
+        self.policy_version = version
+
+    def join_weight_sync(
+        self, host: str, port: int, first_rank: int, names: Sequence[str], timeout_s: float
+    ) -> None:
+        self.sync_group = SyncGroup(
+            host, port, first_rank, names, timeout=datetime.timedelta(seconds=timeout_s)
+        )
+
+    @torch.no_grad()
+    def receive_weights(self, metas: Sequence[TensorMeta], bucket_bytes: int, version: int) -> None:
+        """Each tensor is copied into the model's own as it arrives (tied weights share one storage)."""
+        if self.sync_group is None:
+            raise RuntimeError("weight sync: join_weight_sync was not called")
+        state = self.model.state_dict()
+        for name, tensor in self.sync_group.receive(metas, bucket_bytes):
+            state[name].copy_(tensor)
         self.policy_version = version
 
     @torch.no_grad()

@@ -1,15 +1,17 @@
 """The vLLM rollout engine: an in-process `vllm.LLM`, stepped by hand so that samples stream out as they
 finish, with the trainer's weights loaded after each optimizer step.
 
-Weight sync uses vLLM's worker RPC `reload_weights(weights_iterator=...)` (vLLM 0.32: in-place reload,
-checkpoint-format names, so the Hugging Face state dict loads as is; it works on CPU, where the layers'
-own `weight_loader`s are gone after vLLM's CPU weight processing). The prefix cache is reset after each
+A streamed weight sync goes through vLLM's weight-transfer API with our backend (`vllm_transfer.py`):
+each of the engine's workers, one per tensor-parallel rank, is a rank of the sync group and loads the
+buckets as they arrive (vLLM's layerwise reload: checkpoint-format names, so the Hugging Face names load
+as they are, each worker keeping its shard). A sync through the object store (`update_weights`) uses the
+workers' RPC `reload_weights(weights_iterator=...)`, the same reload. The prefix cache is reset after each
 update: cached KV blocks were computed with the old weights.
 
-On CPU the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, uni executor: ~3 s start,
-~10 s more when compiled);
-sleep/wake are no-ops there (vLLM's CPU worker does not support sleep mode), on GPU they free the KV cache
-and weights while the trainer runs.
+With one tensor-parallel rank the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, uni
+executor: ~3 s start on CPU, ~10 s more when compiled); with more, its workers are processes of vLLM's
+own (`distillery.plan.rollout.rollout_executor`). Sleep/wake are no-ops on CPU (vLLM's CPU worker does
+not support sleep mode); on GPU they free the KV cache and weights while the trainer runs.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from distillery.plan.vllm_env import vllm_env
+from distillery.plan.rollout import rollout_executor
+from distillery.plan.vllm_env import tensor_parallel_env, vllm_env
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.samples import RolloutSample
+from distillery_runtime.weight_sync import TensorMeta
 
 
 def _on_gpu() -> bool:
@@ -40,11 +44,28 @@ class VllmRolloutEngine:
         seed: int = 0,
         memory_fraction: float = 0.5,
         enforce_eager: bool | None = None,
+        tensor_parallel: int = 1,
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        for name, value in vllm_env(os.environ).items():
+        environment = vllm_env(os.environ)
+        if not _on_gpu():
+            environment |= tensor_parallel_env(tensor_parallel, sorted(os.sched_getaffinity(0)), os.environ)
+        for name, value in environment.items():
             os.environ.setdefault(name, value)
+        import vllm.envs
         from vllm import LLM
+
+        # vLLM caches its variables once an engine has started in a process: a later engine here (a test,
+        # a notebook) must read the ones set above, not the first engine's.
+        vllm.envs.disable_envs_cache()
+
+        from distillery_runtime.rollout import vllm_transfer
+
+        # This process's worker (uni executor) finds the backend here; vLLM's own worker processes through
+        # the plugin entry point, which a caller's VLLM_PLUGINS must then name.
+        vllm_transfer.register()
+        if os.environ.get("VLLM_PLUGINS"):
+            os.environ["VLLM_PLUGINS"] += f",{vllm_transfer.PLUGIN}"
 
         kwargs: dict = {}
         if _on_gpu():
@@ -61,10 +82,14 @@ class VllmRolloutEngine:
             max_model_len=max_model_len,
             enforce_eager=enforce_eager,
             seed=seed,
-            distributed_executor_backend="uni",
+            tensor_parallel_size=tensor_parallel,
+            distributed_executor_backend=rollout_executor(tensor_parallel, on_gpu=_on_gpu()),
+            weight_transfer_config={"backend": vllm_transfer.NAME},
             max_logprobs=1,
             **kwargs,
         )
+        self.sync_ranks = tensor_parallel
+        """Ranks this engine takes in the weight-sync group: one per worker."""
         self.engine = self.llm.llm_engine
         self.policy_version = 0
         self._asleep = False
@@ -128,6 +153,29 @@ class VllmRolloutEngine:
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
+        self.llm.reset_prefix_cache()
+        self.policy_version = version
+
+    def join_weight_sync(
+        self, host: str, port: int, first_rank: int, names: Sequence[str], timeout_s: float
+    ) -> None:
+        """Every worker joins the sync group: worker w as rank `first_rank + w`."""
+        info = {
+            "host": host,
+            "port": port,
+            "first_rank": first_rank,
+            "names": list(names),
+            "timeout_s": timeout_s,
+        }
+        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": info})
+
+    def receive_weights(self, metas: Sequence[TensorMeta], bucket_bytes: int, version: int) -> None:
+        """One streamed sync: every worker loads the buckets as they arrive (all at once: a collective)."""
+        update = {"metas": [(m.name, m.shape, m.dtype) for m in metas], "bucket_bytes": bucket_bytes}
+        # A worker whose bucket does not arrive raises, and ends its update session itself.
+        self.llm.collective_rpc("start_weight_update")
+        self.llm.collective_rpc("update_weights", kwargs={"update_info": update})
+        self.llm.collective_rpc("finish_weight_update")
         self.llm.reset_prefix_cache()
         self.policy_version = version
 
