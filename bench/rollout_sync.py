@@ -20,6 +20,7 @@ The last line printed is the JSON summary; a table goes before it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import socket
 import statistics
@@ -89,7 +90,9 @@ def measure(model_dir: Path, tensor_parallel: int, rounds: int) -> dict[str, Any
     metas = tensor_metas(state.items(), torch.float32)
     total = sum(m.nbytes for m in metas)
     started = time.perf_counter()
-    engine = build_engine("vllm", str(model_dir), dtype=torch.float32, max_model_len=64, tensor_parallel=tensor_parallel)
+    engine = build_engine(
+        "vllm", str(model_dir), dtype=torch.float32, max_model_len=64, tensor_parallel=tensor_parallel
+    )
     engine_start_s = time.perf_counter() - started
     port = _port()
     group_names = ["sender", *(f"engine worker {w}" for w in range(tensor_parallel))]
@@ -111,12 +114,18 @@ def measure(model_dir: Path, tensor_parallel: int, rounds: int) -> dict[str, Any
 
     def object_store(version: int) -> float:
         t0 = time.perf_counter()
-        ref = ray.put(list(zip(names, [t.clone() for t in tensors], strict=True)))  # Trainer.weights(): a copy
+        ref = ray.put(
+            list(zip(names, [t.clone() for t in tensors], strict=True))
+        )  # Trainer.weights(): a copy
         engine.update_weights(ray.get(ref), version)
         return time.perf_counter() - t0
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    out: dict[str, Any] = {"tensor_parallel": tensor_parallel, "bytes": total, "engine_start_s": round(engine_start_s, 1)}
+    out: dict[str, Any] = {
+        "tensor_parallel": tensor_parallel,
+        "bytes": total,
+        "engine_start_s": round(engine_start_s, 1),
+    }
     try:
         for name, path in (("streamed", streamed), ("object_store", object_store)):
             _perturb(model, seed=len(out))  # new weights each time: a sync that loaded nothing would show
@@ -138,7 +147,6 @@ def measure(model_dir: Path, tensor_parallel: int, rounds: int) -> dict[str, Any
         ray.shutdown()
         group.close()
         pool.shutdown(wait=False)
-        del engine
     return out
 
 
@@ -159,6 +167,7 @@ def main() -> int:
 
             vllm.envs.disable_envs_cache()
             results.append(measure(model_dir, tensor_parallel, args.rounds))
+            gc.collect()  # the engine of this case goes before the next one starts
             (out / "results.json").write_text(json.dumps(results, indent=1))
     rows = [
         "| tensorParallel | GB a sync | streamed s (GB/s) | object store s (GB/s) | speedup |",
