@@ -2,9 +2,9 @@
 
 A sync group is a torch.distributed process group of its own (not the trainers' group): rank 0 is trainer
 rank 0, ranks 1..n the rollout engines' workers (one per tensor-parallel rank; in vLLM's workers through
-its weight-transfer API, rollout/vllm_transfer.py), joined through a TCPStore that rank 0 hosts. Gloo, on
-tensors in host memory (where the engines' loaders take them today), so the CPU tests run what a GPU job
-runs; NCCL when the members pass a CUDA device (written, not yet run: the lent GPU machines have no vLLM).
+its weight-transfer API, rollout/vllm_transfer.py), joined through a TCPStore that rank 0 hosts. Each
+member names its device; the group is NCCL where every member has a GPU of its own (NCCL refuses two
+ranks on one GPU), gloo on host tensors otherwise, so the CPU tests run what a GPU job runs.
 
 A sync walks the student's tensors in a fixed order (`plan_buckets`: consecutive tensors of one dtype up
 to `bucket_bytes`). For each bucket every trainer rank gathers the bucket's tensors from the FSDP2 shards
@@ -13,11 +13,17 @@ broadcasts it to the engines, which unpack it and hand the tensors on as they ar
 more than a bucket (or two) of gathered weights beyond its shards, and nothing is serialised or copied
 through the object store.
 
-Two transports carry the buckets. When every member of the group is on one host (a colocated engine:
-the common case), through shared memory: rank 0 copies each bucket into one of two /dev/shm slots and
-says so through the store, the engines read it from there and acknowledge, so copying the next bucket
-overlaps reading this one (the CPU counterpart of CUDA IPC, which a GPU would use: not done yet). Across
-hosts, or without room in /dev/shm, a broadcast on the group (gloo; NCCL on request).
+Three transports carry the buckets, chosen alike by every member from what each reported:
+- CUDA IPC ("ipc"), when every member is on one GPU (a colocated engine beside trainer rank 0, the
+  common case on a GPU): the two slots are device memory of rank 0's, which the others map through CUDA
+  IPC handles (torch.multiprocessing's reductions, with the device index made the receiver's own), so a
+  bucket never leaves the GPU;
+- shared memory ("shm"), when every member is on one host otherwise: rank 0 copies each bucket into one of
+  two /dev/shm slots and says so through the store, the engines read it from there and acknowledge, so
+  copying the next bucket overlaps reading this one (from and to a GPU: one copy each way);
+- a broadcast on the group ("collective"), across hosts or without room in /dev/shm.
+The IPC path has not run yet: the GPU machines lent so far have one GPU and no vLLM, and none was lent
+since it was written (bench/gpu_sync.py checks it with torch alone).
 
 Every wait has a timeout. Before each sync the engines check in through the store; a peer that does not
 within the timeout is named (`WeightSyncError: rollout engine 1 (sync rank 2) did not join ...`); a bucket
@@ -26,9 +32,12 @@ that does not arrive in time fails the same way on both sides.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
+import json
 import os
+import pickle
 import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -95,6 +104,8 @@ def tensor_metas(named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype |
     return out
 
 
+_STORAGE_DEVICE = 6
+"""The device index among the arguments of torch's `rebuild_cuda_tensor` (torch.multiprocessing)."""
 SHM_DIR = Path("/dev/shm")
 SHM_SLOTS = 2
 """Two slots: rank 0 fills one while the engines read the other."""
@@ -104,11 +115,39 @@ def bucket_sizes(metas: Sequence[TensorMeta], bucket_bytes: int) -> list[int]:
     return [sum(metas[i].nbytes for i in bucket) for bucket in plan_buckets(metas, bucket_bytes)]
 
 
+def gpu_id(device: torch.device) -> str | None:
+    """What tells GPUs apart across processes (indices differ with CUDA_VISIBLE_DEVICES); None on CPU."""
+    if device.type != "cuda":
+        return None
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+@dataclass(frozen=True)
+class Member:
+    """What each member reports when it joins: every member derives the same transports from these."""
+
+    host: str
+    gpu: str | None
+
+
+def collective_on_gpus(members: Sequence[Member]) -> bool:
+    """NCCL where every member has a GPU of its own; gloo on host tensors otherwise."""
+    gpus = [m.gpu for m in members]
+    return None not in gpus and len(set(gpus)) == len(gpus)
+
+
+def one_gpu(members: Sequence[Member]) -> bool:
+    """Every member on the same GPU: CUDA IPC."""
+    return members[0].gpu is not None and len({(m.host, m.gpu) for m in members}) == 1
+
+
 class SyncGroup:
     """One member of a sync group: rank 0 sends, the others receive. `names[r]` names rank r in errors.
 
-    `transport`: "auto" (shared memory when every member is on this host and /dev/shm has room, else the
-    collective), "shm" or "collective"; every member must use the same."""
+    `transport`: "auto" (CUDA IPC when every member is on one GPU, else shared memory when every member is
+    on this host and /dev/shm has room, else the collective), "ipc", "shm" or "collective"; every member
+    must use the same. `device`: where this member's tensors are (a bucket is sent from and received onto
+    it)."""
 
     def __init__(
         self,
@@ -124,20 +163,28 @@ class SyncGroup:
         self.rank, self.names, self.timeout = rank, list(names), timeout
         self.world = len(self.names)
         self.device = device or torch.device("cpu")
+        if self.device.type == "cuda" and self.device.index is None:  # an IPC handle is opened on an index
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.store = dist.TCPStore(host, port, self.world, is_master=rank == 0, timeout=timeout)
         self._syncs = 0
         self._slots: dict[int, torch.Tensor] = {}
         self._prefix = f"distillery-sync-{port}"
-        self.store.set(f"host/{rank}", socket.gethostname())
-        hosts = {self.store.get(f"host/{r}").decode() for r in range(self.world)}
-        self.transport = "collective" if transport == "auto" and len(hosts) > 1 else transport
+        me = Member(socket.gethostname(), gpu_id(self.device))
+        self.store.set(f"member/{rank}", json.dumps([me.host, me.gpu]))
+        self.members = [Member(*json.loads(self.store.get(f"member/{r}"))) for r in range(self.world)]
+        one_host = len({m.host for m in self.members}) == 1
+        self.transport = "collective" if transport == "auto" and not one_host else transport
+        if self.transport == "ipc" and not one_gpu(self.members):
+            raise WeightSyncError("weight sync: transport ipc needs every member on one GPU")
         self.last_transport = ""
-        """What the last sync went through: shm or collective."""
+        """What the last sync went through: ipc, shm or collective."""
         # A backend object of its own: the engines' processes have no default group to derive one from.
         self.group: Any
-        if self.device.type == "cuda":
+        if collective_on_gpus(self.members):
+            self.collective_device = self.device
             self.group = dist.ProcessGroupNCCL(self.store, rank, self.world, dist.ProcessGroupNCCL.Options())
         else:
+            self.collective_device = torch.device("cpu")
             self.group = dist.ProcessGroupGloo(self.store, rank, self.world, timeout)
 
     # ------------------------------------------------------------------------------------- both sides
@@ -183,12 +230,12 @@ class SyncGroup:
     ) -> int:
         """Rank 0, after `wait_ready`: each bucket (the tensors of `plan_buckets(metas, bucket_bytes)`) as one
         flat buffer, through shared memory or a broadcast. Returns the bytes sent."""
-        if self._use_shm(metas, bucket_bytes):
-            return self._send_shm(metas, bucket_bytes, buckets)
+        if self._use_slots(metas, bucket_bytes):
+            return self._send_slots(metas, bucket_bytes, buckets)
         sent = 0
         for index, tensors in enumerate(buckets):
             flat = torch.cat([t.reshape(-1) for t in tensors]) if len(tensors) > 1 else tensors[0].reshape(-1)
-            flat = flat.to(self.device).contiguous()
+            flat = flat.to(self.collective_device).contiguous()
             self._broadcast(flat, f"bucket {index + 1}")
             sent += flat.numel() * flat.element_size()
         return sent
@@ -200,13 +247,13 @@ class SyncGroup:
         bucket's buffer: valid until the next bucket is asked for; copy what must last longer)."""
         self._syncs += 1
         self.store.set(f"sync{self._syncs}/ready/{self.rank}", "1")
-        if self._use_shm(metas, bucket_bytes):
-            yield from self._receive_shm(metas, bucket_bytes)
+        if self._use_slots(metas, bucket_bytes):
+            yield from self._receive_slots(metas, bucket_bytes)
             return
         for index, bucket in enumerate(plan_buckets(metas, bucket_bytes)):
             dtype = DTYPES[metas[bucket[0]].dtype]
             total = sum(metas[i].numel for i in bucket)
-            buffer = torch.empty(total, dtype=dtype, device=self.device)
+            buffer = torch.empty(total, dtype=dtype, device=self.collective_device)
             self._broadcast(buffer, f"bucket {index + 1}")
             offset = 0
             for i in bucket:
@@ -214,12 +261,17 @@ class SyncGroup:
                 yield meta.name, buffer[offset : offset + meta.numel].view(meta.shape)
                 offset += meta.numel
 
-    # ------------------------------------------------------------------------------------- shared memory
+    # ------------------------------------------------------------------------------- slots: IPC, shared memory
 
-    def _use_shm(self, metas: Sequence[TensorMeta], bucket_bytes: int) -> bool:
+    def _use_slots(self, metas: Sequence[TensorMeta], bucket_bytes: int) -> bool:
+        """Whether this sync goes through two slots (CUDA IPC or shared memory; `last_transport` says
+        which) rather than the collective."""
         self.last_transport = "collective"
-        if self.transport == "collective" or self.device.type != "cpu":
+        if self.transport == "collective":
             return False
+        if self.transport in ("auto", "ipc") and one_gpu(self.members):
+            self.last_transport = "ipc"
+            return True
         self.last_transport = "shm"
         if self.transport == "shm":
             return True
@@ -241,10 +293,16 @@ class SyncGroup:
         return False
 
     def _slot(self, index: int, nbytes: int) -> torch.Tensor:
-        """Slot `index`, at least `nbytes` long: a file in /dev/shm that every member maps."""
+        """Slot `index`, at least `nbytes` long: device memory of rank 0's that every member maps (ipc),
+        or a file in /dev/shm that every member maps."""
         current = self._slots.get(index)
-        if current is not None and current.numel() >= nbytes:
+        ipc = self.last_transport == "ipc"
+        if current is not None and current.numel() >= nbytes and current.is_cuda == ipc:
             return current
+        if ipc:
+            slot = self._ipc_slot(f"ipc-slot/{index}/{nbytes}", nbytes)
+            self._slots[index] = slot
+            return slot
         path = SHM_DIR / f"{self._prefix}-{index}-{nbytes}"
         if self.rank == 0 and current is not None:
             with contextlib.suppress(OSError):
@@ -252,6 +310,24 @@ class SyncGroup:
         slot = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
         self._slots[index] = slot
         return slot
+
+    def _ipc_slot(self, key: str, nbytes: int) -> torch.Tensor:
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
+        if self.rank == 0:
+            slot = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            _, args = reduce_tensor(slot)
+            self.store.set(key, base64.b64encode(pickle.dumps(args)).decode())
+            return slot
+        args = list(pickle.loads(base64.b64decode(self.store.get(key))))
+        # The handle names rank 0's device index; the same GPU may have another index here.
+        args[_STORAGE_DEVICE] = self.device.index
+        return rebuild_cuda_tensor(*args)
+
+    def _settle(self, slot: torch.Tensor) -> None:
+        """Copies into or out of a device slot are asynchronous: done before the store says so."""
+        if slot.is_cuda:
+            torch.cuda.current_stream(slot.device).synchronize()
 
     def _wait(self, keys: list[str], ranks: list[int], what: str) -> None:
         try:
@@ -263,7 +339,7 @@ class SyncGroup:
                 f"{self.timeout.total_seconds():.0f} s"
             ) from None
 
-    def _send_shm(
+    def _send_slots(
         self, metas: Sequence[TensorMeta], bucket_bytes: int, buckets: Iterable[list[torch.Tensor]]
     ) -> int:
         size = max(bucket_sizes(metas, bucket_bytes))
@@ -283,6 +359,7 @@ class SyncGroup:
                 flat = tensor.reshape(-1).contiguous().view(torch.uint8)
                 slot[offset : offset + flat.numel()].copy_(flat)
                 offset += flat.numel()
+            self._settle(slot)
             self.store.set(f"{tag}/b{index}/written", "1")
             sent += offset
         # Done when every engine has read every bucket: the slots are free for the next sync.
@@ -293,7 +370,7 @@ class SyncGroup:
         self._unlink_slots()
         return sent
 
-    def _receive_shm(
+    def _receive_slots(
         self, metas: Sequence[TensorMeta], bucket_bytes: int
     ) -> Iterator[tuple[str, torch.Tensor]]:
         size = max(bucket_sizes(metas, bucket_bytes))
@@ -306,10 +383,13 @@ class SyncGroup:
                 meta = metas[i]
                 yield meta.name, slot[offset : offset + meta.nbytes].view(DTYPES[meta.dtype]).view(meta.shape)
                 offset += meta.nbytes
+            self._settle(slot)  # the consumer's copies out of this bucket are done
             self.store.set(f"{tag}/b{index}/read/{self.rank}", "1")
 
     def _unlink_slots(self) -> None:
         for index, slot in self._slots.items():
+            if slot.is_cuda:  # device memory: freed with the tensor
+                continue
             with contextlib.suppress(OSError):
                 (SHM_DIR / f"{self._prefix}-{index}-{slot.numel()}").unlink()
 

@@ -111,7 +111,8 @@ class TrainerWorker:
         """rank 0 joins the weight-sync group as its sender (the other ranks only gather)."""
         from distillery_runtime.weight_sync import SyncGroup
 
-        self.sync_group = SyncGroup(host, port, 0, names)
+        # Its own GPU: the group maps buckets through CUDA IPC to engine workers on the same GPU.
+        self.sync_group = SyncGroup(host, port, 0, names, device=self.trainer.device)
         return True
 
     def weight_metas(self, dtype: str) -> list[Any]:

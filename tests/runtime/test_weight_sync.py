@@ -156,3 +156,38 @@ def test_buckets_keep_order_dtype_and_size() -> None:
     assert [i for b in buckets for i in b] == list(range(5))
     assert buckets == [[0], [1], [2], [3], [4]]
     assert plan_buckets(metas, 1024) == [[0, 1, 2], [3], [4]]
+
+
+def test_members_decide_the_transport_and_the_collective_alike() -> None:
+    from distillery_runtime.weight_sync import Member, collective_on_gpus, one_gpu
+
+    colocated = [Member("node-a", "GPU-1"), Member("node-a", "GPU-1")]
+    assert one_gpu(colocated) and not collective_on_gpus(colocated)  # NCCL refuses two ranks on one GPU
+    spread = [Member("node-a", "GPU-1"), Member("node-a", "GPU-2"), Member("node-b", "GPU-3")]
+    assert not one_gpu(spread) and collective_on_gpus(spread)
+    # The same GPU id on two hosts is two GPUs; a tensor-parallel worker on a second GPU rules IPC out.
+    assert not one_gpu([Member("node-a", "GPU-1"), Member("node-b", "GPU-1")])
+    assert not one_gpu([*colocated, Member("node-a", "GPU-2")])
+    cpu = [Member("node-a", None), Member("node-a", None)]
+    assert not one_gpu(cpu) and not collective_on_gpus(cpu)
+    assert not collective_on_gpus([Member("node-a", "GPU-1"), Member("node-a", None)])
+
+
+def _gpu_sync_bench(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    # On the path for the whole test: the spawned processes import the bench's module too.
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    import gpu_sync
+
+    return gpu_sync
+
+
+def test_the_gpu_sync_check_runs_its_shared_memory_part_on_cpu(tmp_path: Path, monkeypatch) -> None:
+    """bench/gpu_sync.py cannot rot between the sessions that have a GPU: its CPU part runs here."""
+    result = _gpu_sync_bench(monkeypatch).run("auto", 16 * 1024**2, "cpu", 1, tmp_path)
+    assert result["chosen"] == "shm" and result["exact"] and result["seconds"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a CUDA GPU (bench/gpu_sync.py)")
+def test_two_processes_on_one_gpu_sync_through_cuda_ipc(tmp_path: Path, monkeypatch) -> None:
+    result = _gpu_sync_bench(monkeypatch).run("auto", 64 * 1024**2, "cuda", 1, tmp_path)
+    assert result["chosen"] == "ipc" and result["exact"]

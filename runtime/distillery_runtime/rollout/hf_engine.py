@@ -85,9 +85,8 @@ class TransformersRolloutEngine:
     def join_weight_sync(
         self, host: str, port: int, first_rank: int, names: Sequence[str], timeout_s: float
     ) -> None:
-        self.sync_group = SyncGroup(
-            host, port, first_rank, names, timeout=datetime.timedelta(seconds=timeout_s)
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.sync_group = SyncGroup(host, port, first_rank, names, device=self.device, timeout=timeout)
 
     @torch.no_grad()
     def receive_weights(self, metas: Sequence[TensorMeta], bucket_bytes: int, version: int) -> None:

@@ -77,6 +77,7 @@ class SyncGroupTransferEngine(WeightTransferEngine[SyncInitInfo, SyncUpdateInfo]
             init_info.port,
             rank,
             init_info.names,
+            device=self.device,  # a GPU worker beside trainer rank 0 maps its buckets through CUDA IPC
             timeout=datetime.timedelta(seconds=init_info.timeout_s),
             transport=init_info.transport,
         )
