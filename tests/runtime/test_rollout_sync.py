@@ -63,10 +63,9 @@ BUCKET = 4 * 1024
     [("vllm", 1), ("vllm", 2), ("transformers", 1)],
     ids=["vllm", "vllm-tensor-parallel-2", "transformers"],
 )
-def test_streamed_sync_reaches_every_engine_worker(job_files, kind, tensor_parallel, monkeypatch):
+def test_streamed_sync_reaches_every_engine_worker(job_files, kind, tensor_parallel):
     """Trainer rank 0 here (a thread) streams to the engine's workers: with tensorParallel 2, two vLLM
     worker processes, each its own rank of the sync group, each loading its half of every weight."""
-    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)  # the engine's binding goes with the test
     settings = TrainerSettings(
         lr=5e-2,
         precision=Precision.FLOAT32,

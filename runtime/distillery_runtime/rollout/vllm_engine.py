@@ -47,11 +47,14 @@ class VllmRolloutEngine:
         tensor_parallel: int = 1,
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        environment = vllm_env(os.environ)
-        if not _on_gpu():
-            environment |= tensor_parallel_env(tensor_parallel, sorted(os.sched_getaffinity(0)), os.environ)
-        for name, value in environment.items():
+        for name, value in vllm_env(os.environ).items():
             os.environ.setdefault(name, value)
+        # Only while vLLM starts its workers: another engine in this process must not inherit the binding.
+        binding = (
+            {}
+            if _on_gpu()
+            else tensor_parallel_env(tensor_parallel, sorted(os.sched_getaffinity(0)), os.environ)
+        )
         import vllm.envs
         from vllm import LLM
 
@@ -64,8 +67,9 @@ class VllmRolloutEngine:
         # This process's worker (uni executor) finds the backend here; vLLM's own worker processes through
         # the plugin entry point, which a caller's VLLM_PLUGINS must then name.
         vllm_transfer.register()
-        if os.environ.get("VLLM_PLUGINS"):
-            os.environ["VLLM_PLUGINS"] += f",{vllm_transfer.PLUGIN}"
+        plugins = os.environ.get("VLLM_PLUGINS")
+        if plugins and vllm_transfer.PLUGIN not in plugins.split(","):
+            os.environ["VLLM_PLUGINS"] = f"{plugins},{vllm_transfer.PLUGIN}"
 
         kwargs: dict = {}
         if _on_gpu():
@@ -76,18 +80,23 @@ class VllmRolloutEngine:
             # and gains ~20-30% per decode step, which only longer jobs win back (student.rollout.enforceEager).
             enforce_eager = not _on_gpu()
         self.enforce_eager = enforce_eager
-        self.llm = LLM(
-            model=model_dir,
-            dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
-            max_model_len=max_model_len,
-            enforce_eager=enforce_eager,
-            seed=seed,
-            tensor_parallel_size=tensor_parallel,
-            distributed_executor_backend=rollout_executor(tensor_parallel, on_gpu=_on_gpu()),
-            weight_transfer_config={"backend": vllm_transfer.NAME},
-            max_logprobs=1,
-            **kwargs,
-        )
+        os.environ.update(binding)
+        try:
+            self.llm = LLM(
+                model=model_dir,
+                dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
+                max_model_len=max_model_len,
+                enforce_eager=enforce_eager,
+                seed=seed,
+                tensor_parallel_size=tensor_parallel,
+                distributed_executor_backend=rollout_executor(tensor_parallel, on_gpu=_on_gpu()),
+                weight_transfer_config={"backend": vllm_transfer.NAME},
+                max_logprobs=1,
+                **kwargs,
+            )
+        finally:
+            for name in binding:
+                del os.environ[name]
         self.sync_ranks = tensor_parallel
         """Ranks this engine takes in the weight-sync group: one per worker."""
         self.engine = self.llm.llm_engine

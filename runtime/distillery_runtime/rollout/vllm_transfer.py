@@ -6,8 +6,8 @@ vLLM 0.32 has a weight-transfer API (`vllm.distributed.weight_transfer`): the en
 its model, and the caller drives it with the workers' RPCs `init_weight_transfer_engine`,
 `start_weight_update`, `update_weights` and `finish_weight_update`. Its own backends are NCCL and CUDA IPC,
 which need a GPU on both ends and vLLM's trainer-side engines; this one carries `weight_sync.SyncGroup`'s
-buckets (shared memory on one host, gloo across hosts), so the trainer's FSDP2 gather is unchanged and the
-CPU tests run the path a job runs. Loading goes through vLLM's layerwise reload, as its NCCL backend does:
+buckets (CUDA IPC on one GPU, shared memory on one host, a collective across hosts), so the trainer's
+FSDP2 gather is unchanged and the CPU tests run the path a job runs. Loading goes through vLLM's layerwise reload, as its NCCL backend does:
 checkpoint (Hugging Face) names in, each worker keeps its tensor-parallel shard of each tensor.
 
 Registered by `register`, which vLLM calls in every process it starts (the `vllm.general_plugins` entry
