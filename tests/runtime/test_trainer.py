@@ -135,7 +135,9 @@ def test_a_rank_with_no_samples_joins_the_step_with_zero_gradients(job_files, ra
     w2 = [dict(ray.get(w.weights.remote("float32"))) for w in pair]
     for name, value in w1.items():
         torch.testing.assert_close(w2[0][name], value, rtol=0, atol=1e-3)
-        torch.testing.assert_close(w2[1][name], w2[0][name], rtol=0, atol=0)
+        # Not bit-equal: each rank reduces its gradient norm on its own CPU threads, and float32 sums in
+        # another order differ in the last bits (2.9e-6 seen in CI).
+        torch.testing.assert_close(w2[1][name], w2[0][name], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float32])
