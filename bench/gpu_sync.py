@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import socket
 import statistics
 import sys
 import time
@@ -32,12 +31,6 @@ for path in (ROOT, ROOT / "runtime"):
 GB = 1e9
 BUCKET_BYTES = 256 * 1024**2
 TENSOR_BYTES = 32 * 1024**2
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _tensors(total_bytes: int, device: str):  # type: ignore[no-untyped-def]
@@ -91,8 +84,9 @@ def _member(rank: int, port: int, total: int, device: str, transport: str, round
 
 def run(transport: str, total: int, device: str, rounds: int, out: Path) -> dict:
     import torch.multiprocessing as mp
+    from distillery_runtime.workers import free_port
 
-    args = (_port(), total, device, transport, rounds, str(out))
+    args = (free_port(), total, device, transport, rounds, str(out))
     mp.start_processes(_member, args=args, nprocs=2, start_method="spawn")
     record = json.loads((out / f"{transport}.json").read_text())
     median = statistics.median(record["seconds"])

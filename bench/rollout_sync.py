@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -38,12 +37,6 @@ for path in (ROOT, ROOT / "runtime"):
 GB = 1e9
 BUCKET_BYTES = 256 * 1024**2
 PROMPT, RESPONSE = [5, 9, 13, 7], [11, 30, 8, 21, 17, 6]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _student(directory: Path, quick: bool) -> Path:
@@ -82,6 +75,7 @@ def measure(model_dir: Path, tensor_parallel: int, rounds: int) -> dict[str, Any
     import torch
     from distillery_runtime.rollout import build_engine
     from distillery_runtime.weight_sync import SyncGroup, sender_buckets, tensor_metas
+    from distillery_runtime.workers import free_port
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -94,7 +88,7 @@ def measure(model_dir: Path, tensor_parallel: int, rounds: int) -> dict[str, Any
         "vllm", str(model_dir), dtype=torch.float32, max_model_len=64, tensor_parallel=tensor_parallel
     )
     engine_start_s = time.perf_counter() - started
-    port = _port()
+    port = free_port()
     group_names = ["sender", *(f"engine worker {w}" for w in range(tensor_parallel))]
     pool = ThreadPoolExecutor(1)
     sender_future = pool.submit(SyncGroup, "127.0.0.1", port, 0, group_names)

@@ -27,6 +27,16 @@ PROMPT = [5, 9, 13, 7]
 RESPONSE = [11, 30, 8, 21, 17, 6]
 
 
+def _settings() -> TrainerSettings:
+    """A learning rate that moves the log-probs well past the tolerance in three steps."""
+    return TrainerSettings(
+        lr=5e-2,
+        precision=Precision.FLOAT32,
+        micro_batch_size=4,
+        loss=LossConfig(mode=LossMode.FORWARD_KL_TOPK),
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "enforce_eager"),
@@ -34,12 +44,7 @@ RESPONSE = [11, 30, 8, 21, 17, 6]
     ids=["vllm", "vllm-compiled", "transformers"],
 )
 def test_rollout_engine_follows_the_trainer(job_files, kind, enforce_eager):
-    settings = TrainerSettings(
-        lr=5e-2,
-        precision=Precision.FLOAT32,
-        micro_batch_size=4,
-        loss=LossConfig(mode=LossMode.FORWARD_KL_TOPK),
-    )
+    settings = _settings()
     trainer = Trainer(str(job_files.student), settings, device="cpu")
     engine = build_engine(
         kind, str(job_files.student), dtype=torch.float32, max_model_len=64, enforce_eager=enforce_eager
@@ -66,12 +71,7 @@ BUCKET = 4 * 1024
 def test_streamed_sync_reaches_every_engine_worker(job_files, kind, tensor_parallel):
     """Trainer rank 0 here (a thread) streams to the engine's workers: with tensorParallel 2, two vLLM
     worker processes, each its own rank of the sync group, each loading its half of every weight."""
-    settings = TrainerSettings(
-        lr=5e-2,
-        precision=Precision.FLOAT32,
-        micro_batch_size=4,
-        loss=LossConfig(mode=LossMode.FORWARD_KL_TOPK),
-    )
+    settings = _settings()
     trainer = Trainer(str(job_files.student), settings, device="cpu")
     engine = build_engine(
         kind, str(job_files.student), dtype=torch.float32, max_model_len=64, tensor_parallel=tensor_parallel
