@@ -98,16 +98,18 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-def matmul_gflops(dtype: str = "float32", n: int = 2048, reps: int = 10) -> float:
+def matmul_gflops(dtype: str = "float32", n: int = 1024, seconds: float = 1.0) -> float:
     """This machine's matmul throughput right now: shared machines vary by 1.5x between runs, so the
-    summary records it at the start and the end (compare runs by ratio, not by seconds)."""
+    summary records it at the start and the end (compare runs by ratio, not by seconds). Timed for about
+    `seconds`: a host without native bf16 (AVX2 only) runs bf16 matmuls ~80x slower than float32."""
     import torch
 
     a = torch.randn(n, n).to(getattr(torch, dtype))
     a @ a  # warm-up
-    started = time.perf_counter()
-    for _ in range(reps):
+    reps, started = 0, time.perf_counter()
+    while reps < 2 or time.perf_counter() - started < seconds:
         a @ a
+        reps += 1
     return reps * 2 * n**3 / (time.perf_counter() - started) / 1e9
 
 

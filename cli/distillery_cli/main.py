@@ -14,7 +14,8 @@ import sys
 from collections.abc import Sequence
 
 from distillery import __version__
-from distillery.memory_plan import plan_job, refusal
+from distillery.plan.memory import refusal
+from distillery.plan.memory_features import job_memory_plan, resolve_memory_features
 from distillery.validation import InvalidManifest, load_jobs
 
 
@@ -31,7 +32,7 @@ def _validate(args: argparse.Namespace) -> int:
         refused = False
         for job in jobs:
             # Not a rule of the API (the API server cannot know the model's shape): the CLI's own check.
-            plan = plan_job(job.spec)
+            plan = job_memory_plan(job.spec)
             reason = refusal(plan) if plan is not None else None
             if plan is not None and reason:
                 refused = failed = True
@@ -52,8 +53,10 @@ def _plan(args: argparse.Namespace) -> int:
         return 1
     fits = True
     for job in jobs:
-        plan = plan_job(job.spec)
+        plan = job_memory_plan(job.spec)
         print(f"{job.metadata.name}: student {job.spec.student.model}")
+        # The memory features the plan chose (student.training: auto) and why, before the table.
+        print("\n".join(f"  {line}" for line in resolve_memory_features(job.spec).lines()))
         if plan is None:
             why = (
                 "runs on CPU (student.pool.gpusPerWorker: 0)"

@@ -214,29 +214,37 @@ class Optimizer(ApiModel):
 
 
 class Sharding(StrEnum):
+    AUTO = "auto"
     FSDP = "fsdp"
     REPLICATE = "replicate"
 
 
 class Training(ApiModel):
-    """How the student's weights, gradients and optimizer state are laid out over its trainer ranks."""
+    """How the student's weights, gradients and optimizer state are laid out over its trainer ranks.
 
-    sharding: Sharding = Sharding.FSDP
+    Each memory feature costs time: leave it unset (or `auto`) and the memory plan turns it on only where
+    the job needs it (`distillery.plan.memory_features`; `distillery plan` prints each choice and why).
+    A value given here is used as is."""
+
+    sharding: Sharding = Sharding.AUTO
     """fsdp: FSDP2, each decoder layer's float32 weights, gradients and AdamW state sharded over the ranks
     (16 bytes a parameter divided by the ranks); replicate: a full float32 copy on every rank (16 bytes a
-    parameter on each), gradients all-reduced."""
-    activation_checkpointing: bool = True
+    parameter on each), gradients all-reduced; auto: fsdp over more than one rank or where a replica does
+    not fit its GPU, replicate otherwise."""
+    activation_checkpointing: bool | None = None
     """Recompute each decoder layer in the backward pass instead of keeping its activations (about 30%
-    more compute, a layer's activations instead of all of them)."""
-    cpu_offload: bool = False
+    more compute, a layer's activations instead of all of them). Unset: on only where the job does not
+    fit its GPUs without it."""
+    cpu_offload: bool | None = None
     """fsdp only: keep the sharded float32 weights, gradients and AdamW state in host memory (FSDP2
-    CPUOffloadPolicy); the optimizer step runs on the CPU. For students whose state does not fit the GPUs."""
+    CPUOffloadPolicy); the optimizer step runs on the CPU. For students whose state does not fit the GPUs.
+    Unset: on only where nothing else makes the job fit."""
 
     rules = (
         Rule(
-            check=lambda t: not t.cpu_offload or t.sharding == Sharding.FSDP,
-            cel="!self.cpuOffload || self.sharding == 'fsdp'",
-            message="cpuOffload needs sharding: fsdp",
+            check=lambda t: not t.cpu_offload or t.sharding != Sharding.REPLICATE,
+            cel="!has(self.cpuOffload) || !self.cpuOffload || self.sharding != 'replicate'",
+            message="cpuOffload needs sharding: fsdp (or auto)",
             field="cpuOffload",
         ),
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from distillery.api.spec import DistillationJobSpec, Precision, Sharding
 from distillery.plan.loss import LossConfig, resolve_loss
+from distillery.plan.memory_features import resolve_memory_features
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSett
     """The trainer settings of a spec, for a run of `total_steps` optimizer steps (the schedule's steps,
     unless a local run stops earlier): the learning-rate schedule spans the steps the run takes."""
     opt = spec.student.optimizer
-    training = spec.student.training
+    features = resolve_memory_features(spec)
     return TrainerSettings(
         lr=opt.lr,
         weight_decay=opt.weight_decay,
@@ -56,8 +57,8 @@ def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSett
         precision=spec.student.precision,
         seed=spec.schedule.seed,
         loss=resolve_loss(spec.loss),
-        sharding=training.sharding,
-        activation_checkpointing=training.activation_checkpointing,
-        cpu_offload=training.cpu_offload,
+        sharding=features.sharding,
+        activation_checkpointing=features.activation_checkpointing,
+        cpu_offload=features.cpu_offload,
         micro_batch_tokens=spec.schedule.micro_batch_tokens,
     )

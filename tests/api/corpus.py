@@ -384,6 +384,12 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     # (id, {path: value}): valid manifests next to an edge, accepted by both. Found by the server (we
     # refused each before the fix) unless marked.
     ("base", {}),
+    # The memory features left to the plan (auto) may be set one at a time: offload implies FSDP2.
+    ("offload-with-auto-sharding", {"spec.student.training": {"cpuOffload": True}}),
+    (
+        "memory-features-explicit",
+        {"spec.student.training": {"sharding": "fsdp", "activationCheckpointing": False}},
+    ),
     ("labels-qualified-keys", {"spec.labels": {"example.com/team": "ml", "a.b_c-d": ""}}),
     # JSON has one number type: the server takes an integral number for an integer (2^53 - 1 at most).
     ("steps-integral-float", {"spec.schedule": {"steps": 10.0}}),

@@ -44,11 +44,15 @@ def test_the_trainer_settings_are_the_spec_s(base_manifest: dict[str, Any]) -> N
     assert plan.loss == plan.trainer.loss == resolve_loss(spec.loss)
 
 
-def test_the_api_defaults_resolve_to_fsdp_with_checkpointing(base_manifest: dict[str, Any]) -> None:
-    settings = resolve(parse_job(base_manifest).spec).trainer
+def test_a_cpu_job_left_to_the_plan_trains_one_replica_without_checkpointing(
+    base_manifest: dict[str, Any],
+) -> None:
+    doc = copy.deepcopy(base_manifest)
+    doc["spec"]["student"]["pool"] = {"workers": 1, "gpusPerWorker": 0}
+    settings = resolve(parse_job(doc).spec).trainer
     assert (settings.sharding, settings.activation_checkpointing, settings.cpu_offload) == (
-        Sharding.FSDP,
-        True,
+        Sharding.REPLICATE,
+        False,
         False,
     )
     assert settings.precision == Precision.AUTO and settings.micro_batch_tokens is None

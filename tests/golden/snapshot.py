@@ -26,6 +26,7 @@ from distillery_runtime.local_gpus import NotEnoughGpus, TeacherGpus, plan_local
 from distillery.api import Placement
 from distillery.crd import build_crd
 from distillery.plan import resolve
+from distillery.plan.memory_features import resolve_memory_features
 from distillery.runtime_config import resolve_runtime_config
 from distillery.validation import load_jobs
 
@@ -69,6 +70,8 @@ def _local_plan(path: Path) -> str:
             {
                 "job": job.metadata.name,
                 "runtime_config": orjson.loads(config.model_dump_json(by_alias=True)),
+                # The memory features the plan chose (student.training left auto) and why.
+                "memory_features": resolve_memory_features(job.spec).lines(),
                 "gpus": placements,
             }
         )

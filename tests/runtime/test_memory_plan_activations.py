@@ -1,4 +1,4 @@
-"""The memory plan's activation term (distillery/memory_plan.py) against what a real decoder layer keeps.
+"""The memory plan's activation term (distillery/plan/memory.py) against what a real decoder layer keeps.
 
 The bytes each Hugging Face Qwen2 decoder layer saves for its backward (bfloat16, sdpa attention) are
 counted with autograd's saved-tensor hooks, each storage once, and compared with the plan's formula."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from distillery.memory_plan import layer_activation_bytes_per_token
+from distillery.plan.memory import layer_activation_bytes_per_token
 from distillery.model_shapes import ModelShape
 
 

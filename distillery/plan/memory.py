@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distillery.model_shapes import ModelShape, resolve_shape
-from distillery.plan import resolve
+from distillery.plan.gpu_budget import gpu_budget
 
 GIB = 1024**3
 CUDA_CONTEXT_BYTES = 1 * GIB
@@ -251,8 +251,10 @@ def plan_memory(layout: TrainingLayout) -> MemoryPlan:
 # ------------------------------------------------------------------------------------------ from a job's spec
 
 
-def layout_of(spec: Any) -> TrainingLayout | None:
-    """The layout of a DistillationJobSpec; None for a CPU job or a student of unknown shape."""
+def base_layout(spec: Any) -> TrainingLayout | None:
+    """The layout of a DistillationJobSpec with every memory feature off (replicated, no activation
+    checkpointing, no offload: `memory_features` decides them); None for a CPU job or a student of unknown
+    shape."""
     pool = spec.student.pool
     if pool.gpus_per_worker == 0:
         return None
@@ -262,16 +264,15 @@ def layout_of(spec: Any) -> TrainingLayout | None:
     sequence = spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens
     tokens = spec.schedule.micro_batch_tokens or spec.schedule.micro_batch_size * sequence
     response = tokens * spec.student.rollout.max_new_tokens // sequence
-    training = spec.student.training
     colocated = [t for t in spec.teachers if t.placement == "colocated"]
-    budget = resolve(spec).gpu_budget
+    budget = gpu_budget(spec)
     return TrainingLayout(
         shape=shape,
         ranks=pool.workers * pool.gpus_per_worker,
         gpu_bytes=int(pool.gpu_memory_gib * GIB),
-        sharding=str(training.sharding),
-        cpu_offload=training.cpu_offload,
-        activation_checkpointing=training.activation_checkpointing,
+        sharding="replicate",
+        cpu_offload=False,
+        activation_checkpointing=False,
         micro_batch_tokens=tokens,
         response_tokens=response,
         compute_bytes=4 if spec.student.precision == "float32" else 2,
@@ -281,11 +282,6 @@ def layout_of(spec: Any) -> TrainingLayout | None:
         rollout_tensor_parallel=spec.student.rollout.tensor_parallel,
         teacher_fractions=tuple(budget.teacher_fractions[t.name] for t in colocated),
     )
-
-
-def plan_job(spec: Any) -> MemoryPlan | None:
-    layout = layout_of(spec)
-    return None if layout is None else plan_memory(layout)
 
 
 def refusal(plan: MemoryPlan) -> str | None:
