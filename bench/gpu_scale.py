@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 for path in (ROOT, ROOT / "runtime"):
     sys.path.insert(0, str(path))
 
-from distillery.plan.memory import GIB, TrainingLayout, plan_memory  # noqa: E402
 from distillery.model_shapes import KNOWN_SHAPES, ModelShape  # noqa: E402
+from distillery.plan.memory import GIB, TrainingLayout, plan_memory  # noqa: E402
 
 TINY = ModelShape(hidden=256, layers=4, intermediate=512, vocab=4096, heads=4, kv_heads=2, qkv_bias=True)
 PINNED_OVERHEAD = 1.3

@@ -215,8 +215,8 @@ def object_store_seconds(totals: list[int]) -> dict[int, float]:
 
 
 def plan_part() -> dict:
-    from distillery.plan.memory import GIB, TrainingLayout, plan_memory
     from distillery.model_shapes import KNOWN_SHAPES
+    from distillery.plan.memory import GIB, TrainingLayout, plan_memory
 
     out = {}
     # A 32B student's bf16 weights (61 GiB) fill a 0.5 share of one 80 GB GPU: its rollout engine needs

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from distillery.plan.memory import layer_activation_bytes_per_token
 from distillery.model_shapes import ModelShape
+from distillery.plan.memory import layer_activation_bytes_per_token
 
 
 def saved_bytes_per_token(shape: ModelShape, tokens: int = 64) -> float:
