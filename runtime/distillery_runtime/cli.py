@@ -221,7 +221,7 @@ async def _run(
     from distillery_runtime.checkpoint import CheckpointWriteError
     from distillery_runtime.loop import Loop, RunOptions, start_components, stop_components
     from distillery_runtime.metrics import RuntimeMetrics
-    from distillery_runtime.report import write_report
+    from distillery_runtime.report import accuracy_label, write_report
     from distillery_runtime.teachers.outage import TeacherOutageError
 
     stop = threading.Event()
@@ -355,7 +355,7 @@ async def _run(
     if result.evals:
         first, last = result.evals[0], result.evals[-1]
         print(
-            f"held-out accuracy: {first['eval_accuracy']:.1%} (step {first['step']}) -> "
+            f"held-out {accuracy_label(result.evals)}: {first['eval_accuracy']:.1%} (step {first['step']}) -> "
             f"{last['eval_accuracy']:.1%} (step {last['step']})",
             flush=True,
         )
@@ -410,6 +410,7 @@ def run_command(args: argparse.Namespace) -> int:
     from distillery_runtime.data import DataError
     from distillery_runtime.local import TeachersNotReady
     from distillery_runtime.loop import ResumeError
+    from distillery_runtime.tasks.graders import GraderError
     from distillery_runtime.teachers.types import TeacherError
     from distillery_runtime.uris import UnresolvableLocation
 
@@ -418,7 +419,7 @@ def run_command(args: argparse.Namespace) -> int:
     except DataError as error:
         print(f"data: {error}", file=sys.stderr)
         return EXIT_INVALID
-    except (UnresolvableLocation, PreflightError, ResumeError) as error:
+    except (UnresolvableLocation, PreflightError, ResumeError, GraderError) as error:
         print(f"{args.file}: {error}", file=sys.stderr)
         return EXIT_INVALID
     except (TeachersNotReady, TeacherError) as error:

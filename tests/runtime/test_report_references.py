@@ -8,7 +8,10 @@ import pytest
 from distillery_runtime import tasks
 from distillery_runtime.report import write_report
 
-EVALS = [{"step": 0, "eval_accuracy": 0.15, "n": 512}, {"step": 10, "eval_accuracy": 0.6, "n": 512}]
+EVALS = [
+    {"step": 0, "grader": "gsm8k", "eval_accuracy": 0.15, "n": 512},
+    {"step": 10, "grader": "gsm8k", "eval_accuracy": 0.6, "n": 512},
+]
 
 
 def test_the_headline_names_the_references_and_the_plot_draws_them(tmp_path, monkeypatch):
@@ -37,9 +40,18 @@ def test_the_headline_names_the_references_and_the_plot_draws_them(tmp_path, mon
     assert (tmp_path / "eval_accuracy.png").is_file()
 
 
-def test_without_references_the_report_is_as_before(tmp_path):
+def test_the_headline_names_the_grader_and_without_references_nothing_else(tmp_path):
     text = write_report(tmp_path, job_name="j", records=[], evals=EVALS, summary={}).read_text()
-    assert "exact match)\n" in text and "teacher:" not in text
+    headline = (
+        "**Held-out gsm8k accuracy: 15.0% at step 0 -> 60.0% at step 10** (+45.0%, 512 prompts, greedy)\n"
+    )
+    assert headline in text and "teacher:" not in text
+
+
+def test_evaluations_from_before_the_grader_was_recorded_name_none(tmp_path):
+    evals = [{k: v for k, v in e.items() if k != "grader"} for e in EVALS]
+    text = write_report(tmp_path, job_name="j", records=[], evals=evals, summary={}).read_text()
+    assert "**Held-out accuracy: 15.0% at step 0" in text
 
 
 @pytest.mark.parametrize(
