@@ -423,7 +423,7 @@ class Grader(ApiModel):
     """auto: a synthetic:// task's own grader, exact otherwise; exact: the whole response equals the answer
     (surrounding whitespace ignored); gsm8k: the number after `####` in the response, else its last number,
     equals the answer's (taken the same way; 1,234 and 72.0 read as numbers); math: the answer and the
-    response's last \\boxed{} (else its last expression) are mathematically equal (math-verify); regex: the
+    response's \\boxed{} answer (else its last expression) are mathematically equal (math-verify); regex: the
     first group (else the whole match) of `pattern` in the response equals the answer; module: `function`
     decides."""
     pattern: str | None = Field(default=None, min_length=1, max_length=MAX_PATTERN)

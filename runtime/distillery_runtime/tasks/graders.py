@@ -65,8 +65,9 @@ PARSE_TIMEOUT_S = 5
 
 def math_equivalent(response: str, reference: str) -> bool:
     """The reference and the response's answer are mathematically equal, by Hugging Face's math-verify:
-    the response's last `\\boxed{}` (else its last LaTeX or plain expression) is parsed with sympy and
-    compared symbolically, so `\\boxed{\\frac{1}{2}}` matches 0.5 and `(x+1)^2` matches `x^2+2x+1`."""
+    the response's `\\boxed{}` answer (several: the set of them), else its last LaTeX or plain expression,
+    is parsed with sympy and compared symbolically, so `\\boxed{\\frac{1}{2}}` matches 0.5 and `(x+1)^2`
+    matches `x^2+2x+1`."""
     from math_verify import parse, verify  # sympy and antlr load only for jobs that grade with math
 
     # math-verify's timeouts are SIGALRM, which Python allows only in the main thread: elsewhere, none.
