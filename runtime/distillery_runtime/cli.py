@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from distillery.plan.grader import GraderKind, resolve_grader
 from distillery.runtime_config import RuntimeConfig, resolve_runtime_config
 from distillery.validation import InvalidManifest, load_job
 from distillery_runtime.local_gpus import LocalGpuPlan
@@ -179,9 +180,12 @@ async def check_served_tokenizers(config: RuntimeConfig, student_tokenizer: Any,
 
 def report_references(config: RuntimeConfig) -> dict[str, float]:
     """The teachers' held-out accuracies where known (a synthetic task's build measured them on the job's
-    eval prompts): the lines the report's accuracy plot shows the student climbing toward."""
+    eval prompts): the lines the report's accuracy plot shows the student climbing toward. None when the job
+    grades with another grader than the task's own: the build measured the teachers by the task's."""
     from distillery_runtime.tasks import teacher_accuracy
 
+    if resolve_grader(config.spec.data).kind != GraderKind.TASK:
+        return {}
     eval_path = config.spec.data.eval.path if config.spec.data.eval else None
     teachers = config.spec.teachers
     out: dict[str, float] = {}

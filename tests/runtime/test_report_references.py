@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from distillery_runtime import tasks
@@ -76,8 +77,6 @@ def test_the_teacher_line_comes_from_the_prepared_task(tmp_path, monkeypatch):
 
 
 def test_the_run_passes_the_teacher_line_and_survives_a_missing_manifest(monkeypatch):
-    from pathlib import Path
-
     from distillery_runtime.cli import load_config, report_references
 
     example = Path(__file__).resolve().parents[2] / "examples" / "local-addition.yaml"
@@ -97,3 +96,16 @@ def test_the_run_passes_the_teacher_line_and_survives_a_missing_manifest(monkeyp
 
     monkeypatch.setattr(tasks, "teacher_accuracy", missing)
     assert report_references(config) == {}
+
+
+def test_no_teacher_line_when_the_job_grades_by_another_grader(tmp_path, monkeypatch):
+    import yaml
+    from distillery_runtime.cli import load_config, report_references
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "local-addition.yaml"
+    doc = yaml.safe_load(example.read_text())
+    doc["spec"]["data"]["grader"] = {"name": "gsm8k"}  # the teacher was measured by the task's own grader
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    monkeypatch.setattr(tasks, "teacher_accuracy", lambda _model, _eval_path: 0.99)
+    assert report_references(load_config(str(path))[0]) == {}
