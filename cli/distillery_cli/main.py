@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from distillery import __version__
+from distillery.plan.grader import pattern_refusal, resolve_grader
 from distillery.plan.memory import refusal
 from distillery.plan.memory_features import job_memory_plan, resolve_memory_features
 from distillery.validation import InvalidManifest, load_jobs
@@ -31,6 +32,11 @@ def _validate(args: argparse.Namespace) -> int:
             continue
         refused = False
         for job in jobs:
+            # Python's re judges a regex grader's pattern; the API server's RE2 cannot (distillery.plan.grader).
+            why = pattern_refusal(resolve_grader(job.spec.data))
+            if why:
+                refused = failed = True
+                print(f"{path}: spec.data.grader.pattern: {why}")
             # Not a rule of the API (the API server cannot know the model's shape): the CLI's own check.
             plan = job_memory_plan(job.spec)
             reason = refusal(plan) if plan is not None else None

@@ -409,13 +409,60 @@ class DataSource(ApiModel):
     rules = (_pvc_rule("path", "path"),)
 
 
+class GraderName(StrEnum):
+    AUTO = "auto"
+    EXACT = "exact"
+    GSM8K = "gsm8k"
+    MATH = "math"
+    REGEX = "regex"
+    MODULE = "module"
+
+
+MAX_PATTERN = 1024
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*"
+FUNCTION_RE = f"^{_DOTTED}:{_DOTTED}$"
+"""`package.module:function` (the function may be an attribute path, `module:Class.method`)."""
+
+
+class Grader(ApiModel):
+    """How a response is graded against its row's answerField (held-out accuracy, taskRewardCoef's reward)."""
+
+    name: GraderName = GraderName.AUTO
+    """auto: a synthetic:// task's own grader, exact otherwise; exact: the whole response equals the answer
+    (surrounding whitespace ignored); gsm8k: the number after `####` in the response, else its last number,
+    equals the answer's (taken the same way; 1,234 and 72.0 read as numbers); math: the answer and the
+    response's \\boxed{} answer (else its last expression) are mathematically equal (math-verify); regex: the
+    first group (else the whole match) of `pattern` in the response equals the answer; module: `function`
+    decides."""
+    pattern: str | None = Field(default=None, min_length=1, max_length=MAX_PATTERN)
+    """regex only: a Python regular expression searched for in the response, e.g. `answer: (-?[0-9]+)`."""
+    function: str | None = Field(default=None, max_length=MAX_NAME, pattern=FUNCTION_RE)
+    """module only: `package.module:function`, importable in the runtime image, called as
+    function(response, answer) and returning a bool or a score in [0, 1]."""
+
+    rules = (
+        Rule(
+            check=lambda g: (g.pattern is not None) == (g.name == GraderName.REGEX),
+            cel="has(self.pattern) == (self.name == 'regex')",
+            message="is required for name regex and not allowed for the other graders",
+            field="pattern",
+        ),
+        Rule(
+            check=lambda g: (g.function is not None) == (g.name == GraderName.MODULE),
+            cel="has(self.function) == (self.name == 'module')",
+            message="is required for name module and not allowed for the other graders",
+            field="function",
+        ),
+    )
+
+
 class Data(ApiModel):
     """Prompts, and how each is routed to its teacher."""
 
     train: DataSource
     """The prompts the student trains on."""
     eval: DataSource | None = None
-    """Held-out prompts for evaluation (accuracy by exact match on answerField)."""
+    """Held-out prompts for evaluation (accuracy: the grader's mean score on answerField)."""
     prompt_field: FieldName = "prompt"
     """Field holding the prompt text (used as is, no chat template)."""
     messages_field: FieldName | None = None
@@ -423,7 +470,9 @@ class Data(ApiModel):
     response_field: FieldName | None = None
     """Field holding a reference response, used for the off-policy share when onPolicyFraction < 1."""
     answer_field: FieldName | None = "answer"
-    """Field holding the reference answer that eval accuracy compares against (exact match)."""
+    """Field holding the reference answer that `grader` compares a response with (a number is read as its
+    shortest form: 72.0 is "72")."""
+    grader: Grader = Field(default_factory=Grader)
     route_field: FieldName = "data_source"
     """Field whose value picks the teacher of a sample."""
     max_prompt_tokens: int = Field(default=1024, ge=1, le=1048576)
@@ -491,7 +540,7 @@ class Loss(ApiModel):
     on_policy_fraction: float = Field(default=1.0, ge=0.0, le=1.0)
     """lambda: probability that a batch is sampled by the student; else dataset responses are used."""
     task_reward_coef: float = Field(default=0.0, ge=0.0)
-    """> 0 adds task-reward advantages (exact-match on answerField) to the distillation advantages."""
+    """> 0 adds task-reward advantages (data.grader's score on answerField) to the distillation advantages."""
 
     rules = (
         Rule(

@@ -6,6 +6,7 @@ where its numbers are derived. The operator's renderers, the local launcher, the
 scoring and the trainer read the plan and only translate it.
 """
 
+from distillery.plan.grader import GraderKind, GraderPlan
 from distillery.plan.job import JobPlan, resolve
 
-__all__ = ["JobPlan", "resolve"]
+__all__ = ["GraderKind", "GraderPlan", "JobPlan", "resolve"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from distillery.api.spec import DistillationJobSpec
 from distillery.plan.engines import EngineSettings, max_logprobs, teacher_engine
 from distillery.plan.gpu_budget import GpuBudget, gpu_budget
+from distillery.plan.grader import GraderPlan, resolve_grader
 from distillery.plan.loss import LossConfig
 from distillery.plan.rollout import RolloutSettings, resolve_rollout, trainer_world_size
 from distillery.plan.routes import RouteTable, route_table
@@ -37,6 +38,8 @@ class JobPlan:
     """Trainer ranks (`rollout.trainer_world_size`)."""
     rollout: RolloutSettings
     """What each rollout engine is started with (`rollout.resolve_rollout`)."""
+    grader: GraderPlan
+    """What grades a response against its answer: eval accuracy and the task reward (`grader.resolve_grader`)."""
 
 
 def resolve(spec: DistillationJobSpec, *, steps: int | None = None) -> JobPlan:
@@ -53,4 +56,5 @@ def resolve(spec: DistillationJobSpec, *, steps: int | None = None) -> JobPlan:
         trainer=trainer,
         world_size=trainer_world_size(spec),
         rollout=resolve_rollout(spec),
+        grader=resolve_grader(spec.data),
     )

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from distillery.plan.grader import GraderKind, resolve_grader
 from distillery.runtime_config import RuntimeConfig, resolve_runtime_config
 from distillery.validation import InvalidManifest, load_job
 from distillery_runtime.local_gpus import LocalGpuPlan
@@ -179,9 +180,12 @@ async def check_served_tokenizers(config: RuntimeConfig, student_tokenizer: Any,
 
 def report_references(config: RuntimeConfig) -> dict[str, float]:
     """The teachers' held-out accuracies where known (a synthetic task's build measured them on the job's
-    eval prompts): the lines the report's accuracy plot shows the student climbing toward."""
+    eval prompts): the lines the report's accuracy plot shows the student climbing toward. None when the job
+    grades with another grader than the task's own: the build measured the teachers by the task's."""
     from distillery_runtime.tasks import teacher_accuracy
 
+    if resolve_grader(config.spec.data).kind != GraderKind.TASK:
+        return {}
     eval_path = config.spec.data.eval.path if config.spec.data.eval else None
     teachers = config.spec.teachers
     out: dict[str, float] = {}
@@ -221,7 +225,7 @@ async def _run(
     from distillery_runtime.checkpoint import CheckpointWriteError
     from distillery_runtime.loop import Loop, RunOptions, start_components, stop_components
     from distillery_runtime.metrics import RuntimeMetrics
-    from distillery_runtime.report import write_report
+    from distillery_runtime.report import accuracy_label, write_report
     from distillery_runtime.teachers.outage import TeacherOutageError
 
     stop = threading.Event()
@@ -355,7 +359,7 @@ async def _run(
     if result.evals:
         first, last = result.evals[0], result.evals[-1]
         print(
-            f"held-out accuracy: {first['eval_accuracy']:.1%} (step {first['step']}) -> "
+            f"held-out {accuracy_label(result.evals)}: {first['eval_accuracy']:.1%} (step {first['step']}) -> "
             f"{last['eval_accuracy']:.1%} (step {last['step']})",
             flush=True,
         )
@@ -410,6 +414,7 @@ def run_command(args: argparse.Namespace) -> int:
     from distillery_runtime.data import DataError
     from distillery_runtime.local import TeachersNotReady
     from distillery_runtime.loop import ResumeError
+    from distillery_runtime.tasks.graders import GraderError
     from distillery_runtime.teachers.types import TeacherError
     from distillery_runtime.uris import UnresolvableLocation
 
@@ -418,7 +423,7 @@ def run_command(args: argparse.Namespace) -> int:
     except DataError as error:
         print(f"data: {error}", file=sys.stderr)
         return EXIT_INVALID
-    except (UnresolvableLocation, PreflightError, ResumeError) as error:
+    except (UnresolvableLocation, PreflightError, ResumeError, GraderError) as error:
         print(f"{args.file}: {error}", file=sys.stderr)
         return EXIT_INVALID
     except (TeachersNotReady, TeacherError) as error:

@@ -10,9 +10,12 @@ the spec says; either way they are counted, never silently dropped.
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,24 @@ class PreparedData:
     source: str = ""
     rows: int = 0
     notes: list[str] = field(default_factory=list)
+
+
+def answer_text(value: object) -> str:
+    """A reference answer as the graders read it: a string as it is, a number in its shortest form.
+
+    Parquet and JSON often hold a numeric answer as a float (72.0), which str() writes "72.0": an exact
+    match with the "72" a model writes would never succeed. An integral number is written as an int, any
+    other number as its shortest round-trip form (0.5, not 0.50)."""
+    if isinstance(value, bool):  # a bool is an Integral, but True is not 1 to a reader
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return str(int(number)) if math.isfinite(number) and number.is_integer() else repr(number)
+    if isinstance(value, Decimal) and value.is_finite():  # parquet's decimal columns
+        return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
+    return str(value)
 
 
 def detect_format(path: str, declared: DataFormat) -> DataFormat:
@@ -149,7 +170,7 @@ def prepare(source: DataSource, data: Data, tokenizer: Any) -> PreparedData:
                 index=index,
                 prompt_ids=tuple(ids),
                 route=None if route is None else str(route),
-                answer=None if answer is None else str(answer),
+                answer=None if answer is None else answer_text(answer),
                 response_ids=response_ids,
             )
         )

@@ -34,7 +34,7 @@ from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.rollout_pool import RolloutPool
 from distillery_runtime.samples import RolloutSample, TrainSample
-from distillery_runtime.tasks import task_for
+from distillery_runtime.tasks.graders import load_grader
 from distillery_runtime.teachers.outage import OutageChange, OutageTracker, TeacherOutageError
 from distillery_runtime.teachers.types import ScoreRequest
 from distillery_runtime.trainer import SUMMED_OVER_RANKS, step_normalizer
@@ -123,13 +123,14 @@ class Loop:
         self.options = options
         self.plan = resolve(spec, steps=options.steps)
         """Every setting derived from the spec (distillery.plan): the run reads them from here."""
+        self.grader = load_grader(self.plan.grader)
+        """Grades responses against `data.answerField` (eval accuracy, task reward); first, so that a
+        grader that cannot be used (its module does not import) stops the job before anything loads."""
         self.total = self.plan.trainer.total_steps
         self.student_dir = resolve_location(spec.student.model)
         tok_dir = resolve_location(spec.student.tokenizer) if spec.student.tokenizer else self.student_dir
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         self.train_data: PreparedData = prepare(spec.data.train, spec.data, self.tokenizer)
-        self.task = task_for(spec.data.train.path)
-        """Grades responses against `data.answerField` (task reward, eval accuracy)."""
         check_training_rows(self.train_data, spec.data.train, spec)
         self.eval_data: PreparedData | None = (
             prepare(spec.data.eval, spec.data, self.tokenizer) if spec.data.eval else None
@@ -331,7 +332,7 @@ class Loop:
     def _reward(self, sample: RolloutSample) -> float:
         if sample.answer is None:
             return 0.0
-        return 1.0 if self.task.grade(self._text(sample.response_ids), sample.answer) else 0.0
+        return self.grader.score(self._text(sample.response_ids), sample.answer)
 
     def _text(self, ids: list[int]) -> str:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -495,7 +496,8 @@ class Loop:
             self.options.status.checkpoint(step, path)
 
     async def evaluate(self, c: Components, step: int) -> float:
-        """Greedy decoding of the held-out prompts, graded by the job's task against data.answerField."""
+        """Greedy decoding of the held-out prompts, graded by the job's grader against data.answerField;
+        the accuracy is the mean score (the share right, for a grader that says right or wrong)."""
         assert self.eval_data is not None
         records = [r for r in self.eval_data.records if r.answer is not None]
         if not records:
@@ -507,10 +509,11 @@ class Loop:
         greedy = SamplingSettings(max_new_tokens=self.sampling.max_new_tokens, greedy=True)
         started = time.perf_counter()
         outputs = await c.rollout.generate(requests, greedy)
-        correct = sum(self.task.grade(self._text(o.response_ids), o.answer or "") for o in outputs)
+        correct = sum(self.grader.score(self._text(o.response_ids), o.answer or "") for o in outputs)
         accuracy = correct / len(outputs)
         entry = {
             "step": step,
+            "grader": self.grader.name,
             "eval_accuracy": accuracy,
             "n": len(outputs),
             "seconds": time.perf_counter() - started,
@@ -518,7 +521,9 @@ class Loop:
         self.evals.append(entry)
         self.eval_file.write(entry)
         self.metrics.eval_accuracy.set(accuracy)
-        self._event(f"eval step {step}: accuracy {accuracy:.3f} ({correct}/{len(outputs)})")
+        self._event(
+            f"eval step {step}: {self.grader.name} accuracy {accuracy:.3f} ({correct:g}/{len(outputs)})"
+        )
         if self.options.status is not None:
             self.options.status.eval_accuracy(accuracy)
         return accuracy

@@ -115,7 +115,7 @@ class RuntimeMetrics:
         )
         self.checkpoint_step = Gauge(PREFIX + "checkpoint_step", "Step of the newest checkpoint.", registry=r)
         self.eval_accuracy = Gauge(
-            PREFIX + "eval_accuracy_ratio", "Held-out exact-match accuracy of the student (0-1).", registry=r
+            PREFIX + "eval_accuracy_ratio", "Held-out accuracy by data.grader (0-1).", registry=r
         )
         self.truncated = Counter(
             PREFIX + "prompts_truncated", "Prompts cut to data.maxPromptTokens.", registry=r

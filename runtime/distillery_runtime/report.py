@@ -1,7 +1,9 @@
 """The end-of-run report: `report.md` plus PNG plots of loss, KL and eval accuracy over steps.
 
 `references` are accuracies the student is climbing toward or measured against (the teacher's held-out
-accuracy, an SFT baseline's): dashed lines on the accuracy plot, and named in the headline.
+accuracy, an SFT baseline's): dashed lines on the accuracy plot, and named in the headline. The headline
+names the grader the evaluations were graded by (`grader` in each eval.jsonl entry: an accuracy of 0% by
+exact match says something else than one by gsm8k).
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ def plot(
     return path
 
 
+def accuracy_label(evals: list[dict[str, Any]]) -> str:
+    """`gsm8k accuracy`: what the evaluations measured, named by their grader (the last one's: a resumed
+    run's earlier entries may predate the field)."""
+    grader = evals[-1].get("grader") if evals else None
+    return f"{grader} accuracy" if grader else "accuracy"
+
+
 def _median(values: list[float]) -> float:
     values = sorted(values)
     return values[len(values) // 2] if values else float("nan")
@@ -88,7 +97,7 @@ def write_report(
             plot(
                 out_dir / "eval_accuracy.png",
                 "Held-out accuracy",
-                "exact match",
+                accuracy_label(evals),
                 {"student": _series(evals, "eval_accuracy")},
                 references,
             ),
@@ -98,9 +107,9 @@ def write_report(
     if evals:
         first, last = evals[0], evals[-1]
         lines += [
-            f"**Held-out accuracy: {first['eval_accuracy']:.1%} at step {first['step']} -> "
+            f"**Held-out {accuracy_label(evals)}: {first['eval_accuracy']:.1%} at step {first['step']} -> "
             f"{last['eval_accuracy']:.1%} at step {last['step']}** "
-            f"({last['eval_accuracy'] - first['eval_accuracy']:+.1%}, {last.get('n', '?')} prompts, greedy, exact match)"
+            f"({last['eval_accuracy'] - first['eval_accuracy']:+.1%}, {last.get('n', '?')} prompts, greedy)"
             + "".join(f"; {label}: {value:.1%}" for label, value in references.items()),
             "",
         ]

@@ -275,6 +275,50 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("data-format-unknown", {"spec.data.train.format": "csv"}, "spec.data.train.format", AGREE),
     ("max-prompt-tokens-zero", {"spec.data.maxPromptTokens": 0}, "spec.data.maxPromptTokens", AGREE),
     ("overlong-policy-unknown", {"spec.data.overlongPrompts": "drop"}, "spec.data.overlongPrompts", AGREE),
+    ("grader-name-unknown", {"spec.data.grader": {"name": "f1"}}, "spec.data.grader.name", AGREE),
+    ("grader-not-an-object", {"spec.data.grader": "gsm8k"}, "spec.data.grader", AGREE),
+    (
+        "grader-regex-without-pattern",
+        {"spec.data.grader": {"name": "regex"}},
+        "spec.data.grader.pattern",
+        AGREE,
+    ),
+    (
+        "grader-regex-empty-pattern",
+        {"spec.data.grader": {"name": "regex", "pattern": ""}},
+        "spec.data.grader.pattern",
+        AGREE,
+    ),
+    (
+        "grader-pattern-without-regex",
+        {"spec.data.grader": {"name": "gsm8k", "pattern": "#### (.*)"}},
+        "spec.data.grader.pattern",
+        AGREE,
+    ),
+    (
+        "grader-module-without-function",
+        {"spec.data.grader": {"name": "module"}},
+        "spec.data.grader.function",
+        AGREE,
+    ),
+    (
+        "grader-function-without-module",
+        {"spec.data.grader": {"name": "exact", "function": "graders:exact"}},
+        "spec.data.grader.function",
+        AGREE,
+    ),
+    (
+        "grader-function-without-colon",
+        {"spec.data.grader": {"name": "module", "function": "my_graders.grade"}},
+        "spec.data.grader.function",
+        AGREE,
+    ),
+    (
+        "grader-function-a-path",
+        {"spec.data.grader": {"name": "module", "function": "/app/graders.py:grade"}},
+        "spec.data.grader.function",
+        AGREE,
+    ),
     ("suspend-not-bool", {"spec.suspend": "yes"}, "spec.suspend", AGREE),
     ("backoff-negative", {"spec.backoffLimit": -1}, "spec.backoffLimit", AGREE),
     # Found on a real node (issue 14): a retry is a new pod, and checkpoints outside a claim went with the old one.
@@ -406,6 +450,13 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("tokenizer-null", {"spec.student.tokenizer": None}),  # the offline check refused these three
     ("enforce-eager-null", {"spec.student.rollout": {"enforceEager": None}}),
     ("hf-token-secret-null", {"spec.teachers[0].inference": {"hfTokenSecret": None}}),
+    ("grader-null", {"spec.data.grader": None}),
+    ("grader-empty", {"spec.data.grader": {}}),
+    ("grader-regex", {"spec.data.grader": {"name": "regex", "pattern": "answer: (-?[0-9]+)"}}),
+    (
+        "grader-module-method",
+        {"spec.data.grader": {"name": "module", "function": "my_pkg.graders:Scorer.grade"}},
+    ),
     ("metadata-annotation-null", {"metadata.annotations": {"a": None}}),
     ("endpoint-non-ascii-space", {"spec.teachers[1].endpoint": "http://t\u00a0x:8000"}),
     # The CEL rule counts the teachers listing a route, so one teacher may repeat its own.
@@ -434,6 +485,11 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
 
 # Where a bounded field is put when the first list item or a fresh map key would break a rule.
 _TARGETS = {"spec.teachers[].endpoint": "spec.teachers[1].endpoint"}
+# A bounded field that a rule allows only beside a sibling's value: the sibling is set to it too.
+_SIBLINGS = {
+    "spec.data.grader.pattern": ("spec.data.grader.name", "regex"),
+    "spec.data.grader.function": ("spec.data.grader.name", "module"),
+}
 
 
 def _schema_nodes(node: dict[str, Any], path: str = "spec") -> list[tuple[str, dict[str, Any]]]:
@@ -457,7 +513,13 @@ def _string(node: dict[str, Any], length: int) -> str | None:
     pattern = node.get("pattern")
     alternatives = re.findall(r"[A-Za-z]+", pattern) if pattern and "|" in pattern else []
     # An absolute path first: it is a valid value of every free-form field (checkpoint.path must be one).
-    for candidate in ["/" + "a" * (length - 1), "a" * length, "http://" + "a" * (length - 7), *alternatives]:
+    candidates = [
+        "/" + "a" * (length - 1),
+        "a" * length,
+        "http://" + "a" * (length - 7),
+        "a" * (length - 2) + ":a",
+    ]
+    for candidate in [*candidates, *alternatives]:
         if len(candidate) == length and (pattern is None or re.fullmatch(pattern, candidate)):
             return candidate
     return None
@@ -524,6 +586,8 @@ def boundary_cases() -> list[tuple[str, dict[str, Any], str | None]]:
                 continue  # an enum's maxLength is its longest value; the corpus covers its values
             doc = copy.deepcopy(BASE)
             _place(doc, schema, path, value)
+            if path in _SIBLINGS:
+                set_path(doc, *_SIBLINGS[path])
             cases.append((f"{name}-{label}:{path}", doc, field))
 
     for schema_path, node in _schema_nodes(schema):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from distillery_runtime.data import DataError, check_training_rows, epoch_order, prepare, take
+from distillery_runtime.data import DataError, answer_text, check_training_rows, epoch_order, prepare, take
 from distillery_runtime.uris import UnresolvableLocation, resolve_location
 from transformers import AutoTokenizer
 
@@ -40,6 +41,56 @@ def test_jsonl_and_parquet_give_the_same_records(tmp_path, tokenizer):
     assert [r.route for r in a] == ["math", "x"]
     assert [r.answer for r in a] == ["15", "8"]
     assert list(a[0].prompt_ids) == tokenizer("12+3=")["input_ids"]
+
+
+def test_numeric_answers_from_parquet_and_json_read_as_a_model_writes_them(tmp_path, tokenizer):
+    rows = [
+        {"prompt": "1+1=", "answer": 72.0},  # parquet's float column: str() would say "72.0"
+        {"prompt": "1+1=", "answer": 0.5},
+        {"prompt": "1+1=", "answer": -3.0},
+    ]
+    parquet = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    jsonl = _jsonl(tmp_path / "d.jsonl", [*rows, {"prompt": "1+1=", "answer": 1234}])
+    data = Data(train=DataSource(path=str(parquet)))
+    assert [r.answer for r in prepare(DataSource(path=str(parquet)), data, tokenizer).records] == [
+        "72",
+        "0.5",
+        "-3",
+    ]
+    assert [r.answer for r in prepare(DataSource(path=str(jsonl)), data, tokenizer).records] == [
+        "72",
+        "0.5",
+        "-3",
+        "1234",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (72.0, "72"),
+        (72, "72"),
+        (1e20, "100000000000000000000"),
+        (0.1, "0.1"),
+        (float("nan"), "nan"),
+        (Decimal("72.00"), "72"),
+        (Decimal("1.50"), "1.5"),
+        (True, "True"),
+        (" 72.0 ", " 72.0 "),  # a string is the data's own spelling: left as it is
+    ],
+)
+def test_answer_text(value, text):
+    assert answer_text(value) == text
+
+
+def test_numpy_scalars_read_like_python_numbers():
+    np = pytest.importorskip("numpy")
+    assert [answer_text(np.float32(72.0)), answer_text(np.int64(72)), answer_text(np.float64(2.5))] == [
+        "72",
+        "72",
+        "2.5",
+    ]
 
 
 def test_messages_use_the_students_chat_template(tmp_path, tokenizer):

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from distillery_runtime import tasks
 from distillery_runtime.report import write_report
 
-EVALS = [{"step": 0, "eval_accuracy": 0.15, "n": 512}, {"step": 10, "eval_accuracy": 0.6, "n": 512}]
+EVALS = [
+    {"step": 0, "grader": "gsm8k", "eval_accuracy": 0.15, "n": 512},
+    {"step": 10, "grader": "gsm8k", "eval_accuracy": 0.6, "n": 512},
+]
 
 
 def test_the_headline_names_the_references_and_the_plot_draws_them(tmp_path, monkeypatch):
@@ -37,9 +41,18 @@ def test_the_headline_names_the_references_and_the_plot_draws_them(tmp_path, mon
     assert (tmp_path / "eval_accuracy.png").is_file()
 
 
-def test_without_references_the_report_is_as_before(tmp_path):
+def test_the_headline_names_the_grader_and_without_references_nothing_else(tmp_path):
     text = write_report(tmp_path, job_name="j", records=[], evals=EVALS, summary={}).read_text()
-    assert "exact match)\n" in text and "teacher:" not in text
+    headline = (
+        "**Held-out gsm8k accuracy: 15.0% at step 0 -> 60.0% at step 10** (+45.0%, 512 prompts, greedy)\n"
+    )
+    assert headline in text and "teacher:" not in text
+
+
+def test_evaluations_from_before_the_grader_was_recorded_name_none(tmp_path):
+    evals = [{k: v for k, v in e.items() if k != "grader"} for e in EVALS]
+    text = write_report(tmp_path, job_name="j", records=[], evals=evals, summary={}).read_text()
+    assert "**Held-out accuracy: 15.0% at step 0" in text
 
 
 @pytest.mark.parametrize(
@@ -64,8 +77,6 @@ def test_the_teacher_line_comes_from_the_prepared_task(tmp_path, monkeypatch):
 
 
 def test_the_run_passes_the_teacher_line_and_survives_a_missing_manifest(monkeypatch):
-    from pathlib import Path
-
     from distillery_runtime.cli import load_config, report_references
 
     example = Path(__file__).resolve().parents[2] / "examples" / "local-addition.yaml"
@@ -85,3 +96,16 @@ def test_the_run_passes_the_teacher_line_and_survives_a_missing_manifest(monkeyp
 
     monkeypatch.setattr(tasks, "teacher_accuracy", missing)
     assert report_references(config) == {}
+
+
+def test_no_teacher_line_when_the_job_grades_by_another_grader(tmp_path, monkeypatch):
+    import yaml
+    from distillery_runtime.cli import load_config, report_references
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "local-addition.yaml"
+    doc = yaml.safe_load(example.read_text())
+    doc["spec"]["data"]["grader"] = {"name": "gsm8k"}  # the teacher was measured by the task's own grader
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    monkeypatch.setattr(tasks, "teacher_accuracy", lambda _model, _eval_path: 0.99)
+    assert report_references(load_config(str(path))[0]) == {}

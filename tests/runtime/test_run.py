@@ -104,6 +104,21 @@ def test_a_malformed_data_file_is_one_line_and_exit_1_before_any_process_starts(
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
 
 
+def test_a_grader_that_does_not_import_is_one_line_and_exit_1_before_the_first_step(
+    job_files, write_manifest, tmp_path
+):
+    doc = manifest(job_files, name="grader")
+    doc["spec"]["data"]["grader"] = {"name": "module", "function": "no_such_graders.mine:grade"}
+    path = write_manifest(doc)
+    result = run_quick(path, tmp_path / "o")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"{path}: spec.data.grader.function: cannot import 'no_such_graders.mine:grade' in the runtime: "
+        "ModuleNotFoundError: No module named 'no_such_graders'"
+    ]
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
 def test_a_fresh_run_into_a_folder_with_checkpoints_refuses_and_deletes_nothing(
     job_files, write_manifest, tmp_path
 ):
@@ -240,8 +255,9 @@ def test_standalone_teacher_with_one_step_off_stops_cleanly_on_ctrl_c(job_files,
     assert all(r["time/rollout_s"] > 0 and r["time/train_s"] > 0 and r["time/sync_s"] > 0 for r in records)
     evals = read_records(out / "eval.jsonl")
     assert evals[0]["step"] == 0 and all(0.0 <= e["eval_accuracy"] <= 1.0 for e in evals)
+    assert {e["grader"] for e in evals} == {"exact"}  # data.grader auto on a jsonl file
     report = (out / "report.md").read_text()
-    assert "Held-out accuracy" in report and "| rollout | teacher | train | sync | step |" in report
+    assert "Held-out exact accuracy" in report and "| rollout | teacher | train | sync | step |" in report
     for png in ("loss.png", "kl.png", "eval_accuracy.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The checkpointed student is a Hugging Face checkpoint.

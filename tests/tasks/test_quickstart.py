@@ -27,4 +27,4 @@ def test_local_addition_example_improves_held_out_accuracy(prepared_task, tmp_pa
     )  # vLLM == HF
     assert final["eval_accuracy"] >= start["eval_accuracy"] + 0.25, evals
     report = (tmp_path / "run" / "report.md").read_text()
-    assert "Held-out accuracy" in report and f"{final['eval_accuracy']:.1%}" in report
+    assert "Held-out addition accuracy" in report and f"{final['eval_accuracy']:.1%}" in report

@@ -245,7 +245,7 @@ def job_dashboard() -> dict[str, Any]:
                     f"max by ({by}) (distillery_runtime_loss{{{s}}})", "{{distillery_job}}"), 4, 4)  # fmt: skip
     layout.add(stat("Tokens/s", "Response tokens trained per second of step time.", "short",
                     f"sum by ({by}) (distillery_runtime_tokens_per_second{{{s}}})", "{{distillery_job}}"), 4, 4)  # fmt: skip
-    layout.add(stat("Eval accuracy", "Held-out exact-match accuracy of the student.", "percentunit",
+    layout.add(stat("Eval accuracy", "Held-out accuracy of the student, graded by data.grader.", "percentunit",
                     f"max by ({by}) (distillery_runtime_eval_accuracy_ratio{{{s}}})", "{{distillery_job}}"), 4, 4)  # fmt: skip
     layout.add(stat("Checkpoint", "Step of the newest checkpoint.", "none",
                     f"max by ({by}) (distillery_runtime_checkpoint_step{{{s}}})", "{{distillery_job}}"), 4, 4)  # fmt: skip

@@ -1,8 +1,9 @@
 """What the loop needs from a task: how a response is graded against its row's reference answer.
 
-The grader is a field of the task, so the loop grades (task reward, eval accuracy) with whatever its job's
-task carries and never imports a particular task. A job on its own data has the API's rule: exact match
-on `data.answerField` (`ANSWER_MATCH`).
+The grader is a field of the task, so a job on a bundled task's data grades (task reward, eval accuracy)
+with whatever its task carries (`data.grader: auto`) and the loop never imports a particular task. A job
+on its own data grades with the grader `data.grader` names (graders.py); `ANSWER_MATCH` is what `auto`
+means there: exact match on `data.answerField`.
 """
 
 from __future__ import annotations

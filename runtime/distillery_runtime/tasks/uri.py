@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from distillery.plan.grader import SYNTHETIC_SCHEME
 from distillery_runtime.tasks import addition, fibonacci
 from distillery_runtime.tasks.base import ANSWER_MATCH, Task
 
-SCHEME = "synthetic://"
+SCHEME = SYNTHETIC_SCHEME
 ARTEFACTS = {"teacher": "teacher", "student": "student", "train": "train.jsonl", "eval": "eval.jsonl"}
 TASKS = {task.name: task for task in (addition.TASK, fibonacci.TASK)}
 
