@@ -3,6 +3,7 @@
 - `tiny_model_factory` / `tiny_model_dir`: tiny Llama checkpoints built from scratch (no model
   hub here), cached on disk under `.cache/tiny-models/` (or `$DISTILLERY_TEST_CACHE`) keyed by
   their parameters, so later sessions reuse them.
+- `tiny_qwen_factory`: the same for tiny Qwen2.5-like and Qwen3-like models (Qwen's real vocabulary).
 - `vllm_server`: ONE real vLLM server for the whole session, started with Distillery's
   teacher server (`python -m distillery_runtime.teachers.server`), so it serves both the
   OpenAI API and the compact scoring endpoint. Every test that needs a vLLM server uses this
@@ -19,6 +20,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pytest
@@ -41,13 +43,12 @@ def cpu_env(cache: Path) -> dict[str, str]:
     return _cpu_env(cache)
 
 
-def build_tiny_model(directory: Path | None = None, **params: object) -> Path:
-    """Build (or reuse from the cache) a tiny model; `params` go to `save_tiny_model`."""
-    import distillery_runtime.testing.tiny as recipe
-    from distillery_runtime.testing.tiny import save_tiny_model
-
-    # the recipe's source is part of the key: changing how models are built invalidates the cache
-    source = Path(recipe.__file__).read_bytes()
+def _build_cached(
+    recipes: tuple[ModuleType, ...], save: Callable[..., Path], directory: Path | None, **params: object
+) -> Path:
+    """`save(dir, **params)` once: later calls (and sessions) reuse the folder, keyed by `params` and the
+    source of the modules that build it (changing how models are built invalidates the cache)."""
+    source = b"".join(Path(str(recipe.__file__)).read_bytes() for recipe in recipes)
     key = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode() + source).hexdigest()[:12]
     target = directory or CACHE / "tiny-models" / key
     if (target / "config.json").exists() and (target / "tokenizer.json").exists():
@@ -55,7 +56,7 @@ def build_tiny_model(directory: Path | None = None, **params: object) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     # build aside and rename: concurrent sessions never see a half-written model
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
-    save_tiny_model(tmp, **params)  # type: ignore[arg-type]
+    save(tmp, **params)
     try:
         tmp.rename(target)
     except OSError:
@@ -63,10 +64,32 @@ def build_tiny_model(directory: Path | None = None, **params: object) -> Path:
     return target
 
 
+def build_tiny_model(directory: Path | None = None, **params: object) -> Path:
+    """Build (or reuse from the cache) a tiny model; `params` go to `save_tiny_model`."""
+    import distillery_runtime.testing.tiny as recipe
+
+    return _build_cached((recipe,), recipe.save_tiny_model, directory, **params)
+
+
+def build_tiny_qwen(flavour: str = "qwen2.5", seed: int = 0) -> Path:
+    """Build (or reuse from the cache) a tiny Qwen-like model (`testing.qwen`: Qwen's real vocabulary)."""
+    import distillery_runtime.testing.qwen as recipe
+    import distillery_runtime.testing.qwen_templates as templates
+
+    return _build_cached((recipe, templates), recipe.save_tiny_qwen, None, flavour=flavour, seed=seed)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_factory() -> Callable[..., Path]:
     """`factory(**save_tiny_model_params) -> model dir`, cached across sessions."""
     return build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_factory() -> Callable[..., Path]:
+    """`factory(flavour="qwen2.5" | "qwen3", seed=0) -> model dir`: tiny Qwen2 models with Qwen's real
+    tokenizer (151,936 embedding rows, ~10M parameters), cached across sessions."""
+    return build_tiny_qwen
 
 
 @pytest.fixture(scope="session")

@@ -123,59 +123,72 @@ def root_cause(error: BaseException) -> BaseException:
 
 
 def check_teacher_tokenizers(config: RuntimeConfig, student_tokenizer: Any) -> None:
-    """Refuse teachers whose tokenizer maps tokens differently (only those whose files are at hand)."""
+    """Refuse, before anything starts, a teacher whose files are a folder here and whose vocabulary does not
+    extend the student's (`tokenizer_compat`). The others are checked once they run: served ones by what
+    their server reports (`check_served_tokenizers`), colocated ones by what their engine loaded
+    (`loop.start_components`)."""
     from transformers import AutoTokenizer
 
+    from distillery_runtime.teachers.tokenizer_compat import check_vocabulary, tokenizer_vocabulary
+
+    student = tokenizer_vocabulary(student_tokenizer)
+    for index, teacher in enumerate(config.spec.teachers):
+        location = _local_folder(teacher)
+        if location is not None:
+            teacher_vocabulary = tokenizer_vocabulary(AutoTokenizer.from_pretrained(location))
+            check_vocabulary(student, teacher_vocabulary, teacher_name=_teacher_label(index, teacher.name))
+
+
+def _local_folder(teacher: Any) -> str | None:
+    """The teacher's model folder when it is one on this machine (not external, not a hub id)."""
     from distillery.api.spec import Placement
-    from distillery_runtime.teachers.tokenizer_compat import check_tokenizer_compat
     from distillery_runtime.uris import resolve_location
 
-    for teacher in config.spec.teachers:
-        if teacher.placement == Placement.EXTERNAL:
-            continue
-        location = resolve_location(teacher.model)
-        if not Path(location).is_dir():
-            continue  # a hub id inside a cluster: the teacher server checks its own files
-        check_tokenizer_compat(
-            student_tokenizer, AutoTokenizer.from_pretrained(location), teacher_name=teacher.name
-        )
+    if teacher.placement == Placement.EXTERNAL:
+        return None
+    location = resolve_location(teacher.model)
+    return location if Path(location).is_dir() else None
+
+
+def _teacher_label(index: int, name: str) -> str:
+    return f"spec.teachers[{index}] ({name})"
 
 
 async def check_served_tokenizers(config: RuntimeConfig, student_tokenizer: Any, say: Any) -> None:
-    """Teachers whose files are not at hand here (external ones, a hub id served in the cluster): the
-    probe texts, encoded by the teacher's own server (`POST /tokenize`), must encode as the student's."""
+    """Served teachers whose files are not at hand here (external ones, a hub id served in the cluster):
+    their vocabulary as their server reports it must extend the student's. Distillery's teacher server
+    reports every id; another server only what its `/tokenize` says of a probe text (`tokenizer_compat`)."""
     import aiohttp
 
     from distillery.api.spec import Placement
     from distillery_runtime.teachers.tokenizer_compat import (
-        DEFAULT_PROBES,
-        probe_differences,
-        served_encodings,
+        check_vocabulary,
+        served_vocabulary,
+        tokenizer_vocabulary,
     )
-    from distillery_runtime.teachers.types import TokenizerMismatchError
-    from distillery_runtime.uris import resolve_location
 
     resolved = {t.name: t for t in config.teachers}
+    student = tokenizer_vocabulary(student_tokenizer)
     for index, teacher in enumerate(config.spec.teachers):
-        if teacher.placement == Placement.COLOCATED or (
-            teacher.placement == Placement.STANDALONE and Path(resolve_location(teacher.model)).is_dir()
-        ):
-            continue  # its files were compared with the student's before anything started
+        if teacher.placement == Placement.COLOCATED or _local_folder(teacher) is not None:
+            continue  # checked from its files before anything started, or by its engine
         served = resolved[teacher.name]
         try:
-            encodings = await served_encodings(served.endpoints[0], served.served_model_name, DEFAULT_PROBES)
+            reported = await served_vocabulary(
+                served.endpoints[0], served.served_model_name, student_tokenizer
+            )
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             say(f"teacher {teacher.name}: its tokenizer could not be checked against the student's ({error})")
             continue
-        if encodings is None:
-            say(f"teacher {teacher.name}: its server has no /tokenize, so its tokenizer is not checked")
+        if reported is None:
+            say(f"teacher {teacher.name}: its server reports no vocabulary, so its tokenizer is not checked")
             continue
-        difference = probe_differences(student_tokenizer, encodings, DEFAULT_PROBES)
-        if difference:
-            raise TokenizerMismatchError(
-                f"spec.teachers[{index}] ({teacher.name}): its server tokenizes differently from the student "
-                f"({difference}), so its top-k ids would not index the student's vocabulary"
-            )
+        vocabulary, complete = reported
+        if not complete:
+            say(f"teacher {teacher.name}: its server has no vocabulary route; checked on a probe text only")
+        check_vocabulary(
+            student, vocabulary, teacher_name=_teacher_label(index, teacher.name), complete=complete
+        )
 
 
 def report_references(config: RuntimeConfig) -> dict[str, float]:

@@ -555,6 +555,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
 
     from distillery_runtime import workers
     from distillery_runtime.scoring import TeacherScoring, build_client, client_retry
+    from distillery_runtime.teachers.tokenizer_compat import check_vocabulary, tokenizer_vocabulary
 
     spec = config.spec
     plan = loop.plan
@@ -591,6 +592,15 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
         )
         colocated_actors[teacher.name] = actor
     await asyncio.gather(*(a.start.remote() for a in colocated_actors.values()))
+    # A colocated teacher's vocabulary as its engine loaded it (a hub id has no files here to read first).
+    student_vocabulary = tokenizer_vocabulary(loop.tokenizer)
+    for index, teacher in enumerate(spec.teachers):
+        if teacher.name in colocated_actors:
+            check_vocabulary(
+                student_vocabulary,
+                await colocated_actors[teacher.name].vocabulary.remote(),
+                teacher_name=f"spec.teachers[{index}] ({teacher.name})",
+            )
     # Past a client's own retries a teacher counts as down: scoring waits for it, up to the job's budget.
     retry = client_retry(spec.teacher_outage_timeout_seconds)
     clients = {

@@ -44,6 +44,7 @@ METRIC_NAMES = (
     "distillery_runtime_checkpoint_step",
     "distillery_runtime_eval_accuracy_ratio",
     "distillery_runtime_prompts_truncated_total",
+    "distillery_runtime_teacher_topk_out_of_vocab_total",
 )
 
 
@@ -120,6 +121,11 @@ class RuntimeMetrics:
         self.truncated = Counter(
             PREFIX + "prompts_truncated", "Prompts cut to data.maxPromptTokens.", registry=r
         )
+        self.topk_out_of_vocab = Counter(
+            PREFIX + "teacher_topk_out_of_vocab",
+            "Teacher top-k entries at ids beyond the student's vocabulary, folded into the loss's tail.",
+            registry=r,
+        )
         self._retries_seen: dict[str, int] = {}
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
@@ -134,6 +140,7 @@ class RuntimeMetrics:
             self.phase_seconds.labels(phase).observe(record.get(f"time/{phase}_s", 0.0))
         self.tokens_per_second.set(record["tokens_per_s"])
         self.generated_tokens.inc(record.get("generated_tokens", 0))
+        self.topk_out_of_vocab.inc(record.get("metrics", {}).get("distill/teacher_topk_out_of_vocab", 0))
         _set(self.loss, record.get("loss"))
         _set(self.grad_norm, record.get("grad_norm"))
         _set(self.lr, record.get("lr"))

@@ -31,7 +31,9 @@ from distillery_runtime.losses import TeacherTargets, counted_tokens, distillati
 from distillery_runtime.samples import TrainSample
 from distillery_runtime.schedule import lr_factor
 
-COUNT_METRICS = frozenset({"distill/tokens", "distill/teacher_pad_tokens"})
+COUNT_METRICS = frozenset(
+    {"distill/tokens", "distill/teacher_pad_tokens", "distill/teacher_topk_out_of_vocab"}
+)
 """Loss metrics that are counts: summed over micro-batches and ranks, not averaged."""
 SUMMED_OVER_RANKS = COUNT_METRICS | {"distill/loss"}
 

@@ -234,6 +234,9 @@ class ColocatedTeacherWorker:
     async def score(self, samples: Sequence[Any], top_k: int) -> Any:
         return await self.teacher.score(samples, top_k)
 
+    async def vocabulary(self) -> dict[int, str]:
+        return self.teacher.vocabulary()
+
     async def sleep(self) -> None:
         await self.teacher.sleep()
 

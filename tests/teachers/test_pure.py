@@ -172,7 +172,9 @@ def test_tokenizer_compat() -> None:
     same = build_tokenizer(texts, 300)
     check_tokenizer_compat(student, same)  # identical training: compatible
     other = build_tokenizer(["completely different words here"] * 50 + texts[:3], 300)
-    with pytest.raises(TokenizerMismatchError, match=r"id \d+: student '.*' vs teacher '.*'"):
+    with pytest.raises(
+        TokenizerMismatchError, match=r"^math-teacher: token id \d+ is '.*' for the student but '.*'"
+    ):
         check_tokenizer_compat(student, other, teacher_name="math-teacher")
 
 

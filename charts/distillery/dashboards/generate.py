@@ -329,6 +329,14 @@ def job_dashboard() -> dict[str, Any]:
                    (f"sum by ({by}) (rate(distillery_runtime_prompts_truncated_total{{{s}}}[{R}]))", "{{distillery_job}}")),
         12, 8,
     )  # fmt: skip
+    layout.add(
+        timeseries("Teacher top-k beyond the student's vocabulary",
+                   "Teacher top-k entries at ids the student has no logit for (folded into the loss's tail), per second.",
+                   "short",
+                   (f"sum by ({by}) (rate(distillery_runtime_teacher_topk_out_of_vocab_total{{{s}}}[{R}]))",
+                    "{{distillery_job}}")),
+        12, 8,
+    )  # fmt: skip
     variables = [
         query_var("namespace", "Namespace", "label_values(distillery_runtime_step, namespace)"),
         query_var(

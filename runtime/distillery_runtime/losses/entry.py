@@ -20,6 +20,7 @@ from .policy_gradient import ppo_clipped_token_loss
 from .reduction import counted_tokens, masked, masked_mean, reduce_tokens
 from .registry import TokenInputs, get_token_loss_fn
 from .targets import LossOutput, TeacherTargets
+from .topk import fold_out_of_vocab
 
 
 def distillation_loss(
@@ -40,7 +41,9 @@ def distillation_loss(
     weighted by config.task_reward_coef (> 0 to use them).
 
     Tokens where the teacher has nothing (token log-prob not finite for the sampled-token modes,
-    all top-k entries -inf for the top-k modes) are dropped from the mask: they add nothing.
+    all top-k entries -inf for the top-k modes) are dropped from the mask: they add nothing. Top-k ids
+    beyond the student's V are folded into the tail (`fold_out_of_vocab`) and counted in
+    `distill/teacher_topk_out_of_vocab`.
     """
     if (
         student_logits.dim() != 3
@@ -56,14 +59,22 @@ def distillation_loss(
     if use_task and task_advantages is None:
         raise ValueError("task_reward_coef > 0 needs task_advantages")
 
-    # Which tokens count: the caller's mask, less the positions the teacher has nothing for.
+    # Which tokens count: the caller's mask, less the positions the teacher has nothing for. Counted before
+    # the fold below, as the trainer counts the step's normaliser (it does not know V).
     counted = counted_tokens(mask, teacher, config)
+    out_of_vocab = None
+    if config.uses_topk:
+        assert teacher.topk_ids is not None and teacher.topk_logprobs is not None  # counted_tokens checked
+        folded_ids, folded_logprobs, out_of_vocab = fold_out_of_vocab(
+            teacher.topk_ids, teacher.topk_logprobs, student_logits.shape[-1]
+        )
+        teacher = TeacherTargets(folded_ids, folded_logprobs, teacher.token_logprobs)
 
     # One pass over the vocabulary: column 0 is the sampled token, then the teacher's top-k.
     ids = response_ids.long().unsqueeze(-1)
     k, overlap_rows = 0, None
     if config.uses_topk:
-        assert teacher.topk_ids is not None and teacher.topk_logprobs is not None  # counted_tokens checked
+        assert teacher.topk_ids is not None and teacher.topk_logprobs is not None
         k = teacher.topk_ids.shape[-1]
         valid = torch.isfinite(teacher.topk_logprobs)
         ids = torch.cat([ids, teacher.topk_ids.long()], dim=-1)
@@ -130,7 +141,8 @@ def distillation_loss(
             and inputs.teacher_topk is not None
             and inputs.topk_valid is not None
         )
-        assert teacher.topk_ids is not None
+        assert teacher.topk_ids is not None and out_of_vocab is not None
+        metrics["distill/teacher_topk_out_of_vocab"] = float((out_of_vocab & counted.unsqueeze(-1)).sum())
         metrics.update(
             topk_metrics(
                 inputs.student_topk,

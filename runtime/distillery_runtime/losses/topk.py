@@ -11,9 +11,25 @@ teacher's mass outside its top-k at another temperature is unknown, so they are 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .divergence import add_tail_bucket, generalized_jsd, kl, renormalize
+
+
+def fold_out_of_vocab(
+    ids: torch.Tensor, logprobs: torch.Tensor, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, log-probs, out_of_vocab) with the teacher's top-k entries at ids >= vocab_size (the student's
+    embedding rows) made padding: id 0, log-prob -inf. A teacher whose vocabulary extends the student's
+    (Qwen3's `<think>` over a smaller student) can rank ids the student has no logit for; their teacher
+    mass then counts as outside the top-k, in the tail bucket (add_tail) or out of the renormalised
+    top-k, like the rest of the mass the student is not shown. out_of_vocab: bool [.., K], the entries
+    folded (finite ones only: padding stays padding)."""
+    out_of_vocab = (ids >= vocab_size) & torch.isfinite(logprobs)
+    folded_ids = torch.where(out_of_vocab, torch.zeros_like(ids), ids)
+    return folded_ids, logprobs.masked_fill(out_of_vocab, -math.inf), out_of_vocab
 
 
 def _floor(log_p: torch.Tensor, log_prob_min_clamp: float | None) -> torch.Tensor:

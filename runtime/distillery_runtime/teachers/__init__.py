@@ -12,7 +12,12 @@ from distillery_runtime.teachers.compact_http import CompactTeacher
 from distillery_runtime.teachers.openai_http import OpenAITeacher
 from distillery_runtime.teachers.retry import RetryPolicy
 from distillery_runtime.teachers.router import MultiTeacherScorer
-from distillery_runtime.teachers.tokenizer_compat import check_tokenizer_compat, tokenizer_differences
+from distillery_runtime.teachers.tokenizer_compat import (
+    check_tokenizer_compat,
+    check_vocabulary,
+    first_difference,
+    tokenizer_vocabulary,
+)
 from distillery_runtime.teachers.types import (
     InvalidSampleError,
     ScoreRequest,
@@ -53,5 +58,7 @@ __all__ = [
     "TopKLimitError",
     "UnknownRouteError",
     "check_tokenizer_compat",
-    "tokenizer_differences",
+    "check_vocabulary",
+    "first_difference",
+    "tokenizer_vocabulary",
 ]

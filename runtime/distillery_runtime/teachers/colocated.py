@@ -109,6 +109,14 @@ class ColocatedTeacher(BatchTeacher):
                 f"{float(np.abs(probe - self._probe).max()):.3f}); the weights were not restored"
             )
 
+    def vocabulary(self) -> dict[int, str]:
+        """The id -> token map of the tokenizer the engine loaded (`tokenizer_compat`)."""
+        from distillery_runtime.teachers.tokenizer_compat import tokenizer_vocabulary
+
+        if self.engine is None:
+            raise RuntimeError("ColocatedTeacher.start() was not awaited")
+        return tokenizer_vocabulary(self.engine.get_tokenizer())
+
     async def close(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()

@@ -13,6 +13,8 @@ serve`); the model may also be given positionally. Routes:
   `distillery_runtime.teachers.wire`), top K at most `--max-logprobs`, sequences at most
   `--max-model-len` - 1 tokens.
 - `GET /distillery/v1/info`: `{"model", "max_model_len", "max_logprobs", "format"}`.
+- `GET /distillery/v1/vocabulary`: `{"tokens": [...]}`, the tokenizer's token at each id (null for
+  holes): the trainer checks that the teacher's vocabulary extends the student's (`tokenizer_compat`).
 
 Both APIs share the one `AsyncLLM` engine of the process: the compact endpoint submits its
 requests with `detokenize=False` and receives the engine core's top-k tensors as arrays
@@ -35,11 +37,13 @@ from fastapi.responses import ORJSONResponse, Response
 from distillery_runtime.teachers.dense import check_sample, check_top_k
 from distillery_runtime.teachers.engine_scoring import install_tensor_logprobs, score_sequences
 from distillery_runtime.teachers.fast_topk import install_fast_topk
+from distillery_runtime.teachers.tokenizer_compat import tokenizer_vocabulary, vocabulary_list
 from distillery_runtime.teachers.types import ScoreRequest, TeacherError
 from distillery_runtime.teachers.wire import (
     INFO_PATH,
     MEDIA_TYPE,
     SCORE_PATH,
+    VOCABULARY_PATH,
     decode_request,
     encode_response,
     error_body,
@@ -70,6 +74,13 @@ async def info(request: Request) -> ORJSONResponse:
             "fast_topk": FAST_TOPK,
         }
     )
+
+
+@router.get(VOCABULARY_PATH)
+async def vocabulary(request: Request) -> ORJSONResponse:
+    engine = request.app.state.engine_client
+    tokens = vocabulary_list(tokenizer_vocabulary(engine.get_tokenizer()))
+    return ORJSONResponse({"tokens": tokens})
 
 
 @router.post(SCORE_PATH)

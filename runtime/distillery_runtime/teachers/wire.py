@@ -27,6 +27,8 @@ MAGIC = b"DSC1"
 MEDIA_TYPE = "application/x-distillery-scores"
 SCORE_PATH = "/distillery/v1/score"
 INFO_PATH = "/distillery/v1/info"
+# The teacher's id -> token map, `{"tokens": [token or null, ...]}` indexed by id (tokenizer_compat).
+VOCABULARY_PATH = "/distillery/v1/vocabulary"
 _HEADER = struct.Struct("<4sIII")
 
 
