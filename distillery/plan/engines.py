@@ -31,6 +31,13 @@ class EngineSettings:
     """Extra server flags, passed as given (a server only: an in-process engine takes no flags)."""
     max_concurrency: int = 32
     """Scoring requests a client keeps in flight per replica."""
+    coalesced_in_flight: int = 2
+    """Requests of samples scored one by one as they stream out of the rollout that a client keeps out:
+    two per replica, so that one is scored while the next is sent; the samples that arrive meanwhile go
+    together in the next (`distillery_runtime.teachers.coalesce`)."""
+    request_tokens: int = 16384
+    """Most tokens (prompt + response, over its samples) in one coalesced scoring request: its answer is
+    8 bytes a token and top-k entry, 8 MiB at K=64."""
     enforce_eager: bool = False
     """No CUDA graphs: servers launched on this machine and in-process engines, which start often."""
     on_gpu: bool = True
@@ -96,6 +103,8 @@ def teacher_engine(spec: DistillationJobSpec, teacher: Teacher, memory_fraction:
         dtype=spec.student.precision.value if colocated else teacher.inference.dtype,
         extra_args=tuple(teacher.inference.extra_args),
         max_concurrency=teacher.max_concurrency,
+        coalesced_in_flight=2
+        * (max(1, teacher.replicas) if teacher.placement == Placement.STANDALONE else 1),
         enforce_eager=colocated,
         on_gpu=(spec.student.pool.gpus_per_worker if colocated else teacher.pool.gpus_per_replica) > 0,
     )

@@ -42,6 +42,9 @@ class RayTeacher:
     async def score(self, samples: Sequence[ScoreRequest], top_k: int) -> TeacherScores:
         return await self.actor.score.remote(list(samples), top_k)
 
+    async def score_one(self, sample: ScoreRequest, top_k: int) -> TeacherScores:
+        return await self.score([sample], top_k)
+
     async def sleep(self) -> None:
         await self.actor.sleep.remote()
 
@@ -82,6 +85,7 @@ def build_client(
             batch_size=1,
             resolve_dns=True,
             retry=retry,
+            coalesce=(engine.coalesced_in_flight, engine.request_tokens),
         )
     if teacher.protocol == TeacherProtocol.OPENAI:
         from distillery_runtime.teachers.openai_http import OpenAITeacher

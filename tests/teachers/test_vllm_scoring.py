@@ -112,6 +112,27 @@ async def test_empty_batch_and_score_one(kind, vllm_server, samples) -> None:
         await teacher.close()
 
 
+async def test_samples_scored_one_by_one_share_requests_and_keep_their_scores(vllm_server, samples) -> None:
+    """A burst of samples, each submitted alone as a rollout streams them, goes out in a few coalesced
+    requests (teachers/coalesce.py) and each sample gets exactly its own scores."""
+    import asyncio
+
+    plain = _teacher("compact", vllm_server)
+    coalesced = _teacher("compact", vllm_server, coalesce=(2, 16384))
+    try:
+        whole = await plain.score(samples, 4)
+        ones = await asyncio.gather(*(coalesced.score_one(s, 4) for s in samples))
+        assert coalesced.coalescer is not None and coalesced.coalescer.requests < len(samples)
+        for i, (s, one) in enumerate(zip(samples, ones, strict=True)):
+            t = len(s.response_ids)
+            assert one.sample_ids == [s.sample_id] and one.topk_ids.shape == (1, t, 4)
+            np.testing.assert_array_equal(one.topk_ids[0], whole.topk_ids[i, :t])
+            np.testing.assert_allclose(one.token_logprobs[0], whole.token_logprobs[i, :t], atol=1e-5)
+    finally:
+        await plain.close()
+        await coalesced.close()
+
+
 def test_cpu_server_has_no_busy_polling_worker_process(vllm_server) -> None:
     """On CPU the model runs inside the engine-core process: vLLM's separate worker process would
     busy-poll a core for a second after every request, the core a small machine's trainer needs."""

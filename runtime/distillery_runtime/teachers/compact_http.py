@@ -15,6 +15,7 @@ import numpy as np
 import orjson
 
 from distillery_runtime.teachers.base import BatchTeacher
+from distillery_runtime.teachers.coalesce import Coalescer
 from distillery_runtime.teachers.dense import check_top_k, empty_scores, pack_flat
 from distillery_runtime.teachers.http import EndpointPool, HttpStatusError, HttpTransport
 from distillery_runtime.teachers.retry import RetryPolicy
@@ -55,7 +56,10 @@ class CompactTeacher(BatchTeacher):
         batch_size: int = 8,
         retry: RetryPolicy | None = None,
         resolve_dns: bool = False,
+        coalesce: tuple[int, int] | None = None,
     ) -> None:
+        """`coalesce`: (requests in flight, tokens a request) for samples scored one by one (`score_one`),
+        which then share requests (teachers/coalesce.py); None: a request each."""
         self.name = name
         self.batch_size = max(1, batch_size)
         self._max_logprobs = max_logprobs
@@ -64,6 +68,9 @@ class CompactTeacher(BatchTeacher):
             EndpointPool(endpoints, concurrency=concurrency, resolve_dns=resolve_dns), retry, name=name
         )
         self._info_lock: asyncio.Lock | None = None
+        self.coalescer = (
+            Coalescer(self._score_each, in_flight=coalesce[0], max_tokens=coalesce[1]) if coalesce else None
+        )
 
     async def _limits(self) -> tuple[int | None, int | None]:
         if self._max_model_len is None or self._max_logprobs is None:
@@ -98,6 +105,28 @@ class CompactTeacher(BatchTeacher):
             [s.sample_id for s in samples],
         )
 
+    async def score_one(self, sample: ScoreRequest, top_k: int) -> TeacherScores:
+        """Score one sample as soon as its rollout finishes; with `coalesce`, in a request shared with the
+        samples that arrive while the others are out."""
+        if self.coalescer is None:
+            return await self.score([sample], top_k)
+        await self.validate([sample], top_k)  # its own clear error, before it joins a request
+        return await self.coalescer.score_one(sample, top_k)
+
+    async def _score_each(self, samples: Sequence[ScoreRequest], top_k: int) -> list[TeacherScores]:
+        """One request for `samples`; each sample's scores (B = 1), in order."""
+        wire = [
+            WireSequence([*s.prompt_ids, *s.response_ids], len(s.prompt_ids), s.sample_id or str(i))
+            for i, s in enumerate(samples)
+        ]
+        lengths, ids, lps, tok = await self._post(wire, top_k)
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        return [
+            pack_flat(lengths[i : i + 1], ids[a:b], lps[a:b], tok[a:b], top_k, [s.sample_id])
+            for i, (s, a, b) in enumerate(zip(samples, starts, ends, strict=True))
+        ]
+
     async def _post(self, chunk: list[WireSequence], top_k: int):  # type: ignore[no-untyped-def]
         try:
             body = await self.transport.request("POST", SCORE_PATH, encode_request(chunk, top_k))
@@ -117,4 +146,6 @@ class CompactTeacher(BatchTeacher):
         return lengths, ids, lps, tok
 
     async def close(self) -> None:
+        if self.coalescer is not None:
+            await self.coalescer.close()
         await self.transport.close()

@@ -86,7 +86,7 @@ class MultiTeacherScorer:
 
     async def score_one(self, sample: ScoreRequest, top_k: int) -> TeacherScores:
         """Streaming entry: score one sample with its teacher as soon as its rollout is done."""
-        return await self.teacher_for(sample).score([sample], top_k)
+        return await self.teacher_for(sample).score_one(sample, top_k)
 
     async def close(self) -> None:
         seen: set[int] = set()

@@ -55,6 +55,10 @@ class Teacher(Protocol):
 
     async def score(self, samples: Sequence[ScoreRequest], top_k: int) -> TeacherScores: ...
 
+    async def score_one(self, sample: ScoreRequest, top_k: int) -> TeacherScores:
+        """One sample the moment its rollout ends (a client may send it together with others)."""
+        ...
+
     async def close(self) -> None: ...
 
 
