@@ -166,7 +166,9 @@ def distillery_part(setting: e2e_vs_trl.Setting, steps: int, top_k: int = 16, us
                 for i, p in enumerate(prompt_ids)
             ]
             t0 = time.perf_counter()
-            pairs = [(s.prompt_ids, s.response_ids) for s in engine.generate(requests, sampling)]
+            pairs = [
+                (s.prompt_ids, s.response_ids) for done in engine.generate(requests, sampling) for s in done
+            ]
             timing["vllm_rollout"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         targets = _teacher_targets(teacher, pairs, top_k, device, trainer.pad_id)

@@ -28,6 +28,10 @@ class RolloutSettings:
     replicas: int
     tensor_parallel: int
     """Workers (GPUs; on CPU, processes) of each replica's engine: each is one rank of the weight sync."""
+    sleeps: bool = False
+    """The engines on the student's GPUs (rollout, colocated teachers) sleep while the student trains
+    (vLLM sleep mode frees their weights and KV cache for the trainer). Only on a GPU: on CPU vLLM has no
+    sleep mode, and each sleep or wake-up would be a Ray call per engine for nothing, every step."""
 
     @property
     def sync_ranks(self) -> int:
@@ -53,6 +57,7 @@ def resolve_rollout(spec: DistillationJobSpec) -> RolloutSettings:
         enforce_eager=rollout.enforce_eager,
         replicas=rollout.replicas,
         tensor_parallel=rollout.tensor_parallel,
+        sleeps=spec.student.pool.gpus_per_worker > 0,
     )
 
 

@@ -279,7 +279,8 @@ class Loop:
         on_policy = plan.is_on_policy(spec.schedule.seed, step, spec.loss.on_policy_fraction)
         scoring_tasks: list[asyncio.Task] = []
         samples: list[RolloutSample] = []
-        await c.scoring.wake_up()
+        if self.plan.rollout.sleeps:
+            await c.scoring.wake_up()
 
         def submit(sample: RolloutSample) -> None:
             samples.append(sample)
@@ -385,16 +386,16 @@ class Loop:
             pending = None
             if one_step_off and step < self.total and not self.options.stop.is_set():
                 pending = asyncio.create_task(self.rollout_and_score(c, step + 1))
-            else:
-                # Nothing samples or scores while the student trains: colocated engines free the device
-                # (vLLM sleep mode on GPU; a no-op on CPU, where vLLM has none).
+            elif self.plan.rollout.sleeps:
+                # Nothing samples or scores while the student trains: the engines on its GPUs free them.
                 await asyncio.gather(c.scoring.sleep(), c.rollout.sleep())
             samples = self.train_samples(rolled)
             t_train = time.perf_counter()
             train_metrics = await self.train(c, samples)
             self.version += 1
             t_sync = time.perf_counter()
-            await c.rollout.wake_up()
+            if self.plan.rollout.sleeps:
+                await c.rollout.wake_up()
             await self.sync(c)
             finished = time.perf_counter()
             self.step_done, self.position = step, step * self.spec.schedule.prompts_per_step

@@ -55,7 +55,8 @@ class RolloutPool:
         async def pump(actor: Any, share: list[GenerationRequest]) -> None:
             try:
                 async for ref in actor.stream.options(num_returns="streaming").remote(share, sampling):
-                    await queue.put(await ref)
+                    for sample in await ref:  # the samples one engine step finished
+                        await queue.put(sample)
                 await queue.put(_DONE)
             except BaseException as error:  # handed to the consumer, which stops the others
                 await queue.put(error)

@@ -177,12 +177,12 @@ class RolloutWorker:
         """The engine's dtype, which the trainer casts the synced weights to."""
         return self.dtype_name
 
-    def stream(self, requests: Sequence[Any], sampling: Any) -> Iterator[RolloutSample]:
-        """Samples one by one as they finish (a Ray streaming generator)."""
+    def stream(self, requests: Sequence[Any], sampling: Any) -> Iterator[list[RolloutSample]]:
+        """Samples as they finish, those of one engine step together (a Ray streaming generator)."""
         yield from self.engine.generate(requests, sampling)
 
     def generate(self, requests: Sequence[Any], sampling: Any) -> list[RolloutSample]:
-        return list(self.engine.generate(requests, sampling))
+        return [sample for finished in self.engine.generate(requests, sampling) for sample in finished]
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> int:
         self.engine.update_weights(weights, version)

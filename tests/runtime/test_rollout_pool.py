@@ -22,16 +22,22 @@ class SeedEngine:
     def __init__(self, index: int) -> None:
         self.index, self.calls, self.version = index, [], 0
 
-    def stream(self, requests: Sequence[GenerationRequest], sampling: Any) -> Iterator[RolloutSample]:
+    def stream(self, requests: Sequence[GenerationRequest], sampling: Any) -> Iterator[list[RolloutSample]]:
         self.calls.append([r.sample_id for r in requests])
         for r in requests:
             time.sleep(0.05 if self.index == 0 else 0.01)
-            yield RolloutSample(
-                r.sample_id, list(r.prompt_ids), [r.seed % 97, r.seed % 89], None, policy_version=self.version
-            )
+            yield [
+                RolloutSample(
+                    r.sample_id,
+                    list(r.prompt_ids),
+                    [r.seed % 97, r.seed % 89],
+                    None,
+                    policy_version=self.version,
+                )
+            ]
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: Any) -> list[RolloutSample]:
-        return list(self.stream(requests, sampling))
+        return [s for finished in self.stream(requests, sampling) for s in finished]
 
     def dtype(self) -> str:
         return "float32"

@@ -121,7 +121,11 @@ def _check_sync(trainer, engine, settings, update: Callable[[Any], None]) -> Non
 
     # Sampled responses carry the rollout policy's log-probs: the trainer's own, token by token.
     requests = [GenerationRequest(f"r{i}", tuple(PROMPT), seed=i) for i in range(3)]
-    out = list(engine.generate(requests, SamplingSettings(max_new_tokens=5, temperature=1.0)))
+    out = [
+        s
+        for done in engine.generate(requests, SamplingSettings(max_new_tokens=5, temperature=1.0))
+        for s in done
+    ]
     assert sorted(s.sample_id for s in out) == ["r0", "r1", "r2"]
     for sample in out:
         assert sample.policy_version == 3 and 1 <= len(sample.response_ids) <= 5
@@ -129,6 +133,8 @@ def _check_sync(trainer, engine, settings, update: Callable[[Any], None]) -> Non
         assert sample.logprobs == pytest.approx(expected, abs=1e-3)
     # The same seeds give the same samples (deterministic CPU mode).
     again = {
-        s.sample_id: s.response_ids for s in engine.generate(requests, SamplingSettings(max_new_tokens=5))
+        s.sample_id: s.response_ids
+        for done in engine.generate(requests, SamplingSettings(max_new_tokens=5))
+        for s in done
     }
     assert again == {s.sample_id: s.response_ids for s in out}

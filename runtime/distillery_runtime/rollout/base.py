@@ -41,8 +41,9 @@ class RolloutEngine(Protocol):
 
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
-    ) -> Iterator[RolloutSample]:
-        """Yield each sample as soon as it is finished (any order)."""
+    ) -> Iterator[list[RolloutSample]]:
+        """Yield the samples as soon as they are finished (any order), those that finish together (in one
+        engine step) in one list: each yield is a Ray object to the loop, so a burst is one, not many."""
         ...
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:

@@ -63,19 +63,21 @@ class TransformersRolloutEngine:
 
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
-    ) -> Iterator[RolloutSample]:
-        for request in requests:
+    ) -> Iterator[list[RolloutSample]]:
+        for request in requests:  # one sample at a time: each is out as soon as it is sampled
             ids, logprobs = self._sample_one(request, sampling)
-            yield RolloutSample(
-                sample_id=request.sample_id,
-                prompt_ids=list(request.prompt_ids),
-                response_ids=ids,
-                logprobs=None if sampling.greedy else logprobs,
-                route=request.route,
-                answer=request.answer,
-                policy_version=self.policy_version,
-                finish_reason="stop" if ids and ids[-1] == self.eos else "length",
-            )
+            yield [
+                RolloutSample(
+                    sample_id=request.sample_id,
+                    prompt_ids=list(request.prompt_ids),
+                    response_ids=ids,
+                    logprobs=None if sampling.greedy else logprobs,
+                    route=request.route,
+                    answer=request.answer,
+                    policy_version=self.policy_version,
+                    finish_reason="stop" if ids and ids[-1] == self.eos else "length",
+                )
+            ]
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
         state = {name: tensor for name, tensor in weights}

@@ -120,7 +120,7 @@ class VllmRolloutEngine:
 
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
-    ) -> Iterator[RolloutSample]:
+    ) -> Iterator[list[RolloutSample]]:
         from vllm import RequestOutput
         from vllm.inputs import TokensPrompt
 
@@ -135,6 +135,7 @@ class VllmRolloutEngine:
                 self._params(sampling, request.seed),
             )
         while self.engine.has_unfinished_requests():
+            finished = []
             for output in self.engine.step():
                 if not output.finished:
                     continue
@@ -149,16 +150,20 @@ class VllmRolloutEngine:
                         entry[token].logprob  # type: ignore[index]
                         for entry, token in zip(completion.logprobs, ids, strict=True)
                     ]
-                yield RolloutSample(
-                    sample_id=request.sample_id,
-                    prompt_ids=list(request.prompt_ids),
-                    response_ids=ids,
-                    logprobs=logprobs,
-                    route=request.route,
-                    answer=request.answer,
-                    policy_version=self.policy_version,
-                    finish_reason=completion.finish_reason,
+                finished.append(
+                    RolloutSample(
+                        sample_id=request.sample_id,
+                        prompt_ids=list(request.prompt_ids),
+                        response_ids=ids,
+                        logprobs=logprobs,
+                        route=request.route,
+                        answer=request.answer,
+                        policy_version=self.policy_version,
+                        finish_reason=completion.finish_reason,
+                    )
                 )
+            if finished:
+                yield finished
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
