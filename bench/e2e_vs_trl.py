@@ -208,6 +208,7 @@ def run_distillery(s: Setting, out: Path) -> dict:
         raise RuntimeError(f"distillery run failed ({code}); see {out / 'log.txt'}")
     metrics = read_jsonl(out / "run" / "metrics.jsonl")
     steps = [(r["step"], r["time/step_s"], r.get("generated_tokens", 0)) for r in metrics]
+    phases = [(r["step"], distillery_phases(r)) for r in metrics]
     finished_at = {r["step"]: r["time"] for r in metrics}  # each step's record is written before its eval
     evals = []
     for e in read_jsonl(out / "run" / "eval.jsonl"):
@@ -216,7 +217,24 @@ def run_distillery(s: Setting, out: Path) -> dict:
         if e["step"] in finished_at:
             entry["wall_s"] = finished_at[e["step"]] + e["seconds"] - started_at
         evals.append(entry)
-    return {"steps": steps, "evals": evals, "wall_s": wall, "peak_rss": peak}
+    return {"steps": steps, "phases": phases, "evals": evals, "wall_s": wall, "peak_rss": peak}
+
+
+def distillery_phases(record: dict) -> dict[str, float]:
+    """One Distillery step taken apart (seconds), from its metrics.jsonl record: the rollout; the teacher's
+    scoring after the last sample is out (scoring overlaps the rollout); the trainer's forward, loss and
+    backward, then its optimizer step (measured inside the trainer); the weight sync; and the rest: Ray
+    calls and serialisation of the samples to the trainer, metrics and status, waits."""
+    inner = record.get("metrics", {})
+    parts = {
+        "rollout": record["time/rollout_s"],
+        "teacher_tail": record["time/teacher_s"],
+        "forward_backward": inner.get("train/forward_backward_s", 0.0),
+        "optimizer": inner.get("train/optimizer_s", 0.0),
+        "sync": record["time/sync_s"],
+    }
+    parts["rest"] = record["time/step_s"] - sum(parts.values())
+    return parts
 
 
 # ------------------------------------------------------------------------------------------ TRL (child)
@@ -389,8 +407,13 @@ def run_trl(system: str, s: Setting, out: Path) -> dict:
         {**e, "wall_s": e["time"] - started_at} if "time" in e and e["step"] > 0 else e
         for e in read_jsonl(out / "evals.jsonl")
     ]
-    generate = [(r["step"], r.get("generate_s", 0.0)) for r in records]
-    return {"steps": steps, "generate_s": generate, "evals": evals, "wall_s": wall, "peak_rss": peak}
+    # TRL's step: HF generate (the rollout), then the teacher's forward, the student's forward, loss,
+    # backward and the optimizer step, which its trainer does not time apart.
+    phases = [
+        (r["step"], {"rollout": r.get("generate_s", 0.0), "rest": r["seconds"] - r.get("generate_s", 0.0)})
+        for r in records
+    ]
+    return {"steps": steps, "phases": phases, "evals": evals, "wall_s": wall, "peak_rss": peak}
 
 
 # ------------------------------------------------------------------------------------------ settings
@@ -462,6 +485,17 @@ def step_stats(runs: list[dict]) -> dict:
         return {"median_s": None, "p10_s": None, "p90_s": None}
     q = statistics.quantiles(times, n=10) if len(times) > 1 else [times[0]] * 9
     return {"median_s": statistics.median(times), "p10_s": q[0], "p90_s": q[-1], "n": len(times)}
+
+
+def phase_medians(runs: list[dict]) -> dict[str, float]:
+    """Each phase's median seconds a step (the first step excluded: warm-up)."""
+    per_phase: dict[str, list[float]] = {}
+    for run in runs:
+        for step, parts in run.get("phases", []):
+            if step > 1:
+                for name, seconds in parts.items():
+                    per_phase.setdefault(name, []).append(seconds)
+    return {name: statistics.median(values) for name, values in per_phase.items()}
 
 
 def reach(evals: list[dict], threshold: float) -> dict | None:
@@ -576,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
                 "steps_per_s": (1 / st["median_s"]) if st["median_s"] else None,
                 "peak_rss_gib": peak,
                 "wall_s": wall,
+                "phases_s": phase_medians(runs),
             }
             line = f"{system:<12} {st['median_s'] or 0:>13.3f} {st['p10_s'] or 0:>6.3f}-{st['p90_s'] or 0:<6.3f} {row['steps_per_s'] or 0:>8.2f} {peak:>12.2f} {wall:>7.0f}"
             if s.eval:
@@ -593,6 +628,12 @@ def main(argv: list[str] | None = None) -> int:
                 line += f" {row['final_accuracy'] or 0:>9.3f} {thr_steps:>12} {thr_secs:>14} {thr_wall:>13}"
             print(line)
             part["systems"][system] = row
+        for system, row in part["systems"].items():
+            if row.get("phases_s"):
+                print(
+                    f"  {system} step, median s: "
+                    + ", ".join(f"{k} {v:.3f}" for k, v in row["phases_s"].items())
+                )
         d = part["systems"].get("distillery", {})
         for system in ("trl-gkd", "trl-distill"):
             t = part["systems"].get(system)

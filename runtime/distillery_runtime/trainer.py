@@ -301,6 +301,7 @@ class Trainer:
                 weighted_sums[name] = weighted_sums.get(name, 0.0) + add
         for _ in range(idle):
             self._idle_micro_batch()
+        backward_done = time.perf_counter()
         if self.fsdp:
             grad_norm = self._clip_sharded()
         else:
@@ -323,6 +324,10 @@ class Trainer:
                 "train/samples": float(len(samples)),
                 "train/share": float(total_share),
                 "train/seconds": time.perf_counter() - started,
+                # The step's parts (bench/e2e_vs_trl.py takes a step apart with them): collate, forward,
+                # loss and backward of every micro-batch; then clipping and the optimizer step.
+                "train/forward_backward_s": backward_done - started,
+                "train/optimizer_s": time.perf_counter() - backward_done,
             }
         )
         return metrics

@@ -47,3 +47,19 @@ def test_e2e_bench_on_cuda_puts_the_student_and_its_teacher_on_gpus(tmp_path: Pa
     assert two_gpus.teachers["teacher"].devices == ["1"] and not two_gpus.teachers["teacher"].shared
     cpu = e2e_vs_trl.Setting("speed-x", "/s", "/t", "/train.jsonl", None, 3)
     assert parse_job(e2e_vs_trl.distillery_manifest(cpu)).spec.student.pool.gpus_per_worker == 0
+
+
+def test_e2e_bench_takes_a_distillery_step_apart_and_the_parts_add_up() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import e2e_vs_trl
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    record = {
+        "time/step_s": 0.30, "time/rollout_s": 0.10, "time/teacher_s": 0.08, "time/sync_s": 0.02,
+        "metrics": {"train/forward_backward_s": 0.05, "train/optimizer_s": 0.01},
+    }  # fmt: skip
+    parts = e2e_vs_trl.distillery_phases(record)
+    assert parts["rest"] == pytest.approx(0.04) and sum(parts.values()) == pytest.approx(0.30)
+    runs = [{"phases": [(1, {"rollout": 9.0}), (2, {"rollout": 0.1}), (3, {"rollout": 0.3})]}]
+    assert e2e_vs_trl.phase_medians(runs) == {"rollout": pytest.approx(0.2)}  # step 1 (warm-up) left out
