@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine
+from distillery.api.spec import DistillationJobSpec, Objective, Precision, RolloutEngine
+
+LOGPROB_CHECK_EVERY = 10
+"""Where the loss has no use for the rollout's own log-probs, they are still asked for on the first step
+and every this many steps: the gap between them and the trainer's (metrics) is where a wrong weight sync
+shows first."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,10 @@ class RolloutSettings:
     replicas: int
     tensor_parallel: int
     """Workers (GPUs; on CPU, processes) of each replica's engine: each is one rank of the weight sync."""
+    logprobs_every: int = 1
+    """Steps whose rollout returns the sampled tokens' log-probs: every step where the loss reads them (the
+    policy-gradient objective's ratio, the task reward's), else every LOGPROB_CHECK_EVERY-th. They cost
+    vLLM a log-softmax over the vocabulary at every decode iteration: ~22% of a CPU rollout (bench/README)."""
     sleeps: bool = False
     """The engines on the student's GPUs (rollout, colocated teachers) sleep while the student trains
     (vLLM sleep mode frees their weights and KV cache for the trainer). Only on a GPU: on CPU vLLM has no
@@ -57,8 +66,16 @@ def resolve_rollout(spec: DistillationJobSpec) -> RolloutSettings:
         enforce_eager=rollout.enforce_eager,
         replicas=rollout.replicas,
         tensor_parallel=rollout.tensor_parallel,
+        logprobs_every=rollout_logprobs_every(spec),
         sleeps=spec.student.pool.gpus_per_worker > 0,
     )
+
+
+def rollout_logprobs_every(spec: DistillationJobSpec) -> int:
+    """1 where the loss reads the rollout's log-probs, else LOGPROB_CHECK_EVERY (see RolloutSettings)."""
+    loss = spec.loss
+    needed = loss.objective == Objective.POLICY_GRADIENT or loss.task_reward_coef > 0
+    return 1 if needed else LOGPROB_CHECK_EVERY
 
 
 def rollout_executor(tensor_parallel: int, *, on_gpu: bool) -> str:

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -292,7 +292,10 @@ class Loop:
                 records, step, spec.student.rollout.samples_per_prompt, spec.schedule.seed
             )
             wanted = [r.sample_id for r in requests]
-            async for sample in c.rollout.stream(requests, self.sampling):
+            sampling = replace(
+                self.sampling, logprobs=plan.wants_logprobs(step, self.plan.rollout.logprobs_every)
+            )
+            async for sample in c.rollout.stream(requests, sampling):
                 submit(sample)
         else:
             dataset = plan.dataset_samples(

@@ -135,6 +135,12 @@ def shard(samples: Sequence[T], world_size: int) -> list[list[T]]:
     return [list(samples[bounds[r] : bounds[r + 1]]) for r in range(world_size)]
 
 
+def wants_logprobs(step: int, every: int) -> bool:
+    """Whether step `step`'s rollout returns its log-probs (plan.rollout.logprobs_every): the first step and
+    every `every`-th."""
+    return every <= 1 or step == 1 or step % every == 0
+
+
 def is_due(step: int, every: int, total: int) -> bool:
     """Whether something that runs every `every` steps (and at the end) runs after step `step` (1-based)."""
     return step == total or (every > 0 and step % every == 0)

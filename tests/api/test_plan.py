@@ -12,6 +12,7 @@ import pytest
 from distillery.plan import JobPlan, resolve
 from distillery.plan.engines import EngineSettings
 from distillery.plan.gpu_budget import GpuBudgetExceeded, share_left
+from distillery.plan.rollout import LOGPROB_CHECK_EVERY
 from distillery.plan.vllm_env import vllm_env
 from distillery.validation import parse_job
 
@@ -163,6 +164,31 @@ def test_rollout_settings_and_world_size(base_manifest: dict[str, Any]) -> None:
     assert plan.world_size == 8
     base_manifest["spec"]["student"]["pool"] = {"workers": 3, "gpusPerWorker": 0}
     assert plan_of(base_manifest).world_size == 3
+
+
+def test_engines_sleep_between_phases_only_on_a_gpu(base_manifest: dict[str, Any]) -> None:
+    assert plan_of(base_manifest).rollout.sleeps  # the base job's student has a GPU
+    base_manifest["spec"]["student"]["pool"] = {"workers": 1, "gpusPerWorker": 0}
+    assert not plan_of(base_manifest).rollout.sleeps
+
+
+@pytest.mark.parametrize(
+    ("loss", "every"),
+    [
+        ({"mode": "forward_kl_topk", "topK": 8}, LOGPROB_CHECK_EVERY),  # the loss never reads them
+        ({"mode": "k1", "objective": "policy_gradient"}, 1),  # the ratio of every token
+        ({"mode": "k3", "taskRewardCoef": 0.5}, 1),  # the task reward's ratio
+    ],
+)
+def test_the_rollout_returns_log_probs_where_the_loss_reads_them(
+    base_manifest: dict[str, Any], loss: dict[str, Any], every: int
+) -> None:
+    base_manifest["spec"]["loss"] = loss
+    assert plan_of(base_manifest).rollout.logprobs_every == every
+    from distillery_runtime.plan import wants_logprobs
+
+    due = [step for step in range(1, 31) if wants_logprobs(step, every)]
+    assert due == (list(range(1, 31)) if every == 1 else [1, 10, 20, 30])
 
 
 def test_a_run_told_to_stop_early_schedules_its_learning_rate_over_the_steps_it_takes(

@@ -30,6 +30,9 @@ class SamplingSettings:
     max_new_tokens: int = 256
     greedy: bool = False
     """Evaluation decodes greedily."""
+    logprobs: bool = True
+    """Return the sampled tokens' log-probs (not greedy): only on the steps that need them (a cost per
+    decode iteration; plan.rollout.logprobs_every)."""
 
 
 class RolloutEngine(Protocol):

@@ -114,7 +114,8 @@ class VllmRolloutEngine:
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             seed=seed,
-            logprobs=0,  # the sampled token's own log-prob (raw model log-probs: vLLM's default mode)
+            # The sampled token's own log-prob (raw model log-probs: vLLM's default mode), when asked for.
+            logprobs=0 if sampling.logprobs else None,
             detokenize=False,
         )
 
