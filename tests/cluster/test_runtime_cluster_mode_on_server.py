@@ -82,7 +82,7 @@ async def test_cluster_entrypoint_joins_ray_serves_metrics_and_patches_status(
                     "pool": {"workers": 1, "gpusPerWorker": 0},
                 },
                 "teachers": [{"name": "teacher", "model": str(vllm_server.model_dir)}],
-                "data": {"train": {"path": str(data)}, "maxPromptTokens": 32},
+                "data": {"train": {"path": str(data)}, "maxPromptTokens": 32, "chatTemplate": "none"},
                 "loss": {"mode": "forward_kl_topk", "topK": 8},
                 "schedule": {"steps": 3, "promptsPerStep": 4, "microBatchSize": 8, "checkpointEvery": 2},
                 "checkpoint": {"path": str(tmp_path / "checkpoints")},
