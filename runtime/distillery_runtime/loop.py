@@ -27,9 +27,11 @@ from typing import Any
 
 from distillery.api.spec import Placement, ResumePolicy
 from distillery.plan import resolve
+from distillery.plan.generation import end_token_ids, resolve_generation
 from distillery.runtime_config import RuntimeConfig
 from distillery_runtime import checkpoint, plan
 from distillery_runtime.data import PreparedData, PromptRecord, check_training_rows, prepare, take
+from distillery_runtime.generation_config import declared_end_tokens
 from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.rollout_pool import RolloutPool
@@ -135,11 +137,10 @@ class Loop:
         self.eval_data: PreparedData | None = (
             prepare(spec.data.eval, spec.data, self.tokenizer) if spec.data.eval else None
         )
-        self.sampling = SamplingSettings(
-            temperature=spec.student.rollout.temperature,
-            top_p=spec.student.rollout.top_p,
-            max_new_tokens=spec.student.rollout.max_new_tokens,
-        )
+        end_ids = end_token_ids(*declared_end_tokens(self.student_dir), self.tokenizer.eos_token_id)
+        self.generation = resolve_generation(spec, end_ids)
+        """How responses are sampled and where they end (every end token of the student, the stop strings)."""
+        self.sampling = SamplingSettings.of(self.generation)
         out = options.output_dir
         self.ckpt_root = local_checkpoints(out) if options.local else Path(spec.checkpoint.path)
         self.metrics_file = JsonlWriter(out / "metrics.jsonl")
@@ -506,7 +507,7 @@ class Loop:
             GenerationRequest(sample_id=f"eval-{r.index}", prompt_ids=r.prompt_ids, seed=0, answer=r.answer)
             for r in records
         ]
-        greedy = SamplingSettings(max_new_tokens=self.sampling.max_new_tokens, greedy=True)
+        greedy = self.sampling.for_eval()
         started = time.perf_counter()
         outputs = await c.rollout.generate(requests, greedy)
         correct = sum(self.grader.score(self._text(o.response_ids), o.answer or "") for o in outputs)
