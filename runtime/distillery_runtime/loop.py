@@ -35,11 +35,12 @@ from distillery_runtime.generation_config import declared_end_tokens
 from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.rollout_pool import RolloutPool
+from distillery_runtime.rollout_stats import response_stats
 from distillery_runtime.samples import RolloutSample, TrainSample
 from distillery_runtime.tasks.graders import load_grader
 from distillery_runtime.teachers.outage import OutageChange, OutageTracker, TeacherOutageError
 from distillery_runtime.teachers.types import ScoreRequest
-from distillery_runtime.trainer import SUMMED_OVER_RANKS, step_normalizer
+from distillery_runtime.trainer import MAX_METRICS, SUMMED_OVER_RANKS, step_normalizer
 from distillery_runtime.uris import resolve_location
 
 log = logging.getLogger("distillery.runtime")
@@ -456,6 +457,11 @@ class Loop:
             "time/train_s": t_sync - t_train,
             "time/sync_s": finished - t_sync,
             "samples_per_teacher": dict(Counter(s.teacher for s in samples)),
+            **response_stats(rolled["samples"]),
+            "entropy": train_metrics.get("distill/entropy"),
+            # Rollout engine vs trainer log-probs of the same tokens: ~0 unless the two copies differ.
+            "logprob_gap_mean": train_metrics.get("distill/logprob_gap_mean"),
+            "logprob_gap_max": train_metrics.get("distill/logprob_gap_max"),
             "metrics": train_metrics,
             "time": time.time(),
         }
@@ -539,6 +545,8 @@ def _combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
     for name in results[0]:
         if name in SUMMED_OVER_RANKS:
             out[name] = sum(r.get(name, 0.0) for r in results)
+        elif name in MAX_METRICS:
+            out[name] = max(r[name] for r in results if name in r)
         elif name.startswith("train/"):
             out[name] = (
                 results[0][name]

@@ -107,23 +107,20 @@ class VllmRolloutEngine:
     def _params(self, sampling: SamplingSettings, seed: int):
         from vllm import SamplingParams
 
-        ends = {
-            "max_tokens": sampling.max_new_tokens,
-            "stop_token_ids": list(sampling.stop_token_ids),
-            "stop": list(sampling.stop),
-            # Stop strings are matched on the text, which only detokenizing gives; the token ids that wrote
-            # one stay in the response (only the text is cut), as the transformers engine keeps them.
-            "detokenize": bool(sampling.stop),
-        }
-        if sampling.greedy:
-            return SamplingParams(temperature=0.0, **ends)
+        # Stop strings are matched on the text, which only detokenizing gives; the token ids that wrote one
+        # stay in the response (only the text is cut), as the transformers engine keeps them.
+        greedy = sampling.greedy
         return SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            seed=seed,
-            logprobs=0,  # the sampled token's own log-prob (raw model log-probs: vLLM's default mode)
-            **ends,
+            max_tokens=sampling.max_new_tokens,
+            stop_token_ids=list(sampling.stop_token_ids),
+            stop=list(sampling.stop),
+            detokenize=bool(sampling.stop),
+            temperature=0.0 if greedy else sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=0 if greedy else sampling.top_k,
+            seed=None if greedy else seed,
+            # The sampled token's own log-prob (raw model log-probs: vLLM's default mode); eval has no use.
+            logprobs=None if greedy else 0,
         )
 
     def generate(
