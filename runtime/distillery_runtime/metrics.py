@@ -229,8 +229,13 @@ class JsonlWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: dict[str, Any]) -> None:
+        self.write_many([record])
+
+    def write_many(self, records: list[dict[str, Any]]) -> None:
+        """Append records in one write."""
+        lines = b"".join(orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for r in records)
         with open(self.path, "ab") as handle:
-            handle.write(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+            handle.write(lines)
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after `step` (a resumed run redoes them)."""

@@ -91,7 +91,7 @@ class TransformersRolloutEngine:
                 sample_id=request.sample_id,
                 prompt_ids=list(request.prompt_ids),
                 response_ids=ids,
-                logprobs=None if sampling.greedy else logprobs,
+                logprobs=logprobs,
                 route=request.route,
                 answer=request.answer,
                 policy_version=self.policy_version,

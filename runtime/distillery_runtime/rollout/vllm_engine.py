@@ -119,8 +119,9 @@ class VllmRolloutEngine:
             top_p=1.0 if greedy else sampling.top_p,
             top_k=0 if greedy else sampling.top_k,
             seed=None if greedy else seed,
-            # The sampled token's own log-prob (raw model log-probs: vLLM's default mode); eval has no use.
-            logprobs=None if greedy else 0,
+            # The sampled token's own log-prob (raw model log-probs: vLLM's default mode); greedy eval's too,
+            # for the KL of the student's eval responses under their teachers.
+            logprobs=0,
         )
 
     def generate(
