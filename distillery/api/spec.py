@@ -38,6 +38,12 @@ MAX_ROUTES_IN_ALL = 512
 and the API server stops a rule at about a million such steps (its per-call cost limit, at admission),
 although the CRD's static estimate, bounded by 10 million, passed with 32 teachers x 64 routes."""
 
+MAX_STOP_STRINGS = 16
+"""Stop strings of the rollout: each is matched against the tail of every response as it is decoded."""
+MAX_STOP_LENGTH = 256
+MAX_TOP_K = 1 << 20
+"""Above any vocabulary (the largest are ~256k tokens)."""
+
 MAX_INT = 2**53 - 1
 """Every integer field is bounded, at most by this: the server decodes JSON integers as int64 (a larger one
 is refused), and a schema bound must itself be an integer that a float64 holds exactly (the server refused
@@ -52,6 +58,7 @@ Location = Annotated[str, Field(min_length=1, max_length=MAX_LOCATION)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 FieldName = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 """A field of the dataset's rows."""
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
 
 LABEL_NAME_RE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -168,8 +175,15 @@ class Rollout(ApiModel):
     """Sampling temperature of the rollout."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus sampling threshold (1 = off)."""
-    max_new_tokens: int = Field(default=256, ge=1, le=131072)
-    """Longest response the student samples."""
+    top_k: int = Field(default=0, ge=-1, le=MAX_TOP_K)
+    """Sample among the topK most probable tokens only (0 or -1 = off, as vLLM's top_k)."""
+    max_new_tokens: int = Field(default=1024, ge=1, le=131072)
+    """Longest response the student samples; one that reaches it is cut (finish reason `length`, counted
+    in the step's `rollout/truncated_fraction`). The default suits chat answers; short tasks set less."""
+    stop: list[StopString] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
+    """Strings that end a response (the response keeps the tokens that wrote it), besides the end tokens,
+    which are always used: every `eos_token_id` of the student's generation_config.json and its
+    tokenizer's end-of-sequence token."""
     samples_per_prompt: int = Field(default=1, ge=1, le=256)
     """Responses sampled per prompt."""
     memory_fraction: float = Field(default=0.5, gt=0.0, le=1.0)

@@ -238,7 +238,7 @@ async def _run(
     from distillery_runtime.checkpoint import CheckpointWriteError
     from distillery_runtime.loop import Loop, RunOptions, start_components, stop_components
     from distillery_runtime.metrics import RuntimeMetrics
-    from distillery_runtime.report import accuracy_label, write_report
+    from distillery_runtime.report import accuracy_label, graded_evals, write_report
     from distillery_runtime.teachers.outage import TeacherOutageError
 
     stop = threading.Event()
@@ -369,8 +369,9 @@ async def _run(
         summary=summary,
         references=report_references(config),
     )
-    if result.evals:
-        first, last = result.evals[0], result.evals[-1]
+    graded = graded_evals(result.evals)
+    if graded:
+        first, last = graded[0], graded[-1]
         print(
             f"held-out {accuracy_label(result.evals)}: {first['eval_accuracy']:.1%} (step {first['step']}) -> "
             f"{last['eval_accuracy']:.1%} (step {last['step']})",

@@ -27,17 +27,20 @@ from typing import Any
 
 from distillery.api.spec import Placement, ResumePolicy
 from distillery.plan import resolve
+from distillery.plan.generation import EVAL_SAMPLES_LOGGED, end_token_ids, resolve_generation
 from distillery.runtime_config import RuntimeConfig
 from distillery_runtime import checkpoint, plan
 from distillery_runtime.data import PreparedData, PromptRecord, check_training_rows, prepare, take
+from distillery_runtime.generation_config import declared_end_tokens
 from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.rollout_pool import RolloutPool
+from distillery_runtime.rollout_stats import response_stats
 from distillery_runtime.samples import RolloutSample, TrainSample
 from distillery_runtime.tasks.graders import load_grader
 from distillery_runtime.teachers.outage import OutageChange, OutageTracker, TeacherOutageError
 from distillery_runtime.teachers.types import ScoreRequest
-from distillery_runtime.trainer import SUMMED_OVER_RANKS, step_normalizer
+from distillery_runtime.trainer import MAX_METRICS, SUMMED_OVER_RANKS, step_normalizer
 from distillery_runtime.uris import resolve_location
 
 log = logging.getLogger("distillery.runtime")
@@ -135,15 +138,16 @@ class Loop:
         self.eval_data: PreparedData | None = (
             prepare(spec.data.eval, spec.data, self.tokenizer) if spec.data.eval else None
         )
-        self.sampling = SamplingSettings(
-            temperature=spec.student.rollout.temperature,
-            top_p=spec.student.rollout.top_p,
-            max_new_tokens=spec.student.rollout.max_new_tokens,
-        )
+        end_ids = end_token_ids(*declared_end_tokens(self.student_dir), self.tokenizer.eos_token_id)
+        self.generation = resolve_generation(spec, end_ids)
+        """How responses are sampled and where they end (every end token of the student, the stop strings)."""
+        self.sampling = SamplingSettings.of(self.generation)
         out = options.output_dir
         self.ckpt_root = local_checkpoints(out) if options.local else Path(spec.checkpoint.path)
         self.metrics_file = JsonlWriter(out / "metrics.jsonl")
         self.eval_file = JsonlWriter(out / "eval.jsonl")
+        self.samples_file = JsonlWriter(out / "samples.jsonl")
+        """Each eval's responses, one JSON object a sample: what the student writes, read by a person."""
         self.metrics = options.metrics or RuntimeMetrics()
         self.metrics.total_steps.set(self.total)
         for prepared in (self.train_data, self.eval_data):
@@ -213,6 +217,7 @@ class Loop:
         self.saved_step = self.step_done
         self.metrics_file.truncate_after(self.step_done)
         self.eval_file.truncate_after(self.step_done)
+        self.samples_file.truncate_after(self.step_done)
         from distillery_runtime.metrics import read_jsonl
 
         self.records = read_jsonl(self.metrics_file.path)
@@ -263,7 +268,7 @@ class Loop:
                 raise ResumeError(refusal)
             self._event(f"starting fresh (--overwrite): removing earlier checkpoints in {self.ckpt_root}")
             shutil.rmtree(self.ckpt_root)
-        for path in (self.metrics_file.path, self.eval_file.path):
+        for path in (self.metrics_file.path, self.eval_file.path, self.samples_file.path):
             path.unlink(missing_ok=True)
 
     # ---------------------------------------------------------------------------------------- step parts
@@ -461,6 +466,11 @@ class Loop:
             "time/train_s": t_sync - t_train,
             "time/sync_s": finished - t_sync,
             "samples_per_teacher": dict(Counter(s.teacher for s in samples)),
+            **response_stats(rolled["samples"]),
+            "entropy": train_metrics.get("distill/entropy"),
+            # Rollout engine vs trainer log-probs of the same tokens: ~0 unless the two copies differ.
+            "logprob_gap_mean": train_metrics.get("distill/logprob_gap_mean"),
+            "logprob_gap_max": train_metrics.get("distill/logprob_gap_max"),
             "metrics": train_metrics,
             "time": time.time(),
         }
@@ -502,37 +512,86 @@ class Loop:
             self.options.status.checkpoint(step, path)
 
     async def evaluate(self, c: Components, step: int) -> float:
-        """Greedy decoding of the held-out prompts, graded by the job's grader against data.answerField;
-        the accuracy is the mean score (the share right, for a grader that says right or wrong)."""
+        """Greedy decoding of the held-out prompts. Those with a reference answer are graded by the job's
+        grader (the accuracy is the mean score; NaN when none has one); the first `EVAL_SAMPLES_LOGGED`
+        responses are scored by their teachers, whose per-token KL is the quality signal of data with no
+        reference. Every sample goes to samples.jsonl, so that a user can read what the student writes."""
         assert self.eval_data is not None
-        records = [r for r in self.eval_data.records if r.answer is not None]
+        records = list(self.eval_data.records)
         if not records:
             return float("nan")
         requests = [
-            GenerationRequest(sample_id=f"eval-{r.index}", prompt_ids=r.prompt_ids, seed=0, answer=r.answer)
+            GenerationRequest(
+                sample_id=f"eval-{r.index}", prompt_ids=r.prompt_ids, seed=0, route=r.route, answer=r.answer
+            )
             for r in records
         ]
-        greedy = SamplingSettings(max_new_tokens=self.sampling.max_new_tokens, greedy=True)
         started = time.perf_counter()
-        outputs = await c.rollout.generate(requests, greedy)
-        correct = sum(self.grader.score(self._text(o.response_ids), o.answer or "") for o in outputs)
-        accuracy = correct / len(outputs)
-        entry = {
+        outputs = await c.rollout.generate(requests, self.sampling.for_eval())
+        grades = [
+            None if o.answer is None else self.grader.score(self._text(o.response_ids), o.answer)
+            for o in outputs
+        ]
+        scored = await self._score_eval_samples(c, outputs[:EVAL_SAMPLES_LOGGED])
+        graded = [g for g in grades if g is not None]
+        accuracy = sum(graded) / len(graded) if graded else None
+        stats = response_stats(outputs)
+        kl_per_teacher = plan.mean_kl_per_teacher([(name, kl) for name, kl in scored if kl is not None])
+        entry: dict[str, Any] = {
             "step": step,
             "grader": self.grader.name,
             "eval_accuracy": accuracy,
             "n": len(outputs),
+            "graded": len(graded),
+            "response_length_mean": stats["rollout/response_length_mean"],
+            "response_length_max": stats["rollout/response_length_max"],
+            "truncated_fraction": stats["rollout/truncated_fraction"],
+            "kl_per_teacher": kl_per_teacher,
+            "kl_samples": len(scored),
             "seconds": time.perf_counter() - started,
         }
+        self.samples_file.write_many(
+            plan.eval_sample_lines(step, outputs, grades, scored, self._prompt_text, self._text)
+        )
         self.evals.append(entry)
         self.eval_file.write(entry)
+        self.metrics.record_eval(entry)
+        kl = ", ".join(f"{name} {value:.3f}" for name, value in kl_per_teacher.items())
+        if accuracy is None:
+            length = stats["rollout/response_length_mean"]
+            self._event(
+                f"eval step {step}: no reference answers; KL {kl or '-'}, {length:.0f} tokens a response"
+            )
+            return float("nan")
         self.metrics.eval_accuracy.set(accuracy)
         self._event(
-            f"eval step {step}: {self.grader.name} accuracy {accuracy:.3f} ({correct:g}/{len(outputs)})"
+            f"eval step {step}: {self.grader.name} accuracy {accuracy:.3f} ({sum(graded):g}/{len(graded)})"
+            + (f"; KL {kl}" if kl else "")
         )
         if self.options.status is not None:
             self.options.status.eval_accuracy(accuracy)
         return accuracy
+
+    async def _score_eval_samples(
+        self, c: Components, outputs: list[RolloutSample]
+    ) -> list[tuple[str, float | None]]:
+        """(teacher, per-token k3 KL of the student's own response under it) of each sample: a bounded
+        number of scoring requests per eval (EVAL_SAMPLES_LOGGED), not the whole eval set."""
+        if not outputs:
+            return []
+        await c.scoring.wake_up()  # colocated teachers sleep while the student trains
+        requests = [ScoreRequest(o.prompt_ids, o.response_ids, o.sample_id, o.route) for o in outputs]
+        results = await asyncio.gather(*(c.scoring.score_one(r) for r in requests))
+        return [
+            (name, plan.sample_kl(o.logprobs, scores))
+            for o, (name, scores) in zip(outputs, results, strict=True)
+        ]
+
+    def _prompt_text(self, ids: list[int]) -> str:
+        """The prompt as the student saw it: the rendered chat template, special tokens included."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        assert isinstance(text, str)
+        return text
 
 
 def _combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
@@ -544,6 +603,8 @@ def _combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
     for name in results[0]:
         if name in SUMMED_OVER_RANKS:
             out[name] = sum(r.get(name, 0.0) for r in results)
+        elif name in MAX_METRICS:
+            out[name] = max(r[name] for r in results if name in r)
         elif name.startswith("train/"):
             out[name] = (
                 results[0][name]

@@ -46,7 +46,15 @@ METRIC_NAMES = (
     "distillery_runtime_prompts_truncated_total",
     "distillery_runtime_prompts_dropped_total",
     "distillery_runtime_teacher_topk_out_of_vocab_total",
+    "distillery_runtime_response_length_tokens",
+    "distillery_runtime_response_truncated_ratio",
+    "distillery_runtime_student_entropy",
+    "distillery_runtime_logprob_gap",
+    "distillery_runtime_eval_kl",
+    "distillery_runtime_eval_response_length_tokens",
 )
+STATS = ("mean", "max")
+"""Values of the `stat` label: a step's mean and its largest."""
 
 
 class RuntimeMetrics:
@@ -132,6 +140,39 @@ class RuntimeMetrics:
             "Teacher top-k entries at ids beyond the student's vocabulary, folded into the loss's tail.",
             registry=r,
         )
+        self.response_length = Gauge(
+            PREFIX + "response_length_tokens",
+            "Length of the step's responses in tokens (stat: mean, max).",
+            ["stat"],
+            registry=r,
+        )
+        self.truncated_responses = Gauge(
+            PREFIX + "response_truncated_ratio",
+            "Fraction of the step's sampled responses cut at student.rollout.maxNewTokens (finish reason length).",
+            registry=r,
+        )
+        self.entropy = Gauge(
+            PREFIX + "student_entropy",
+            "Mean per-token entropy of the student's distribution on its responses (nats/token).",
+            registry=r,
+        )
+        self.logprob_gap = Gauge(
+            PREFIX + "logprob_gap",
+            "|rollout engine - trainer| log-prob of the same sampled tokens (stat: mean, max); ~0 when in sync.",
+            ["stat"],
+            registry=r,
+        )
+        self.eval_kl = Gauge(
+            PREFIX + "eval_kl",
+            "Per-token KL(student || teacher) of the student's greedy eval responses, per teacher (nats/token).",
+            ["teacher"],
+            registry=r,
+        )
+        self.eval_response_length = Gauge(
+            PREFIX + "eval_response_length_tokens",
+            "Mean length of the student's eval responses in tokens.",
+            registry=r,
+        )
         self._retries_seen: dict[str, int] = {}
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
@@ -153,10 +194,21 @@ class RuntimeMetrics:
         self.staleness.set(record.get("staleness", 0))
         for name, value in record.get("kl_per_teacher", {}).items():
             _set(self.kl.labels(name), value)
+        for stat in STATS:
+            _set(self.response_length.labels(stat), record.get(f"rollout/response_length_{stat}"))
+            _set(self.logprob_gap.labels(stat), record.get(f"logprob_gap_{stat}"))
+        _set(self.truncated_responses, record.get("rollout/truncated_fraction"))
+        _set(self.entropy, record.get("entropy"))
         for name, latencies in teacher_seconds.items():
             for seconds in latencies:
                 self.teacher_seconds.labels(name).observe(seconds)
             self.teacher_samples.labels(name).inc(len(latencies))
+
+    def record_eval(self, entry: dict[str, Any]) -> None:
+        """An eval's distillation-native signals: the teacher-student KL and the response length."""
+        for name, value in entry.get("kl_per_teacher", {}).items():
+            _set(self.eval_kl.labels(name), value)
+        _set(self.eval_response_length, entry.get("response_length_mean"))
 
     def teacher_down(self, teacher: str, down: bool) -> None:
         """Set at once when a teacher goes down or comes back (not at step end: no step ends meanwhile)."""
@@ -183,8 +235,13 @@ class JsonlWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: dict[str, Any]) -> None:
+        self.write_many([record])
+
+    def write_many(self, records: list[dict[str, Any]]) -> None:
+        """Append records in one write."""
+        lines = b"".join(orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for r in records)
         with open(self.path, "ab") as handle:
-            handle.write(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+            handle.write(lines)
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after `step` (a resumed run redoes them)."""

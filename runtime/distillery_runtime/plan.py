@@ -108,6 +108,15 @@ def group_advantages(
     return out
 
 
+def _k3_sum(student: np.ndarray, teacher: np.ndarray, scored: np.ndarray) -> tuple[float, int]:
+    """Sum over the scored positions of the k3 estimate of KL(student || teacher), and their number."""
+    ok = scored & np.isfinite(teacher)
+    if not ok.any():
+        return 0.0, 0
+    log_ratio = np.clip(teacher[ok] - student[ok], -20.0, 20.0)
+    return float((np.exp(log_ratio) - log_ratio - 1.0).sum()), int(ok.sum())
+
+
 def kl_per_teacher(samples: Sequence[TrainSample]) -> dict[str, float]:
     """k3 estimate of KL(student || teacher) per token on the student's own samples, per teacher.
 
@@ -119,13 +128,60 @@ def kl_per_teacher(samples: Sequence[TrainSample]) -> dict[str, float]:
     for s in samples:
         if s.old_logprobs is None:
             continue
-        ok = s.teacher_mask & np.isfinite(s.token_logprobs)
-        if not ok.any():
-            continue
-        log_ratio = np.clip(s.token_logprobs[ok] - s.old_logprobs[ok], -20.0, 20.0)
-        sums[s.teacher] += float((np.exp(log_ratio) - log_ratio - 1.0).sum())
-        counts[s.teacher] += int(ok.sum())
+        total, n = _k3_sum(s.old_logprobs, s.token_logprobs, s.teacher_mask)
+        if n:
+            sums[s.teacher] += total
+            counts[s.teacher] += n
     return {name: sums[name] / counts[name] for name in counts}
+
+
+def sample_kl(student_logprobs: Sequence[float] | None, scores: TeacherScores) -> float | None:
+    """Per-token k3 KL(student || teacher) of one response (a B = 1 scoring of it) from the student's
+    log-probs of its own tokens; None without them or without a scored position."""
+    if student_logprobs is None:
+        return None
+    r = len(student_logprobs)
+    total, n = _k3_sum(
+        np.asarray(student_logprobs, np.float32), scores.token_logprobs[0, :r], scores.mask[0, :r]
+    )
+    return total / n if n else None
+
+
+def mean_kl_per_teacher(kls: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """The mean of per-sample KLs, per teacher (each sample weighs the same: a reader's average)."""
+    by: dict[str, list[float]] = defaultdict(list)
+    for name, value in kls:
+        by[name].append(value)
+    return {name: sum(values) / len(values) for name, values in sorted(by.items())}
+
+
+def eval_sample_lines(
+    step: int,
+    outputs: Sequence[RolloutSample],
+    grades: Sequence[float | None],
+    scored: Sequence[tuple[str, float | None]],
+    prompt_text: Callable[[list[int]], str],
+    response_text: Callable[[list[int]], str],
+) -> list[dict[str, object]]:
+    """samples.jsonl's objects of one eval: each sample's prompt as rendered, the response, the reference,
+    its grade (None: no reference) and, for the first len(scored), its teacher's per-token KL."""
+    lines: list[dict[str, object]] = []
+    for i, (out, grade) in enumerate(zip(outputs, grades, strict=True)):
+        teacher, kl = scored[i] if i < len(scored) else (None, None)
+        lines.append(
+            {
+                "step": step,
+                "id": out.sample_id,
+                "prompt": prompt_text(out.prompt_ids),
+                "response": response_text(out.response_ids),
+                "reference": out.answer,
+                "grade": grade,
+                "tokens": len(out.response_ids),
+                "finish_reason": out.finish_reason,
+                "kl": {teacher: kl} if teacher is not None and kl is not None else {},
+            }
+        )
+    return lines
 
 
 def shard(samples: Sequence[T], world_size: int) -> list[list[T]]:

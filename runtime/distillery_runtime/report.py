@@ -55,6 +55,11 @@ def plot(
     return path
 
 
+def graded_evals(evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The evals that measured an accuracy (data with no reference answers has only KL and lengths)."""
+    return [e for e in evals if e.get("eval_accuracy") is not None]
+
+
 def accuracy_label(evals: list[dict[str, Any]]) -> str:
     """`gsm8k accuracy`: what the evaluations measured, named by their grader (the last one's: a resumed
     run's earlier entries may predate the field)."""
@@ -104,8 +109,9 @@ def write_report(
         )
     )
     lines = [f"# Distillation report: {job_name}", ""]
-    if evals:
-        first, last = evals[0], evals[-1]
+    graded = graded_evals(evals)
+    if graded:
+        first, last = graded[0], graded[-1]
         lines += [
             f"**Held-out {accuracy_label(evals)}: {first['eval_accuracy']:.1%} at step {first['step']} -> "
             f"{last['eval_accuracy']:.1%} at step {last['step']}** "
@@ -137,8 +143,15 @@ def write_report(
         ]
         lines.append("| " + " | ".join(f"{v:.3f}" for v in phases) + " |")
     if evals:
-        lines += ["", "## Evaluations", "", "| step | accuracy | prompts |", "|---|---|---|"]
-        lines += [f"| {e['step']} | {e['eval_accuracy']:.3f} | {e.get('n', '')} |" for e in evals]
+        lines += [
+            "",
+            "## Evaluations",
+            "",
+            "| step | accuracy | KL per teacher | mean tokens | prompts |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [_eval_row(e) for e in evals]
+        lines += ["", "What the student wrote at each eval: `samples.jsonl`."]
     lines += [""]
     for title, path in plots:
         if path is not None:
@@ -146,3 +159,13 @@ def write_report(
     report = out_dir / "report.md"
     report.write_text("\n".join(lines))
     return report
+
+
+def _eval_row(entry: dict[str, Any]) -> str:
+    accuracy = entry.get("eval_accuracy")
+    kl = ", ".join(f"{name} {value:.3f}" for name, value in entry.get("kl_per_teacher", {}).items())
+    length = entry.get("response_length_mean")
+    return (
+        f"| {entry['step']} | {'-' if accuracy is None else f'{accuracy:.3f}'} | {kl or '-'} | "
+        f"{'-' if length is None else f'{length:.1f}'} | {entry.get('n', '')} |"
+    )

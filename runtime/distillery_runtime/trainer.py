@@ -36,6 +36,9 @@ COUNT_METRICS = frozenset(
 )
 """Loss metrics that are counts: summed over micro-batches and ranks, not averaged."""
 SUMMED_OVER_RANKS = COUNT_METRICS | {"distill/loss"}
+MAX_METRICS = frozenset({"distill/token_loss_max", "distill/logprob_gap_max"})
+"""Loss metrics that are maxima: the largest over micro-batches and ranks (an average of maxima would
+hide the one bad token they are there to show)."""
 
 
 def resolve_precision(precision: Precision, device: torch.device) -> torch.dtype:
@@ -297,6 +300,9 @@ class Trainer:
             step_loss += float(loss.detach()) * weight
             total_share += share
             for name, value in metrics.items():
+                if name in MAX_METRICS:
+                    weighted_sums[name] = max(weighted_sums.get(name, value), value)
+                    continue
                 add = value if name in COUNT_METRICS else value * share
                 weighted_sums[name] = weighted_sums.get(name, 0.0) + add
         for _ in range(idle):
@@ -312,7 +318,7 @@ class Trainer:
         self.scheduler.step()
         self.version += 1
         metrics = {
-            name: value if name in COUNT_METRICS else value / max(total_share, 1)
+            name: value if name in COUNT_METRICS | MAX_METRICS else value / max(total_share, 1)
             for name, value in weighted_sums.items()
         }
         metrics.update(

@@ -250,6 +250,9 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.student.rollout.maxNewTokens",
         AGREE,
     ),
+    ("top-k-below-off", {"spec.student.rollout": {"topK": -2}}, "spec.student.rollout.topK", AGREE),
+    ("stop-string-empty", {"spec.student.rollout": {"stop": [""]}}, "spec.student.rollout.stop[0]", AGREE),
+    ("stop-not-a-list", {"spec.student.rollout": {"stop": "\n\n"}}, "spec.student.rollout.stop", AGREE),
     (
         "rollout-engine-unknown",
         {"spec.student.rollout": {"engine": "sglang"}},
@@ -501,6 +504,8 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("node-selector-null", {"spec.student.pool": {"nodeSelector": None}}),
     ("tokenizer-null", {"spec.student.tokenizer": None}),  # the offline check refused these three
     ("enforce-eager-null", {"spec.student.rollout": {"enforceEager": None}}),
+    ("rollout-stop-and-top-k", {"spec.student.rollout": {"stop": ["\n\n", "</answer>"], "topK": -1}}),
+    ("rollout-top-k-on", {"spec.student.rollout": {"topK": 50, "engine": "transformers"}}),
     ("hf-token-secret-null", {"spec.teachers[0].inference": {"hfTokenSecret": None}}),
     ("grader-null", {"spec.data.grader": None}),
     (

@@ -35,7 +35,7 @@ def test_max_model_len_covers_prompt_response_and_one_token_unless_set_higher(
     base_manifest: dict[str, Any],
 ) -> None:
     plan = plan_of(base_manifest, data={"train": {"path": "/d.jsonl"}, "maxPromptTokens": 100})
-    needed = 100 + 256 + 1  # maxNewTokens defaults to 256
+    needed = 100 + 1024 + 1  # maxNewTokens defaults to 1024
     assert plan.engines["math"].max_model_len == needed
     teachers = copy.deepcopy(base_manifest["spec"]["teachers"])
     teachers[0]["inference"] = {"maxModelLen": 4096}

@@ -33,8 +33,11 @@ UNITLESS_GAUGES = {
     "distillery_runtime_learning_rate",
     "distillery_runtime_checkpoint_step",
     "distillery_runtime_tokens_per_second",
+    "distillery_runtime_student_entropy",  # nats per token, like the KL
+    "distillery_runtime_logprob_gap",
+    "distillery_runtime_eval_kl",
 }
-UNITS = ("_seconds", "_ratio", "_steps", "_bytes")
+UNITS = ("_seconds", "_ratio", "_steps", "_bytes", "_tokens")
 
 Row = tuple[str, str, tuple[str, ...]]
 

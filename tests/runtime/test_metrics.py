@@ -16,8 +16,11 @@ def test_every_metric_is_served_with_the_recorded_values():
         "step": 7, "time/step_s": 1.5, "time/rollout_s": 0.5, "time/teacher_s": 0.25, "time/train_s": 0.5,
         "time/sync_s": 0.25, "tokens_per_s": 321.0, "generated_tokens": 480, "loss": 0.125, "grad_norm": 2.0,
         "lr": 1e-4, "staleness": 1, "kl_per_teacher": {"math": 0.5, "code": 0.25},
+        "rollout/response_length_mean": 12.5, "rollout/response_length_max": 40.0,
+        "rollout/truncated_fraction": 0.25, "entropy": 1.5, "logprob_gap_mean": 0.001, "logprob_gap_max": 0.03,
     }  # fmt: skip
     metrics.record_step(record, {"math": [0.01, 0.02], "code": [0.03]})
+    metrics.record_eval({"kl_per_teacher": {"math": 0.75}, "response_length_mean": 9.0})
     metrics.record_retries({"math": 2})
     metrics.record_retries({"math": 5})
     metrics.checkpoint_seconds.observe(0.5)
@@ -34,6 +37,12 @@ def test_every_metric_is_served_with_the_recorded_values():
     assert 'distillery_runtime_teacher_retries_total{teacher="math"} 5.0' in text
     assert 'distillery_runtime_step_phase_duration_seconds_count{phase="teacher"} 1.0' in text
     assert "distillery_runtime_generated_tokens_total 480.0" in text
+    assert 'distillery_runtime_response_length_tokens{stat="max"} 40.0' in text
+    assert "distillery_runtime_response_truncated_ratio 0.25" in text
+    assert "distillery_runtime_student_entropy 1.5" in text
+    assert 'distillery_runtime_logprob_gap{stat="max"} 0.03' in text
+    assert 'distillery_runtime_eval_kl{teacher="math"} 0.75' in text
+    assert "distillery_runtime_eval_response_length_tokens 9.0" in text
 
 
 def test_jsonl_truncation_drops_later_and_torn_lines(tmp_path):

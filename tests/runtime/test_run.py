@@ -253,8 +253,19 @@ def test_standalone_teacher_with_one_step_off_stops_cleanly_on_ctrl_c(job_files,
     assert records[0]["staleness"] == 0 and records[1]["staleness"] == 1
     assert all(r["samples_per_teacher"] == {"teacher": 8} for r in records)
     assert all(r["time/rollout_s"] > 0 and r["time/train_s"] > 0 and r["time/sync_s"] > 0 for r in records)
+    # Generation metrics of each step; the rollout engine's log-probs are the trainer's own (float32 on CPU)
+    # at step 1, the samples of later steps are one optimizer step stale.
+    for r in records:
+        assert 0 < r["rollout/response_length_mean"] <= r["rollout/response_length_max"] <= 6
+        assert 0.0 <= r["rollout/truncated_fraction"] <= 1.0 and r["entropy"] > 0
+        assert r["logprob_gap_max"] >= r["logprob_gap_mean"] >= 0
+    assert records[0]["logprob_gap_mean"] < 1e-3 and records[0]["logprob_gap_max"] < 1e-2, records[0]
     evals = read_records(out / "eval.jsonl")
     assert evals[0]["step"] == 0 and all(0.0 <= e["eval_accuracy"] <= 1.0 for e in evals)
+    assert all(e["kl_per_teacher"]["teacher"] >= 0 and e["response_length_mean"] > 0 for e in evals)
+    samples = read_records(out / "samples.jsonl")
+    assert {s["step"] for s in samples} == {e["step"] for e in evals}
+    assert samples[0]["prompt"] and samples[0]["kl"]["teacher"] >= 0 and samples[0]["grade"] in (0.0, 1.0)
     assert {e["grader"] for e in evals} == {"exact"}  # data.grader auto on a jsonl file
     report = (out / "report.md").read_text()
     assert "Held-out exact accuracy" in report and "| rollout | teacher | train | sync | step |" in report

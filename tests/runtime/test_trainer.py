@@ -77,6 +77,26 @@ def test_gradient_accumulation_matches_one_big_micro_batch(job_files, mode, redu
     assert moved > 1e-4  # the step really changed the weights
 
 
+def test_rollout_logprob_gap_is_zero_in_sync_and_its_max_survives_micro_batches(job_files):
+    """The rollout engine's log-probs, when they are the trainer's own, give a gap of ~0; one token off by
+    0.25 in the last micro-batch is the step's max (a max of micro-batches, not their average)."""
+    import dataclasses
+
+    import numpy as np
+
+    trainer = Trainer(str(job_files.student), settings(2, LossMode.K3), device="cpu")
+    samples = make_samples(6, 64, 4)
+    for s in samples:
+        s.old_logprobs = np.asarray(trainer.sequence_logprobs(s.prompt_ids, s.response_ids), np.float32)
+    off = samples[-1].old_logprobs.copy()
+    off[0] += 0.25
+    samples[-1] = dataclasses.replace(samples[-1], old_logprobs=off)
+    metrics = trainer.train_step(samples, step_normalizer(samples, trainer.settings.loss))
+    assert metrics["distill/logprob_gap_max"] == pytest.approx(0.25, abs=1e-4)
+    assert 0 < metrics["distill/logprob_gap_mean"] < 0.25 / 4
+    assert metrics["distill/entropy"] > 0
+
+
 @pytest.mark.slow
 def test_two_data_parallel_workers_equal_one_worker_with_twice_the_micro_batches(job_files, ray_local):
     import ray

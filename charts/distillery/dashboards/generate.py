@@ -267,6 +267,37 @@ def job_dashboard() -> dict[str, Any]:
                    (f"distillery_runtime_policy_staleness_steps{{{s}}}", "{{distillery_job}}")),
         8, 7,
     )  # fmt: skip
+    layout.row("Generation")
+    layout.add(
+        timeseries("Response length", "Tokens per response of each step: the mean and the longest.", "short",
+                   (f"distillery_runtime_response_length_tokens{{{s}}}", "{{distillery_job}} {{stat}}"),
+                   (f"distillery_runtime_eval_response_length_tokens{{{s}}}", "{{distillery_job}} eval mean")),
+        8, 7,
+    )  # fmt: skip
+    layout.add(
+        timeseries("Truncated responses", "Share of sampled responses cut at student.rollout.maxNewTokens "
+                   "(finish reason length), still trained on.", "percentunit",
+                   (f"distillery_runtime_response_truncated_ratio{{{s}}}", "{{distillery_job}}")),
+        8, 7,
+    )  # fmt: skip
+    layout.add(
+        timeseries("Student entropy", "Mean per-token entropy of the student on its responses, nats/token: "
+                   "near 0 is a collapsed policy.", "none",
+                   (f"distillery_runtime_student_entropy{{{s}}}", "{{distillery_job}}")),
+        8, 7,
+    )  # fmt: skip
+    layout.add(
+        timeseries("Rollout vs trainer log-prob gap", "|rollout engine - trainer| log-prob of the same sampled "
+                   "tokens (mean, max): ~0 in sync; a wrong weight sync, template or dtype shows here first.", "none",
+                   (f"distillery_runtime_logprob_gap{{{s}}}", "{{distillery_job}} {{stat}}")),
+        12, 8,
+    )  # fmt: skip
+    layout.add(
+        timeseries("Eval KL per teacher", "Per-token KL(student || teacher) of the student's greedy eval "
+                   "responses (first samples of each eval), nats/token.", "none",
+                   (f"distillery_runtime_eval_kl{{{s}}}", "{{distillery_job}} / {{teacher}}")),
+        12, 8,
+    )  # fmt: skip
     layout.row("Throughput and step time")
     layout.add(
         timeseries("Tokens per second", "trained: response tokens per second of step time; sampled: tokens the "

@@ -62,12 +62,14 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
         chunk_tokens: int,
         student_topk: int,
         topk_rows: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t, v = logits.shape
         dtype = _compute_dtype(logits.dtype)
         out = torch.empty(ids.shape, dtype=dtype, device=logits.device)
         lse = torch.empty((b, t), dtype=dtype, device=logits.device)
         top = torch.full((b, t, student_topk), -1, dtype=torch.long, device=logits.device)
+        ent = torch.zeros((b, t if entropy else 0), dtype=dtype, device=logits.device)
         # Chunk buffers reused across chunks: a fresh [chunk, V] allocation per chunk is a
         # fresh mmap on CPU, and its page faults cost as much as the log-softmax itself.
         rows = min(chunk_tokens, t)
@@ -75,6 +77,7 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
         convert = logits.dtype != dtype or temperature != 1.0
         x_buf = torch.empty((rows, v), dtype=dtype, device=logits.device) if convert else None
         sel_buf: torch.Tensor | None = None
+        p_buf = torch.empty((rows, v), dtype=dtype, device=logits.device) if entropy else None
         for i, c in _chunks(b, t, chunk_tokens):
             x = logits[i, c]
             if x_buf is not None:
@@ -102,15 +105,20 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
                         for j, r in enumerate(picked.tolist()):  # at most a few dozen rows
                             sel[j].copy_(x[r])
                         top[i, c.start + picked] = sel.topk(kk, dim=-1, sorted=False).indices
+            if p_buf is not None:
+                ent[i, c] = _entropy(logp, p_buf[: x.shape[0]])
         ctx.save_for_backward(logits, ids, lse)
         ctx.temperature = temperature  # type: ignore[attr-defined]
         ctx.chunk_tokens = chunk_tokens  # type: ignore[attr-defined]
-        ctx.mark_non_differentiable(top)
-        return out, top
+        ctx.mark_non_differentiable(top, ent)
+        return out, top, ent
 
     @staticmethod
     def backward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor, _grad_top: torch.Tensor | None
+        ctx: torch.autograd.function.FunctionCtx,
+        grad_out: torch.Tensor,
+        _grad_top: torch.Tensor | None,
+        _grad_entropy: torch.Tensor | None,
     ) -> tuple[torch.Tensor | None, ...]:
         logits, ids, lse = ctx.saved_tensors  # type: ignore[attr-defined]
         temperature: float = ctx.temperature  # type: ignore[attr-defined]
@@ -140,7 +148,19 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
                 buf.div_(temperature)
             if not in_place:
                 grad[i, c].copy_(buf)
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
+
+
+def _entropy(logp: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """-sum p log p of each row of a chunk's log-softmax, written through the reused buffer `p` (no
+    [chunk, V] allocation). A row holding a -inf log-prob (a masked logit: 0 x -inf) is redone by xlogy."""
+    torch.exp(logp, out=p)
+    out = -p.mul_(logp).sum(-1)
+    bad = ~torch.isfinite(out)
+    if bool(bad.any()):
+        q = logp[bad].exp()
+        out[bad] = -torch.special.xlogy(q, q).sum(-1)
+    return out
 
 
 def _scaled(x: torch.Tensor, temperature: float, *, out: torch.Tensor) -> None:
@@ -171,18 +191,38 @@ def gather_log_softmax(
     ids [.., student_topk], empty when 0; with topk_rows (bool [..]) only those rows get them,
     the others hold -1: a top-k over V costs about as much as the log-softmax itself).
     """
+    out, top, _ = gather_log_softmax_and_entropy(
+        logits, ids, temperature, chunk_tokens, student_topk, topk_rows, entropy=False
+    )
+    return out, top
+
+
+def gather_log_softmax_and_entropy(
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int | None = None,
+    student_topk: int = 0,
+    topk_rows: torch.Tensor | None = None,
+    *,
+    entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`gather_log_softmax`, plus each token's entropy -sum_v p log p of log_softmax(logits / temperature)
+    [..] (no gradient), computed in the same pass from the chunk's log-softmax: one exp and one product
+    over the chunk, no second forward. With entropy False the third output is empty."""
     if logits.dim() not in (2, 3) or ids.dim() != logits.dim() or ids.shape[:-1] != logits.shape[:-1]:
         raise ValueError(
             f"expected logits [.., V] and ids [.., J] (2 or 3 dims), got {tuple(logits.shape)}, {tuple(ids.shape)}"
         )
     chunk = chunk_tokens or chunk_tokens_for(logits.shape[-1])
     flat = logits.dim() == 2
-    out, top = ChunkedGatherLogSoftmax.apply(
+    out, top, ent = ChunkedGatherLogSoftmax.apply(
         logits.unsqueeze(0) if flat else logits,
         (ids.unsqueeze(0) if flat else ids).long(),
         float(temperature),
         int(chunk),
         int(student_topk),
         None if topk_rows is None else (topk_rows.unsqueeze(0) if flat else topk_rows),
+        entropy,
     )
-    return (out.squeeze(0), top.squeeze(0)) if flat else (out, top)
+    return (out.squeeze(0), top.squeeze(0), ent.squeeze(0)) if flat else (out, top, ent)

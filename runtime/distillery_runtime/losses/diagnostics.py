@@ -80,3 +80,20 @@ def token_loss_metrics(
         "distill/tokens": float(n),
         "distill/teacher_pad_tokens": float(dropped.sum()),
     }
+
+
+def logprob_gap_metrics(
+    student_token: torch.Tensor, rollout_token: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """Mean and max |trainer log-prob - rollout engine log-prob| of the sampled tokens over mask.
+
+    Both are the same policy's log-probs of the same tokens, so the gap is rounding (bf16 vs float32
+    kernels) unless something differs between the two copies of the student: weights a sync missed or
+    loaded wrongly, another chat template or tokenization, another dtype; with schedule.oneStepOff it also
+    holds the one optimizer step the samples are stale by."""
+    gap = (student_token.detach() - rollout_token.to(student_token.dtype)).abs()
+    n = int(mask.sum())
+    return {
+        "distill/logprob_gap_mean": masked_mean(gap, mask),
+        "distill/logprob_gap_max": float(gap[mask].max()) if n else 0.0,
+    }

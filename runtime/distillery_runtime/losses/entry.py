@@ -13,8 +13,14 @@ import torch
 from distillery.api.spec import LossMode, Objective
 from distillery.plan.loss import LossConfig
 
-from .chunked import gather_log_softmax
-from .diagnostics import overlap_sample, sampled_kl_metrics, token_loss_metrics, topk_metrics
+from .chunked import gather_log_softmax_and_entropy
+from .diagnostics import (
+    logprob_gap_metrics,
+    overlap_sample,
+    sampled_kl_metrics,
+    token_loss_metrics,
+    topk_metrics,
+)
 from .estimators import clamp_token_loss
 from .policy_gradient import ppo_clipped_token_loss
 from .reduction import counted_tokens, masked, masked_mean, reduce_tokens
@@ -44,6 +50,11 @@ def distillation_loss(
     all top-k entries -inf for the top-k modes) are dropped from the mask: they add nothing. Top-k ids
     beyond the student's V are folded into the tail (`fold_out_of_vocab`) and counted in
     `distill/teacher_topk_out_of_vocab`.
+
+    Besides the loss's own diagnostics: `distill/entropy`, the student's mean per-token entropy (at the
+    loss temperature) over the response tokens, and with old_logprobs at temperature 1,
+    `distill/logprob_gap_mean` / `_max`, how far the rollout engine's log-probs of the sampled tokens are
+    from the trainer's (~0 when the weight sync, the template and the precision agree).
     """
     if (
         student_logits.dim() != 3
@@ -85,13 +96,14 @@ def distillation_loss(
         # the metrics) and route the gradient through a plain gather of the logits, whose backward
         # is the gradient tensor itself - no softmax over V in backward.
         with torch.no_grad():
-            logp, student_top_ids = gather_log_softmax(
+            logp, student_top_ids, entropy = gather_log_softmax_and_entropy(
                 student_logits, ids, config.temperature, config.chunk_tokens, k, overlap_rows
             )
         raw = student_logits.gather(-1, ids).to(logp.dtype) / config.temperature
         logp = logp + (raw - raw.detach())
     else:
-        logp, student_top_ids = gather_log_softmax(
+        # The student's entropy comes from the same pass over the vocabulary (no second forward).
+        logp, student_top_ids, entropy = gather_log_softmax_and_entropy(
             student_logits, ids, config.temperature, config.chunk_tokens, k, overlap_rows
         )
     student_token = logp[..., 0]
@@ -134,6 +146,10 @@ def distillation_loss(
         metrics["distill/advantage_mean"] = masked_mean(advantages, pg_mask)
 
     metrics["distill/loss"] = float(loss.detach())
+    metrics["distill/entropy"] = masked_mean(entropy, mask)
+    if old_logprobs is not None and config.temperature == 1.0:
+        # The rollout engine's log-probs are of the raw distribution: comparable at temperature 1 only.
+        metrics.update(logprob_gap_metrics(student_token, old_logprobs, mask))
     metrics.update(token_loss_metrics(token_loss, counted, mask & ~counted))
     if config.uses_topk:
         assert (

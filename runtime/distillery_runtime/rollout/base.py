@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 
+from distillery.plan.generation import GenerationSettings
 from distillery_runtime.samples import RolloutSample
 from distillery_runtime.weight_sync import TensorMeta
 
@@ -25,14 +26,39 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class SamplingSettings:
+    """One generate call's sampling, as the plan decided it (`distillery.plan.generation`); each engine
+    translates it (vLLM's SamplingParams, the transformers loop's own checks)."""
+
     temperature: float = 1.0
     top_p: float = 1.0
-    max_new_tokens: int = 256
+    top_k: int = 0
+    """0 = off."""
+    max_new_tokens: int = 1024
     greedy: bool = False
     """Evaluation decodes greedily."""
     logprobs: bool = True
     """Return the sampled tokens' log-probs (not greedy): only on the steps that need them (a cost per
     decode iteration; plan.rollout.logprobs_every)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """A response ends after the first of these it samples (empty: the engine's tokenizer's eos)."""
+    stop: tuple[str, ...] = ()
+    """A response ends once its text contains one of these."""
+
+    @classmethod
+    def of(cls, generation: GenerationSettings) -> SamplingSettings:
+        """The rollout's sampling of a job's plan."""
+        return cls(
+            temperature=generation.temperature,
+            top_p=generation.top_p,
+            top_k=generation.top_k,
+            max_new_tokens=generation.max_new_tokens,
+            stop_token_ids=generation.stop_token_ids,
+            stop=generation.stop,
+        )
+
+    def for_eval(self) -> SamplingSettings:
+        """Greedy decoding with the same ends and length."""
+        return replace(self, greedy=True)
 
 
 class RolloutEngine(Protocol):

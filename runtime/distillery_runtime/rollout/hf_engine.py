@@ -33,12 +33,30 @@ class TransformersRolloutEngine:
         self.sync_ranks = 1
         self.sync_group: SyncGroup | None = None
 
+    def _end_ids(self, sampling: SamplingSettings) -> frozenset[int]:
+        if sampling.stop_token_ids:
+            return frozenset(sampling.stop_token_ids)
+        return frozenset() if self.eos is None else frozenset({self.eos})
+
+    def _wrote_stop(self, out: list[int], stop: tuple[str, ...]) -> bool:
+        """Whether the response's text now contains a stop string. Only its tail is decoded (a token is at
+        least one character, so a stop string fits in its length in tokens), and it must end in the last
+        token's text: a string that completed earlier would have stopped the response then."""
+        if not stop:
+            return False
+        tail = out[-(max(len(s) for s in stop) + 1) :]
+        text = self.tokenizer.decode(tail, skip_special_tokens=False)
+        before = self.tokenizer.decode(tail[:-1], skip_special_tokens=False)
+        return any(s in text and s not in before for s in stop)
+
     @torch.no_grad()
     def _sample_one(
         self, request: GenerationRequest, sampling: SamplingSettings
-    ) -> tuple[list[int], list[float]]:
+    ) -> tuple[list[int], list[float], str]:
+        """The response's ids, their raw log-probs, and why it ended (vLLM's finish reasons)."""
         generator = torch.Generator(device=self.device).manual_seed(request.seed)
         ids = torch.tensor([list(request.prompt_ids)], device=self.device)
+        ends = self._end_ids(sampling)
         past = None
         out: list[int] = []
         logprobs: list[float] = []
@@ -50,32 +68,35 @@ class TransformersRolloutEngine:
             if sampling.greedy:
                 token = int(raw.argmax())
             else:
-                probs = torch.softmax(result.logits[0, -1].float() / sampling.temperature, dim=-1)
+                logits = result.logits[0, -1].float()
+                if sampling.top_k > 0:
+                    logits = _top_k(logits, sampling.top_k)
+                probs = torch.softmax(logits / sampling.temperature, dim=-1)
                 if sampling.top_p < 1.0:
                     probs = _top_p(probs, sampling.top_p)
                 token = int(torch.multinomial(probs, 1, generator=generator))
             out.append(token)
             logprobs.append(float(raw[token]))
-            if token == self.eos:
-                break
+            if token in ends or self._wrote_stop(out, sampling.stop):
+                return out, logprobs, "stop"
             step_input = torch.tensor([[token]], device=self.device)
-        return out, logprobs
+        return out, logprobs, "length"
 
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
     ) -> Iterator[list[RolloutSample]]:
         for request in requests:  # one sample at a time: each is out as soon as it is sampled
-            ids, logprobs = self._sample_one(request, sampling)
+            ids, logprobs, finish = self._sample_one(request, sampling)
             yield [
                 RolloutSample(
                     sample_id=request.sample_id,
                     prompt_ids=list(request.prompt_ids),
                     response_ids=ids,
-                    logprobs=None if sampling.greedy or not sampling.logprobs else logprobs,
+                    logprobs=logprobs if sampling.logprobs else None,
                     route=request.route,
                     answer=request.answer,
                     policy_version=self.policy_version,
-                    finish_reason="stop" if ids and ids[-1] == self.eos else "length",
+                    finish_reason=finish,
                 )
             ]
 
@@ -113,6 +134,14 @@ class TransformersRolloutEngine:
 
     def wake_up(self) -> None:
         """Nothing to restore."""
+
+
+def _top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Logits outside the k largest set to -inf (ties at the k-th kept, as vLLM)."""
+    if k >= logits.numel():
+        return logits
+    kth = logits.topk(k).values[-1]
+    return logits.masked_fill(logits < kth, float("-inf"))
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

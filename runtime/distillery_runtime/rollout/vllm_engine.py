@@ -107,16 +107,21 @@ class VllmRolloutEngine:
     def _params(self, sampling: SamplingSettings, seed: int):
         from vllm import SamplingParams
 
-        if sampling.greedy:
-            return SamplingParams(max_tokens=sampling.max_new_tokens, temperature=0.0, detokenize=False)
+        # Stop strings are matched on the text, which only detokenizing gives; the token ids that wrote one
+        # stay in the response (only the text is cut), as the transformers engine keeps them.
+        greedy = sampling.greedy
         return SamplingParams(
             max_tokens=sampling.max_new_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=seed,
-            # The sampled token's own log-prob (raw model log-probs: vLLM's default mode), when asked for.
+            stop_token_ids=list(sampling.stop_token_ids),
+            stop=list(sampling.stop),
+            detokenize=bool(sampling.stop),
+            temperature=0.0 if greedy else sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=0 if greedy else sampling.top_k,
+            seed=None if greedy else seed,
+            # The sampled token's own log-prob (raw model log-probs: vLLM's default mode), where asked for
+            # (plan.rollout.logprobs_every); greedy eval's too, for the KL of its responses under the teachers.
             logprobs=0 if sampling.logprobs else None,
-            detokenize=False,
         )
 
     def generate(

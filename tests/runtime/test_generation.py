@@ -1,0 +1,137 @@
+"""Where a response ends: every end token of the student's generation_config.json (one id or a list) and its
+tokenizer's eos, decided once by the plan (distillery.plan.generation), and each rollout engine stopping on
+any of them, on a stop string, and reporting a cut response as finish reason `length`."""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from distillery_runtime.generation_config import declared_end_tokens
+from distillery_runtime.rollout import GenerationRequest, SamplingSettings, build_engine
+
+from distillery.api.spec import DistillationJobSpec
+from distillery.plan.generation import end_token_ids, resolve_generation
+
+PROMPT = (5, 9, 13, 7)
+
+
+def test_end_tokens_join_every_source() -> None:
+    assert end_token_ids([151645, 151643], 151645) == (151643, 151645)
+    assert end_token_ids(2, None, [2, 7], -1) == (2, 7)  # once each; -1 is a placeholder
+    assert end_token_ids(None) == ()
+
+
+def test_qwen_generation_config_list_gives_both_end_tokens(tiny_qwen_factory) -> None:
+    """Qwen's chat models end a turn on <|im_end|> and <|endoftext|>: its tokenizer names only the first."""
+    from distillery_runtime.testing.qwen import EOS_IDS
+    from transformers import AutoTokenizer
+
+    folder = tiny_qwen_factory("qwen2.5")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.eos_token_id == EOS_IDS[0]
+    ends = end_token_ids(*declared_end_tokens(folder), tokenizer.eos_token_id)
+    assert ends == tuple(sorted(EOS_IDS))
+
+
+def test_declared_end_tokens_reads_int_list_and_absent(tmp_path: Path) -> None:
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 4]}))
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 9}))
+    assert declared_end_tokens(tmp_path) == [[3, 4], 9]
+    assert declared_end_tokens(tmp_path / "missing") == []
+
+
+def test_plan_resolves_the_rollout_sampling() -> None:
+    spec = DistillationJobSpec.model_validate(
+        {
+            "student": {"model": "s", "rollout": {"stop": ["\n\n", "\n\n"], "topK": -1, "temperature": 0.7}},
+            "teachers": [{"name": "t", "model": "t", "default": True}],
+            "data": {"train": {"path": "/d.jsonl"}},
+        }
+    )
+    plan = resolve_generation(spec, [7, 3, 7])
+    assert plan.stop_token_ids == (3, 7) and plan.stop == ("\n\n",) and plan.top_k == 0
+    assert plan.max_new_tokens == 1024 and plan.temperature == 0.7
+    sampling = SamplingSettings.of(plan)
+    assert sampling.stop_token_ids == (3, 7) and sampling.for_eval().greedy
+    assert sampling.for_eval().stop_token_ids == (3, 7)
+
+
+def _student_with_end_tokens(job_files, tmp_path: Path, engine) -> tuple[Path, int, list[int]]:
+    """A copy of the test student whose generation_config.json lists its eos and a second end token: one
+    its greedy response writes at the third position or later (found by decoding without stops)."""
+    eos = engine_eos(job_files.student)
+    greedy = SamplingSettings(greedy=True, max_new_tokens=12, stop_token_ids=(eos,))
+    free = next(iter(engine.generate([GenerationRequest("free", PROMPT, seed=0)], greedy)))[0].response_ids
+    candidates = [t for i, t in enumerate(free) if i >= 2 and t != eos and t not in free[:i]]
+    if not candidates:
+        pytest.skip(f"the greedy response {free} has no fresh token past position 2")
+    second = candidates[0]
+    folder = tmp_path / "student"
+    shutil.copytree(job_files.student, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, second]}))
+    return folder, second, free
+
+
+def engine_eos(folder: Path) -> int:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder).eos_token_id
+
+
+def _check_stops_on_second_end_token(kind: str, job_files, tmp_path: Path) -> None:
+    engine = build_engine(kind, str(job_files.student), dtype=torch.float32, max_model_len=64)
+    try:
+        folder, second, free = _student_with_end_tokens(job_files, tmp_path, engine)
+        ends = end_token_ids(*declared_end_tokens(folder), engine_eos(folder))
+        assert second in ends
+        sampling = SamplingSettings(greedy=True, max_new_tokens=12, stop_token_ids=ends)
+        out = next(iter(engine.generate([GenerationRequest("g", PROMPT, seed=0)], sampling)))[0]
+        cut = free.index(second) + 1
+        assert out.response_ids == free[:cut] and out.finish_reason == "stop"
+        # Without the second end token the same response runs on to the length limit.
+        long = SamplingSettings(greedy=True, max_new_tokens=cut, stop_token_ids=(engine_eos(folder),))
+        out = next(iter(engine.generate([GenerationRequest("l", PROMPT, seed=0)], long)))[0]
+        assert out.response_ids == free[:cut] and out.finish_reason == "length"
+    finally:
+        del engine
+        gc.collect()
+
+
+def test_transformers_engine_stops_on_second_end_token(job_files, tmp_path: Path) -> None:
+    _check_stops_on_second_end_token("transformers", job_files, tmp_path)
+
+
+@pytest.mark.slow
+def test_vllm_engine_stops_on_second_end_token(job_files, tmp_path: Path) -> None:
+    _check_stops_on_second_end_token("vllm", job_files, tmp_path)
+
+
+def test_transformers_engine_stops_on_stop_string_and_top_k(job_files) -> None:
+    from transformers import AutoTokenizer
+
+    engine = build_engine("transformers", str(job_files.student), dtype=torch.float32, max_model_len=64)
+    tokenizer = AutoTokenizer.from_pretrained(job_files.student)
+    free = SamplingSettings(greedy=True, max_new_tokens=10, stop_token_ids=(tokenizer.eos_token_id,))
+    first = next(iter(engine.generate([GenerationRequest("f", PROMPT, seed=0)], free)))[0]
+    ids = first.response_ids
+    if len(ids) < 5:
+        pytest.skip(f"the greedy response {ids} ends before 5 tokens")
+    # A stop string that the 4th and 5th tokens write together: the response ends at the 5th.
+    stop = tokenizer.decode(ids[3:5])
+    text_before = tokenizer.decode(ids[:4])
+    if stop in text_before:
+        pytest.skip(f"{stop!r} is already written by {ids[:4]}")
+    with_stop = replace(free, stop=(stop,))
+    out = next(iter(engine.generate([GenerationRequest("s", PROMPT, seed=0)], with_stop)))[0]
+    assert out.response_ids == ids[:5] and out.finish_reason == "stop"
+    # top_k = 1 samples the greedy response whatever the seed and temperature.
+    sampled = replace(free, greedy=False, temperature=5.0, top_k=1)
+    for seed in (1, 2):
+        out = next(iter(engine.generate([GenerationRequest("k", PROMPT, seed=seed)], sampled)))[0]
+        assert out.response_ids == ids and out.finish_reason == first.finish_reason
