@@ -284,6 +284,10 @@ class Student(ApiModel):
     tokenizer: Location | None = None
     """Tokenizer to use instead of the model's own (a location like `model`); the kept model (checkpoints'
     `model/`, `final/`) carries it, chat template included."""
+    hf_token_secret: SecretKeyRef | None = None
+    """Secret holding a Hugging Face token, exposed to the trainer pods (the Ray head and workers) as
+    HF_TOKEN: for a gated or private student or tokenizer on the Hub. It wins over a colocated teacher's
+    inference.hfTokenSecret, which the trainer pods otherwise get."""
     precision: Precision = Precision.AUTO
     """auto = bfloat16 where the device supports it, float32 otherwise."""
     rollout: Rollout = Field(default_factory=Rollout)

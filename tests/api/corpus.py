@@ -237,6 +237,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("checkpoint-relative", {"spec.checkpoint": {"path": "ckpt"}}, "spec.checkpoint.path", AGREE),
     ("resume-policy-unknown", {"spec.checkpoint": {"resume": "sometimes"}}, "spec.checkpoint.resume", AGREE),
     ("model-dtype-unknown", {"spec.checkpoint": {"modelDtype": "int8"}}, "spec.checkpoint.modelDtype", AGREE),
+    (
+        "student-hf-secret-without-key",
+        {"spec.student.hfTokenSecret": {"name": "hf"}},
+        "spec.student.hfTokenSecret.key",
+        AGREE,
+    ),
     ("checkpoint-pvc-bad-name", {"spec.checkpoint": {"pvc": "My_PVC"}}, "spec.checkpoint.pvc", AGREE),
     ("top-p-zero", {"spec.student.rollout": {"topP": 0}}, "spec.student.rollout.topP", AGREE),
     (
@@ -451,6 +457,7 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("tokenizer-null", {"spec.student.tokenizer": None}),  # the offline check refused these three
     ("enforce-eager-null", {"spec.student.rollout": {"enforceEager": None}}),
     ("hf-token-secret-null", {"spec.teachers[0].inference": {"hfTokenSecret": None}}),
+    ("student-hf-token-secret", {"spec.student.hfTokenSecret": {"name": "hf", "key": "token"}}),
     ("model-dtype-float32", {"spec.checkpoint": {"modelDtype": "float32"}}),
     ("grader-null", {"spec.data.grader": None}),
     ("grader-empty", {"spec.data.grader": {}}),
