@@ -281,13 +281,27 @@ def _pvc_rule(field: str, attr: str, *, optional: bool = False) -> Rule:
     )
 
 
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the job's namespace; its value is never copied into any object."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Secret name."""
+    key: str = Field(min_length=1, max_length=253)
+    """Key inside the Secret."""
+
+
 class Student(ApiModel):
     """The model being trained."""
 
     model: Location
     """Hugging Face id, local path, or URI (s3://, gs://, pvc://CLAIM/PATH) of the initial weights."""
     tokenizer: Location | None = None
-    """Tokenizer to use instead of the model's own (a location like `model`)."""
+    """Tokenizer to use instead of the model's own (a location like `model`); the kept model (checkpoints'
+    `model/`, `final/`) carries it, chat template included."""
+    hf_token_secret: SecretKeyRef | None = None
+    """Secret holding a Hugging Face token, exposed to the trainer pods (the Ray head and workers) as
+    HF_TOKEN: for a gated or private student or tokenizer on the Hub. It wins over a colocated teacher's
+    inference.hfTokenSecret, which the trainer pods otherwise get."""
     precision: Precision = Precision.AUTO
     """auto = bfloat16 where the device supports it, float32 otherwise."""
     rollout: Rollout = Field(default_factory=Rollout)
@@ -330,15 +344,6 @@ class Placement(StrEnum):
     STANDALONE = "standalone"
     COLOCATED = "colocated"
     EXTERNAL = "external"
-
-
-class SecretKeyRef(ApiModel):
-    """A key of a Secret in the job's namespace; its value is never copied into any object."""
-
-    name: str = Field(min_length=1, max_length=253)
-    """Secret name."""
-    key: str = Field(min_length=1, max_length=253)
-    """Key inside the Secret."""
 
 
 class Inference(ApiModel):
@@ -706,6 +711,14 @@ class ResumePolicy(StrEnum):
     REQUIRED = "required"
 
 
+class ModelDtype(StrEnum):
+    """The dtype of the kept model's weights (a checkpoint's `model/`, `final/`)."""
+
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+
 class Checkpoint(ApiModel):
     """Where checkpoints go and how a restarted job picks them up."""
 
@@ -722,6 +735,10 @@ class Checkpoint(ApiModel):
     """auto: continue from this job's newest complete checkpoint if any; never: start fresh; required: fail if
     none. A job deleted and made again finds the old one's checkpoints at the same path: auto and never stop
     before the first step, naming them (never deleted); required continues from them."""
+    model_dtype: ModelDtype = ModelDtype.BFLOAT16
+    """dtype of the weights in each checkpoint's `model/` folder and in `final/`, the model `vllm serve` and
+    `from_pretrained` load as is (with the tokenizer the job used and its generation_config.json). Resuming
+    reads the exact float32 weights the checkpoint keeps beside it, whatever this is."""
 
     rules = (
         Rule(

@@ -89,6 +89,18 @@ class CheckpointStatus(ApiModel):
     time: str | None = None
 
 
+class ModelStatus(ApiModel):
+    """The model a finished run keeps: its last step's model/, published as `final/` beside the step
+    folders (never pruned), which `vllm serve` and `from_pretrained` load as is."""
+
+    path: str
+    """The folder in the trainer pods (under spec.checkpoint.path)."""
+    step: int
+    dtype: str
+    """The weights' dtype (spec.checkpoint.modelDtype)."""
+    time: str | None = None
+
+
 class TeacherOutage(ApiModel):
     """A teacher the trainer cannot reach, as the runtime reports it while it waits (up to
     spec.teacherOutageTimeoutSeconds)."""
@@ -125,6 +137,8 @@ class DistillationJobStatus(ApiModel):
     start_time: str | None = None
     completion_time: str | None = None
     last_checkpoint: Annotated[CheckpointStatus | None, RUNTIME_WRITES] = None
+    model: Annotated[ModelStatus | None, RUNTIME_WRITES] = None
+    """Written by the runtime once the run took its last step: where the final model is."""
     teacher_outages: Annotated[list[TeacherOutage], RUNTIME_WRITES] = Field(default_factory=list)
     """Written by the runtime: the teachers it is waiting for now (empty when all answer)."""
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from distillery.api.spec import DistillationJobSpec
 from distillery.plan.engines import EngineSettings, max_logprobs, teacher_engine
+from distillery.plan.export import ExportSettings, resolve_export
 from distillery.plan.gpu_budget import GpuBudget, gpu_budget
 from distillery.plan.grader import GraderPlan, resolve_grader
 from distillery.plan.loss import LossConfig
@@ -43,6 +44,8 @@ class JobPlan:
     """What grades a response against its answer: eval accuracy and the task reward (`grader.resolve_grader`)."""
     prompts: PromptPlan
     """How rows become prompts: field, chat template, system prompt, overlong policy (`prompts.resolve_prompts`)."""
+    export: ExportSettings
+    """What each checkpoint's `model/` folder holds: dtype, tokenizer (`export.resolve_export`)."""
 
 
 def resolve(spec: DistillationJobSpec, *, steps: int | None = None) -> JobPlan:
@@ -61,4 +64,5 @@ def resolve(spec: DistillationJobSpec, *, steps: int | None = None) -> JobPlan:
         rollout=resolve_rollout(spec),
         grader=resolve_grader(spec.data),
         prompts=resolve_prompts(spec.data),
+        export=resolve_export(spec),
     )

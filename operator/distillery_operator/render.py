@@ -19,6 +19,7 @@ import yaml
 
 from distillery import pvc
 from distillery.api import API_VERSION, GROUP, KIND, PLURAL, DistillationJob, Placement, Teacher
+from distillery.api.spec import DistillationJobSpec, SecretKeyRef
 from distillery.plan import resolve
 from distillery.plan.vllm_env import cpu_kv_cache_env
 from distillery.runtime_config import (
@@ -159,12 +160,22 @@ def _tolerations(items: list[Any]) -> list[dict[str, Any]]:
     return [t.to_yaml_dict() for t in items]
 
 
-def _hf_token_env(teacher: Teacher) -> list[dict[str, Any]]:
-    secret = teacher.inference.hf_token_secret
+def _hf_token_env(secret: SecretKeyRef | None) -> list[dict[str, Any]]:
     if secret is None:
         return []
     # A reference, never the value: the token stays in the Secret.
     return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}]
+
+
+def trainer_hf_token(spec: DistillationJobSpec) -> SecretKeyRef | None:
+    """The Hugging Face token of the trainer pods (one HF_TOKEN): the student's, else that of the first
+    colocated teacher that has one (a colocated teacher runs inside the trainer)."""
+    colocated = [
+        t.inference.hf_token_secret
+        for t in spec.teachers
+        if t.placement == Placement.COLOCATED and t.inference.hf_token_secret
+    ]
+    return spec.student.hf_token_secret or (colocated[0] if colocated else None)
 
 
 def teacher_selector(job: DistillationJob, teacher: Teacher) -> dict[str, str]:
@@ -204,7 +215,7 @@ def render_teacher_deployment(job: DistillationJob, teacher: Teacher, ctx: Rende
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
     }
-    env = _hf_token_env(teacher)
+    env = _hf_token_env(teacher.inference.hf_token_secret)
     if pool.gpus_per_replica == 0:
         # Found on a real node: without it vLLM's CPU worker wanted 90% of the node's memory and exited.
         env += [{"name": name, "value": value} for name, value in cpu_kv_cache_env().items()]
@@ -328,12 +339,7 @@ def _ray_pod_template(job: DistillationJob, container_name: str, *, worker: bool
         {"name": "DISTILLERY_CONFIG", "value": f"{CONFIG_MOUNT_DIR}/{CONFIG_KEY}"},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
-    # A colocated teacher runs inside the trainer, so the trainer needs its Hugging Face token.
-    colocated = [
-        t for t in spec.teachers if t.placement == Placement.COLOCATED and t.inference.hf_token_secret
-    ]
-    if colocated:
-        env.extend(_hf_token_env(colocated[0]))
+    env.extend(_hf_token_env(trainer_hf_token(spec)))
     container: dict[str, Any] = {
         "name": container_name,
         "image": spec.image,

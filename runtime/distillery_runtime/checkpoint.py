@@ -1,8 +1,11 @@
-"""Checkpoints: written atomically, found reliably, pruned to the last N.
+"""Checkpoints: written atomically, found reliably, pruned to the last N; the final model published as `final/`.
 
 Layout of one checkpoint, `<root>/step-00000012/`:
-  model/            the student in Hugging Face format (safetensors + config + tokenizer), loadable by
-                    transformers and vLLM as is
+  model/            the model you keep (`export.py`): weights in checkpoint.modelDtype (bfloat16 by default),
+                    config, the tokenizer the job used and generation_config.json; `vllm serve` and
+                    `from_pretrained` load it as is
+  master/           the trainer's exact float32 weights (safetensors + config + the tokenizer the engines
+                    loaded): what a resume loads, so it continues bit for bit whatever model/'s dtype
   trainer.pt        optimizer, LR scheduler and RNG states (torch, numpy, python)
   state.json        step, data position, policy version, the run's identity
   COMPLETE          written last; a directory without it is never loaded
@@ -10,6 +13,10 @@ Layout of one checkpoint, `<root>/step-00000012/`:
 A checkpoint is assembled in `<root>/.tmp-step-00000012-<pid>/`, every file fsync'ed, then renamed into
 place (rename is atomic on one filesystem) and the parent directory fsync'ed. A crash at any moment leaves
 either no checkpoint for that step or a complete one; temporary directories are swept on the next start.
+
+When a run has taken its last step, that checkpoint's `model/` is also published as `<root>/final/` (hard
+links, so no second copy on disk; assembled and renamed in the same way, never pruned), with `final.json`
+naming the step and run it came from: a stable name to serve from.
 """
 
 from __future__ import annotations
@@ -27,9 +34,14 @@ import numpy as np
 import orjson
 import torch
 
+from distillery_runtime.export import ModelExport, edit_config, write_model
+
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
 MARKER = "COMPLETE"
 MODEL_DIR = "model"
+MASTER_DIR = "master"
+FINAL_DIR = "final"
+FINAL_STATE = "final.json"
 TRAINER_FILE = "trainer.pt"
 STATE_FILE = "state.json"
 
@@ -58,7 +70,8 @@ def list_complete(root: str | Path) -> list[CheckpointRef]:
 
 
 BYTES_PER_PARAMETER = 12
-"""A checkpoint holds the float32 master weights (4 bytes a parameter) and AdamW's two float32 moments (8)."""
+"""A checkpoint holds the float32 master weights (4 bytes a parameter) and AdamW's two float32 moments (8),
+and the kept model (`model/`) in its own dtype on top (`export.DTYPE_BYTES`)."""
 CHECKPOINTS_OF_ROOM = 2
 """A save writes the new checkpoint before pruning the oldest: the folder needs room for two at once."""
 
@@ -86,10 +99,17 @@ def parameter_count(model_dir: str | Path) -> int | None:
     return total if found else None
 
 
-def preflight(root: str | Path, parameters: int | None, *, field: str, free_bytes: int | None = None) -> None:
+def preflight(
+    root: str | Path,
+    parameters: int | None,
+    *,
+    field: str,
+    model_bytes: int = 2,
+    free_bytes: int | None = None,
+) -> None:
     """Refuse a checkpoint folder that cannot be written, or lacks room for CHECKPOINTS_OF_ROOM checkpoints
-    of a student with `parameters` parameters. `field` names the setting in the message; `free_bytes`
-    overrides the free space the disk reports (tests)."""
+    of a student with `parameters` parameters, kept in `model_bytes` a parameter. `field` names the setting
+    in the message; `free_bytes` overrides the free space the disk reports (tests)."""
     root = Path(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -105,13 +125,14 @@ def preflight(root: str | Path, parameters: int | None, *, field: str, free_byte
         ) from error
     if parameters is None:
         return
-    needed = parameters * BYTES_PER_PARAMETER
+    per_parameter = BYTES_PER_PARAMETER + model_bytes
+    needed = parameters * per_parameter
     free = shutil.disk_usage(root).free if free_bytes is None else free_bytes
     if free < CHECKPOINTS_OF_ROOM * needed:
         raise PreflightError(
             f"{field}: {root} has {_size(free)} free; a checkpoint of this student takes about {_size(needed)} "
-            f"({parameters / 1e6:.2f}M parameters x {BYTES_PER_PARAMETER} bytes: float32 weights and AdamW "
-            f"state) and a save needs room for {CHECKPOINTS_OF_ROOM}: free space or point it elsewhere"
+            f"({parameters / 1e6:.2f}M parameters x {per_parameter} bytes: float32 weights, AdamW "
+            f"state and the kept model) and a save needs room for {CHECKPOINTS_OF_ROOM}: free space or point it elsewhere"
         )
 
 
@@ -161,14 +182,6 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _unwrap_architectures(config: Path) -> None:
-    """FSDP2 makes the model's class `FSDP<Class>`, which save_pretrained records as its architecture; the
-    checkpoint must name the class that loads it (vLLM and transformers look it up by name)."""
-    data = orjson.loads(config.read_bytes())
-    data["architectures"] = [a.removeprefix("FSDP") for a in data.get("architectures") or []]
-    config.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
-
-
 def save(
     root: str | Path,
     step: int,
@@ -179,8 +192,12 @@ def save(
     state: dict[str, Any],
     keep: int,
     state_dict: dict[str, Any] | None = None,
+    export: ModelExport | None = None,
 ) -> Path:
-    """Write checkpoint `step` atomically, then delete all but the newest `keep` complete ones."""
+    """Write checkpoint `step` atomically, then delete all but the newest `keep` complete ones.
+
+    `tokenizer` is the one the trainer and engines loaded (kept in master/ for a resume); `export` says how
+    model/ is written (default: bfloat16 with that same tokenizer)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
@@ -190,11 +207,12 @@ def save(
     try:
         tmp.mkdir()
         # A sharded (FSDP2) model saves the whole weights its ranks gathered (`state_dict`).
-        model.save_pretrained(tmp / MODEL_DIR, safe_serialization=True, state_dict=state_dict)
-        if state_dict is not None:
-            _unwrap_architectures(tmp / MODEL_DIR / "config.json")
+        model.save_pretrained(tmp / MASTER_DIR, safe_serialization=True, state_dict=state_dict)
+        edit_config(tmp / MASTER_DIR / "config.json")
         if tokenizer is not None:
-            tokenizer.save_pretrained(tmp / MODEL_DIR)
+            tokenizer.save_pretrained(tmp / MASTER_DIR)
+        export = export or ModelExport(dtype="bfloat16", tokenizer=tokenizer)
+        write_model(tmp / MODEL_DIR, model=model, state_dict=state_dict, export=export)
         torch.save(trainer_state, tmp / TRAINER_FILE)
         (tmp / STATE_FILE).write_bytes(orjson.dumps({**state, "step": step, "saved_at": time.time()}))
         (tmp / MARKER).write_text(str(step))
@@ -258,7 +276,7 @@ def sweep_temporary(root: str | Path) -> int:
     removed = 0
     for child in root.iterdir():
         torn = STEP_DIR_RE.match(child.name) and not (child / MARKER).is_file()
-        if child.name.startswith(".tmp-step-") or torn:
+        if child.name.startswith((".tmp-step-", ".tmp-final-", ".old-final-")) or torn:
             shutil.rmtree(child, ignore_errors=True)
             removed += 1
     return removed
@@ -273,3 +291,59 @@ def load_trainer_state(ref: CheckpointRef) -> dict[str, Any]:
     # map_location cpu: a checkpoint written on a GPU loads on any machine; the optimizer's
     # load_state_dict moves its state to the parameters' device.
     return torch.load(ref.path / TRAINER_FILE, weights_only=False, map_location="cpu")
+
+
+def weights_dir(ref: CheckpointRef) -> Path:
+    """The folder a resume loads: the exact float32 master weights (a checkpoint written before master/
+    existed kept them in model/)."""
+    master = ref.path / MASTER_DIR
+    return master if master.is_dir() else ref.path / MODEL_DIR
+
+
+def read_final(root: str | Path) -> dict[str, Any] | None:
+    """What `<root>/final/` was published from (step, run, checkpoint), or None when there is none."""
+    path = Path(root) / FINAL_DIR / FINAL_STATE
+    return orjson.loads(path.read_bytes()) if path.is_file() else None
+
+
+def publish_final(ref: CheckpointRef) -> Path:
+    """Publish checkpoint `ref`'s model/ as `<root>/final/`: the model a finished run keeps under a stable
+    name. Assembled from hard links (no second copy; a copy where the filesystem has none), fsync'ed,
+    renamed into place; a final/ already there (a resumed run finishing again) is moved aside first and
+    then deleted, so final/ is always one whole model. Another run's final/ is never replaced."""
+    root = ref.path.parent
+    state = read_state(ref)
+    final = root / FINAL_DIR
+    published = read_final(root)
+    if published is not None and not belongs_to(published, state.get("run")):
+        raise CheckpointWriteError(f"{final} is the model of another run; it is never replaced")
+    tmp = root / f".tmp-final-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        shutil.copytree(ref.path / MODEL_DIR, tmp, copy_function=_link_or_copy)
+        record = {
+            "step": ref.step,
+            "run": state.get("run"),
+            "job": state.get("job"),
+            "checkpoint": ref.path.name,
+        }
+        (tmp / FINAL_STATE).write_bytes(orjson.dumps(record))
+        _fsync_tree(tmp)
+    except Exception as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
+        raise CheckpointWriteError(f"{final}: could not publish step {ref.step} ({reason})") from error
+    old = root / f".old-final-{os.getpid()}"
+    if final.exists():
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)

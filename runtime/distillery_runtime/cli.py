@@ -368,6 +368,8 @@ async def _run(
         evals=result.evals,
         summary=summary,
         references=report_references(config),
+        model=result.model,
+        model_dtype=loop.plan.export.dtype.value,
     )
     graded = graded_evals(result.evals)
     if graded:
@@ -375,6 +377,11 @@ async def _run(
         print(
             f"held-out {accuracy_label(result.evals)}: {first['eval_accuracy']:.1%} (step {first['step']}) -> "
             f"{last['eval_accuracy']:.1%} (step {last['step']})",
+            flush=True,
+        )
+    if result.model:
+        print(
+            f"model: {result.model} ({loop.plan.export.dtype.value}; vllm serve and from_pretrained load it)",
             flush=True,
         )
     print(f"report: {report}", flush=True)

@@ -31,6 +31,7 @@ from distillery.plan.generation import EVAL_SAMPLES_LOGGED, end_token_ids, resol
 from distillery.runtime_config import RuntimeConfig
 from distillery_runtime import checkpoint, plan
 from distillery_runtime.data import PreparedData, PromptRecord, check_training_rows, prepare, take
+from distillery_runtime.export import DTYPE_BYTES
 from distillery_runtime.generation_config import declared_end_tokens
 from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
@@ -95,6 +96,8 @@ class RunResult:
     records: list[dict[str, Any]]
     evals: list[dict[str, Any]]
     last_checkpoint: str | None
+    model: str | None = None
+    """The final model's folder (`<checkpoints>/final`), once the run took its last step."""
 
 
 SYNC_BUCKET_BYTES = 256 * 1024**2
@@ -166,6 +169,8 @@ class Loop:
         self.last_checkpoint: str | None = None
         self.saved_step = 0
         """Step of the newest checkpoint this run wrote or resumed from."""
+        self.model: str | None = None
+        """The final model's folder, once published (the last step's checkpoint, `checkpoint.publish_final`)."""
         self.model_dir = self.student_dir
 
     # ---------------------------------------------------------------------------------------- setup
@@ -212,7 +217,7 @@ class Loop:
         self.step_done = int(state["step"])
         self.position = int(state["position"])
         self.version = int(state["version"])
-        self.model_dir = str(ref.path / checkpoint.MODEL_DIR)
+        self.model_dir = str(checkpoint.weights_dir(ref))
         self.last_checkpoint = str(ref.path)
         self.saved_step = self.step_done
         self.metrics_file.truncate_after(self.step_done)
@@ -255,7 +260,12 @@ class Loop:
         """Before the first step: the checkpoint folder can be written and has room for this student's
         checkpoints (found now, not by a traceback at the first save after steps were spent)."""
         field = "--output" if self.options.local else "spec.checkpoint.path"
-        checkpoint.preflight(self.ckpt_root, checkpoint.parameter_count(self.model_dir), field=field)
+        checkpoint.preflight(
+            self.ckpt_root,
+            checkpoint.parameter_count(self.model_dir),
+            field=field,
+            model_bytes=DTYPE_BYTES[self.plan.export.dtype],
+        )
 
     def _start_fresh(self) -> None:
         import shutil
@@ -431,7 +441,9 @@ class Loop:
 
     def result(self, stopped: bool) -> RunResult:
         """What the run did so far (its end, or where a failure left it)."""
-        return RunResult(self.step_done, self.total, stopped, self.records, self.evals, self.last_checkpoint)
+        return RunResult(
+            self.step_done, self.total, stopped, self.records, self.evals, self.last_checkpoint, self.model
+        )
 
     def _record(
         self,
@@ -494,14 +506,19 @@ class Loop:
             "job": self.config.job_name,
             "run": self.config.run_id,
         }
+        # The last step's checkpoint is also published as final/, by rank 0, which wrote it: without a
+        # claim the driver's pod may not see that folder at all.
+        final = step == self.total
         # Every rank takes part (FSDP2 gathers weights and optimizer state); rank 0 writes.
         paths = await asyncio.gather(
             *(
-                t.save_checkpoint.remote(str(self.ckpt_root), step, state, self.spec.checkpoint.keep)
+                t.save_checkpoint.remote(
+                    str(self.ckpt_root), step, state, self.spec.checkpoint.keep, self.plan.export, final
+                )
                 for t in c.trainers
             )
         )
-        path = paths[0]
+        path, model = paths[0]
         seconds = time.perf_counter() - started
         self.metrics.checkpoint_seconds.observe(seconds)
         self.metrics.checkpoint_step.set(step)
@@ -510,6 +527,11 @@ class Loop:
         self._event(f"checkpoint step {step}: {path} ({seconds:.2f} s)")
         if self.options.status is not None:
             self.options.status.checkpoint(step, path)
+        if model:
+            self.model = model
+            self._event(f"final model ({self.plan.export.dtype}): {model}")
+            if self.options.status is not None:
+                self.options.status.model(step, model, self.plan.export.dtype)
 
     async def evaluate(self, c: Components, step: int) -> float:
         """Greedy decoding of the held-out prompts. Those with a reference answer are graded by the job's

@@ -80,10 +80,13 @@ def write_report(
     evals: list[dict[str, Any]],
     summary: dict[str, Any],
     references: dict[str, float] | None = None,
+    model: str | None = None,
+    model_dtype: str | None = None,
 ) -> Path:
     """Write report.md and its plots into out_dir; returns the report's path.
 
-    `references`: {label: held-out accuracy}, e.g. {"teacher": 0.99, "SFT baseline": 0.8}."""
+    `references`: {label: held-out accuracy}, e.g. {"teacher": 0.99, "SFT baseline": 0.8}. `model`: the
+    final model's folder (`final/`, a finished run's), in `model_dtype`."""
     references = references or {}
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = []
@@ -119,6 +122,8 @@ def write_report(
             + "".join(f"; {label}: {value:.1%}" for label, value in references.items()),
             "",
         ]
+    if model:
+        lines += [f"**Model:** `{model}` ({model_dtype}, Hugging Face format): `vllm serve {model}`", ""]
     step_times = [r["time/step_s"] for r in records]
     lines += ["## Summary", "", "| | |", "|---|---|"]
     for key, value in summary.items():

@@ -1,6 +1,6 @@
 """Progress into the DistillationJob's status, from the trainer, in a cluster.
 
-The runtime owns `status.progress`, `status.lastCheckpoint` and `status.teacherOutages` (the operator
+The runtime owns `status.progress`, `status.lastCheckpoint`, `status.model` and `status.teacherOutages` (the operator
 never writes them; it shows an outage as TeachersReady False, reason TeacherUnavailable) and
 patches them through the `status` subresource with a JSON merge patch, using the namespaced Role
 `distillery-runtime` (get/patch on distillationjobs/status). Patches are rate-limited (at most one per
@@ -16,7 +16,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from distillery.api.spec import GROUP, PLURAL, VERSION
-from distillery.api.status import CheckpointStatus, DistillationJobStatus, Progress, TeacherOutage
+from distillery.api.status import (
+    CheckpointStatus,
+    DistillationJobStatus,
+    ModelStatus,
+    Progress,
+    TeacherOutage,
+)
 
 log = logging.getLogger("distillery.runtime.status")
 
@@ -47,6 +53,12 @@ def progress_patch(record: dict[str, Any], total: int, eval_accuracy: float | No
 def checkpoint_patch(step: int, path: str) -> dict[str, Any]:
     ckpt = CheckpointStatus(step=step, path=path, time=now_iso())
     return _status_patch(DistillationJobStatus(last_checkpoint=ckpt), "last_checkpoint")
+
+
+def model_patch(step: int, path: str, dtype: str) -> dict[str, Any]:
+    """The merge patch naming the final model (`final/`, published after the last step)."""
+    model = ModelStatus(path=path, step=step, dtype=dtype, time=now_iso())
+    return _status_patch(DistillationJobStatus(model=model), "model")
 
 
 def outages_patch(outages: dict[str, TeacherOutage]) -> dict[str, Any]:
@@ -96,6 +108,9 @@ class StatusReporter:
 
     def checkpoint(self, step: int, path: str) -> None:
         self._patch(checkpoint_patch(step, path))
+
+    def model(self, step: int, path: str, dtype: str) -> None:
+        self._patch(model_patch(step, path, dtype))
 
     def teacher_outage(self, teacher: str, down: bool, message: str = "") -> None:
         """A teacher stopped answering, or came back: patched at once (never rate-limited)."""

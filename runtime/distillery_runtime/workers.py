@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from distillery.plan.engines import EngineSettings
+from distillery.plan.export import ExportSettings
 from distillery.plan.gpu_budget import GpuBudget
 from distillery.plan.rollout import RolloutSettings
 from distillery_runtime.samples import RolloutSample, TrainSample
@@ -134,14 +135,18 @@ class TrainerWorker:
         checkpoint.set_rng_state(state["rng"])
         return self.trainer.version
 
-    def save_checkpoint(self, root: str, step: int, state: dict[str, Any], keep: int) -> str:
-        """Every rank calls it (FSDP2 gathers the weights and optimizer state); rank 0 writes ('' elsewhere)."""
+    def save_checkpoint(
+        self, root: str, step: int, state: dict[str, Any], keep: int, export: ExportSettings, final: bool
+    ) -> tuple[str, str]:
+        """Every rank calls it (FSDP2 gathers the weights and optimizer state); rank 0 writes and returns
+        (the checkpoint's folder, `final/` when `final` else ''); ('', '') elsewhere."""
         from distillery_runtime import checkpoint
+        from distillery_runtime.export import ModelExport
 
         trainer_state = {**self.trainer.trainer_state(), "rng": checkpoint.rng_state()}
         weights = self.trainer.full_state_dict() if self.trainer.fsdp else None
         if self.rank != 0:
-            return ""
+            return "", ""
         path = checkpoint.save(
             root,
             step,
@@ -151,8 +156,21 @@ class TrainerWorker:
             trainer_state=trainer_state,
             state=state,
             keep=keep,
+            export=ModelExport(dtype=str(export.dtype), tokenizer=self._export_tokenizer(export)),
         )
-        return str(path)
+        published = checkpoint.publish_final(checkpoint.CheckpointRef(step, path)) if final else ""
+        return str(path), str(published)
+
+    def _export_tokenizer(self, export: ExportSettings) -> Any:
+        """The tokenizer the job used (student.tokenizer, else the student's), loaded once: the trainer's
+        own comes from the folder it loaded, which is the student's or a checkpoint's master/."""
+        if getattr(self, "export_tokenizer", None) is None:
+            from transformers import AutoTokenizer
+
+            from distillery_runtime.uris import resolve_location
+
+            self.export_tokenizer = AutoTokenizer.from_pretrained(resolve_location(export.tokenizer))
+        return self.export_tokenizer
 
 
 class RolloutWorker:

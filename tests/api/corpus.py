@@ -236,6 +236,13 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("checkpoint-uri", {"spec.checkpoint": {"path": "s3://bucket/ckpt"}}, "spec.checkpoint.path", AGREE),
     ("checkpoint-relative", {"spec.checkpoint": {"path": "ckpt"}}, "spec.checkpoint.path", AGREE),
     ("resume-policy-unknown", {"spec.checkpoint": {"resume": "sometimes"}}, "spec.checkpoint.resume", AGREE),
+    ("model-dtype-unknown", {"spec.checkpoint": {"modelDtype": "int8"}}, "spec.checkpoint.modelDtype", AGREE),
+    (
+        "student-hf-secret-without-key",
+        {"spec.student.hfTokenSecret": {"name": "hf"}},
+        "spec.student.hfTokenSecret.key",
+        AGREE,
+    ),
     ("checkpoint-pvc-bad-name", {"spec.checkpoint": {"pvc": "My_PVC"}}, "spec.checkpoint.pvc", AGREE),
     ("top-p-zero", {"spec.student.rollout": {"topP": 0}}, "spec.student.rollout.topP", AGREE),
     (
@@ -507,6 +514,8 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("rollout-stop-and-top-k", {"spec.student.rollout": {"stop": ["\n\n", "</answer>"], "topK": -1}}),
     ("rollout-top-k-on", {"spec.student.rollout": {"topK": 50, "engine": "transformers"}}),
     ("hf-token-secret-null", {"spec.teachers[0].inference": {"hfTokenSecret": None}}),
+    ("student-hf-token-secret", {"spec.student.hfTokenSecret": {"name": "hf", "key": "token"}}),
+    ("model-dtype-float32", {"spec.checkpoint": {"modelDtype": "float32"}}),
     ("grader-null", {"spec.data.grader": None}),
     (
         "chat-data",

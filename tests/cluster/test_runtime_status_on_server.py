@@ -58,6 +58,9 @@ def test_progress_checkpoints_and_outages_reach_the_status(
 
     reporter.progress({**record, "step": 10}, 10)  # the final step always goes out
     assert status(installation, namespace)["progress"]["step"] == 10
+    reporter.model(10, "/ckpt/final", "bfloat16")  # the final model, once the last step is saved
+    model = status(installation, namespace)["model"]
+    assert model == {**model, "step": 10, "path": "/ckpt/final", "dtype": "bfloat16"} and model["time"]
 
     reporter.teacher_outage("t", True, "connection refused")
     (outage,) = status(installation, namespace)["teacherOutages"]

@@ -436,3 +436,31 @@ def test_pvc_locations_mount_their_claims_read_only_where_they_are_read() -> Non
                 v for v in deployment["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v
             ]
             assert claims == []
+
+
+def _trainer_env(job: DistillationJob) -> list[list[dict[str, Any]]]:
+    (rayjob,) = by_kind(render_job(job, CTX), "RayJob")
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    templates = [cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]]
+    return [t["spec"]["containers"][0]["env"] for t in templates]
+
+
+def test_student_hf_token_secret_reaches_the_head_and_the_workers() -> None:
+    """student.hfTokenSecret (a gated student or tokenizer on the Hub) is the trainer pods' HF_TOKEN, a
+    reference to the Secret; it wins over a colocated teacher's, which they get otherwise."""
+    doc = yaml.safe_load((ROOT / "examples" / "colocated-teacher.yaml").read_text())
+    doc["spec"]["teachers"][0]["inference"] = {"hfTokenSecret": {"name": "teacher-hf", "key": "token"}}
+    for token, expected in (
+        ({"name": "student-hf", "key": "hf"}, {"name": "student-hf", "key": "hf"}),
+        (None, {"name": "teacher-hf", "key": "token"}),
+    ):
+        if token:
+            doc["spec"]["student"]["hfTokenSecret"] = token
+        job = DistillationJob.model_validate(doc)
+        for env in _trainer_env(job):
+            tokens = [e for e in env if e["name"] == "HF_TOKEN"]
+            assert tokens == [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": expected}}]
+        doc["spec"]["student"].pop("hfTokenSecret", None)
+    doc["spec"]["teachers"][0].pop("inference")
+    for env in _trainer_env(DistillationJob.model_validate(doc)):
+        assert "HF_TOKEN" not in {e["name"] for e in env}

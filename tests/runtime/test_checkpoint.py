@@ -41,9 +41,16 @@ def test_roundtrip_prune_and_torn_checkpoints(tmp_path, job_files):
     assert latest is not None and latest.path == path
     assert checkpoint.read_state(latest)["position"] == 12
 
-    # The student is a plain Hugging Face checkpoint: safetensors that transformers loads as is.
+    # model/ is the kept model: bfloat16 weights that transformers loads as is, in the dtype its config
+    # names; master/ keeps the exact float32 weights, which a resume loads.
     assert (path / "model" / "model.safetensors").is_file()
-    reloaded = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
+    assert (path / "model" / "generation_config.json").is_file()
+    kept = AutoModelForCausalLM.from_pretrained(path / "model")
+    assert {t.dtype for t in kept.state_dict().values()} == {torch.bfloat16}
+    for a, b in zip(model.state_dict().values(), kept.state_dict().values(), strict=True):
+        assert torch.equal(a.to(torch.bfloat16), b)
+    assert checkpoint.weights_dir(latest) == path / "master"
+    reloaded = AutoModelForCausalLM.from_pretrained(path / "master", dtype=torch.float32)
     for a, b in zip(model.state_dict().values(), reloaded.state_dict().values(), strict=True):
         assert torch.equal(a, b)
 
@@ -99,12 +106,14 @@ def test_preflight_refuses_a_folder_that_cannot_be_written(tmp_path):
 
 
 def test_preflight_refuses_a_folder_without_room_for_two_checkpoints(tmp_path):
-    parameters = 1_000_000  # 12 MB a checkpoint
-    checkpoint.preflight(tmp_path / "a", parameters, field="f", free_bytes=24_000_000)
+    parameters = 1_000_000  # 14 MB a checkpoint: 12 of trainer state, 2 of the bfloat16 model
+    checkpoint.preflight(tmp_path / "a", parameters, field="f", free_bytes=28_000_000)
     with pytest.raises(
-        checkpoint.PreflightError, match=r"f: .* has 22.9 MiB free; a checkpoint of this student"
+        checkpoint.PreflightError,
+        match=r"f: .* has 26.7 MiB free; a checkpoint of this student .* x 14 bytes",
     ):
-        checkpoint.preflight(tmp_path / "b", parameters, field="f", free_bytes=23_999_999)
+        checkpoint.preflight(tmp_path / "b", parameters, field="f", free_bytes=27_999_999)
+    checkpoint.preflight(tmp_path / "c", parameters, field="f", model_bytes=0, free_bytes=24_000_000)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a size-limited tmpfs needs root (CI runs as root)")

@@ -19,7 +19,8 @@ from distillery_runtime import plan
 from distillery_runtime.trainer import micro_batches, step_normalizer
 from distillery_runtime.workers import TrainerWorker
 
-from distillery.api.spec import LossMode, Precision, Sharding
+from distillery.api.spec import LossMode, ModelDtype, Precision, Sharding
+from distillery.plan.export import ExportSettings
 from distillery.plan.loss import LossConfig
 from distillery.plan.training import TrainerSettings
 from tests.runtime.helpers import make_samples
@@ -66,7 +67,8 @@ def _worker(rank: int, world: int, init: str, model_dir: str, names: list[str], 
         )
         torch.save({"losses": losses, "weights": weights, "held": held}, f"{out}/{name}-{world}-{rank}.pt")
         if name == "fsdp":
-            worker.save_checkpoint(f"{out}/ckpt-{world}", STEPS, {"version": STEPS}, keep=1)
+            export = ExportSettings(dtype=ModelDtype.BFLOAT16, tokenizer=model_dir)
+            worker.save_checkpoint(f"{out}/ckpt-{world}", STEPS, {"version": STEPS}, 1, export, True)
     dist.destroy_process_group()
 
 
@@ -153,10 +155,16 @@ def test_a_sharded_checkpoint_holds_the_whole_student(results: dict) -> None:
 
     ref = checkpoint.latest(results[("checkpoint", 2)]["path"])
     assert ref is not None and ref.step == STEPS
-    model = AutoModelForCausalLM.from_pretrained(ref.path / checkpoint.MODEL_DIR, dtype=torch.float32)
+    # master/ (what a resume loads) holds the exact float32 weights; model/ and final/ the bfloat16 cast.
+    model = AutoModelForCausalLM.from_pretrained(checkpoint.weights_dir(ref), dtype=torch.float32)
     assert model.config.architectures == ["LlamaForCausalLM"]  # not FSDP2's FSDPLlamaForCausalLM
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, results[("fsdp", 2)]["weights"][name], rtol=0, atol=0)
+    for folder in (ref.path / checkpoint.MODEL_DIR, ref.path.parent / checkpoint.FINAL_DIR):
+        kept = AutoModelForCausalLM.from_pretrained(folder)
+        assert kept.config.architectures == ["LlamaForCausalLM"] and kept.dtype == torch.bfloat16
+        for name, value in kept.state_dict().items():
+            assert torch.equal(value, results[("fsdp", 2)]["weights"][name].to(torch.bfloat16)), name
     state = checkpoint.load_trainer_state(ref)
     moments = [s["exp_avg"] for s in state["optimizer"]["state"].values()]
     assert sum(m.numel() for m in moments) == sum(v.numel() for v in model.state_dict().values())

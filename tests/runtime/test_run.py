@@ -16,6 +16,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+import torch
+from distillery_runtime import checkpoint
 from transformers import AutoModelForCausalLM
 
 from tests.runtime.conftest import distillery_command, manifest, run_env
@@ -271,8 +273,11 @@ def test_standalone_teacher_with_one_step_off_stops_cleanly_on_ctrl_c(job_files,
     assert "Held-out exact accuracy" in report and "| rollout | teacher | train | sync | step |" in report
     for png in ("loss.png", "kl.png", "eval_accuracy.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # The checkpointed student is a Hugging Face checkpoint.
-    AutoModelForCausalLM.from_pretrained(out / "checkpoints" / f"step-{stopped_at:08d}" / "model")
+    # The checkpointed student is a Hugging Face checkpoint, in checkpoint.modelDtype (bfloat16); a stopped
+    # run has no final model.
+    kept = AutoModelForCausalLM.from_pretrained(out / "checkpoints" / f"step-{stopped_at:08d}" / "model")
+    assert kept.dtype == torch.bfloat16
+    assert not (out / "checkpoints" / "final").exists() and "**Model:**" not in report
 
 
 @pytest.mark.slow
@@ -310,6 +315,14 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(job_files, wr
     for a, b in zip(expected, got, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-7), (a["step"], a["loss"], b["loss"])
         assert b["response_tokens"] == a["response_tokens"]
+
+    # The finished run keeps its last step's model as final/ (the same files), named in the report and log.
+    root = out / "checkpoints"
+    final, last = root / checkpoint.FINAL_DIR, root / "step-00000005" / checkpoint.MODEL_DIR
+    assert checkpoint.read_final(root)["step"] == 5
+    assert all(os.path.samefile(final / f.name, f) for f in last.iterdir())
+    assert f"**Model:** `{final}` (bfloat16" in (out / "report.md").read_text()
+    assert f"model: {final} (bfloat16" in log
 
 
 async def test_waiting_for_teachers_is_bounded_and_names_the_missing_ones(job_files):

@@ -7,7 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
-from distillery_runtime.status import StatusReporter
+from distillery_runtime.status import StatusReporter, model_patch
+
+from distillery.api.status import RUNTIME_WRITES, DistillationJobStatus
+
+
+def test_the_final_model_is_a_runtime_field_patched_alone() -> None:
+    """status.model is the runtime's (the operator never writes it), and its patch names nothing else."""
+    assert "model" not in DistillationJobStatus.operator_fields()
+    assert RUNTIME_WRITES in DistillationJobStatus.model_fields["model"].metadata
+    patch = model_patch(12, "/checkpoints/final", "bfloat16")
+    assert list(patch["status"]) == ["model"]
+    assert patch["status"]["model"] == {**patch["status"]["model"], "path": "/checkpoints/final", "step": 12}
+    assert patch["status"]["model"]["dtype"] == "bfloat16"
 
 
 def test_a_failed_patch_is_logged_not_raised(tmp_path: Path, caplog: Any) -> None:
