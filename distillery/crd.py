@@ -54,6 +54,9 @@ def _type_args(annotation: Any) -> list[Any]:
     return out
 
 
+SCALAR_TYPES = frozenset({"boolean", "integer", "number", "string"})
+
+
 def _structural(node: Any, defs: dict[str, Any], models: dict[str, Any]) -> Any:
     """Rewrites one pydantic JSON-schema node into a structural OpenAPI v3.0 node."""
     if not isinstance(node, dict):
@@ -69,6 +72,10 @@ def _structural(node: Any, defs: dict[str, Any], models: dict[str, Any]) -> Any:
         types = {b.get("type") for b in non_null}
         if types == {"integer", "string"}:
             return _finish({**rest, "x-kubernetes-int-or-string": True})
+        if len(types) > 2 and types <= SCALAR_TYPES:
+            # A scalar of several types (a chat template variable) has no structural schema: the value is
+            # kept as written, and the model's CEL rule checks that it is a scalar.
+            return _finish({**rest, "x-kubernetes-preserve-unknown-fields": True})
         if len(non_null) != 1:
             raise ValueError(f"cannot express union {branches} structurally")
         merged = {**_structural(non_null[0], defs, models), **rest}

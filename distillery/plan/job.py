@@ -13,6 +13,7 @@ from distillery.plan.engines import EngineSettings, max_logprobs, teacher_engine
 from distillery.plan.gpu_budget import GpuBudget, gpu_budget
 from distillery.plan.grader import GraderPlan, resolve_grader
 from distillery.plan.loss import LossConfig
+from distillery.plan.prompts import PromptPlan, resolve_prompts
 from distillery.plan.rollout import RolloutSettings, resolve_rollout, trainer_world_size
 from distillery.plan.routes import RouteTable, route_table
 from distillery.plan.training import TrainerSettings, resolve_training
@@ -40,6 +41,8 @@ class JobPlan:
     """What each rollout engine is started with (`rollout.resolve_rollout`)."""
     grader: GraderPlan
     """What grades a response against its answer: eval accuracy and the task reward (`grader.resolve_grader`)."""
+    prompts: PromptPlan
+    """How rows become prompts: field, chat template, system prompt, overlong policy (`prompts.resolve_prompts`)."""
 
 
 def resolve(spec: DistillationJobSpec, *, steps: int | None = None) -> JobPlan:
@@ -57,4 +60,5 @@ def resolve(spec: DistillationJobSpec, *, steps: int | None = None) -> JobPlan:
         world_size=trainer_world_size(spec),
         rollout=resolve_rollout(spec),
         grader=resolve_grader(spec.data),
+        prompts=resolve_prompts(spec.data),
     )

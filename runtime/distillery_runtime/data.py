@@ -1,10 +1,11 @@
-"""Prompts for the loop: read rows (jsonl/parquet, local or URI), render and tokenize them, and hand them
-out in a deterministic, resumable order.
+"""Prompts for the loop: render and tokenize the rows `data_sources` reads, and hand them out in a
+deterministic, resumable order.
 
 Each row becomes a `PromptRecord` that carries its route value (which teacher scores it), its reference
-answer (eval accuracy) and its reference response (the off-policy share). Prompts longer than
-`data.maxPromptTokens` are rejected (the job fails naming the rows) or truncated to their last tokens as
-the spec says; either way they are counted, never silently dropped.
+answer (eval accuracy) and its reference response (the off-policy share). How a row becomes a prompt
+(messages or text, chat template or not) is the plan's (`distillery.plan.prompts`); the rendering is
+`chat`'s. Prompts longer than `data.maxPromptTokens` are rejected (the job fails naming the rows), dropped
+or truncated as the spec says; dropped and truncated ones are counted and named, never silently lost.
 """
 
 from __future__ import annotations
@@ -16,18 +17,15 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
-import orjson
-
-from distillery.api.spec import Data, DataFormat, DataSource, DistillationJobSpec, OverlongPolicy
+from distillery.api.spec import Data, DataSource, DistillationJobSpec, OverlongPolicy
 from distillery.plan import resolve
-from distillery_runtime.uris import resolve_location
+from distillery.plan.prompts import PromptPlan, PromptSource, TemplateRequired, resolve_prompts, uses_template
+from distillery_runtime.chat import ChatRowError, Turn, fit, render, split_conversation, with_system
+from distillery_runtime.data_sources import DataError, detect_format, load_rows
 
-
-class DataError(ValueError):
-    """A dataset the runtime cannot use; the message names the file and the rows."""
+__all__ = ["DataError", "PreparedData", "PromptRecord", "detect_format", "load_rows", "prepare", "take"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,9 @@ class PreparedData:
 
     records: list[PromptRecord]
     truncated: int = 0
-    """Prompts cut to their last maxPromptTokens tokens (overlongPrompts: truncate)."""
+    """Prompts cut to maxPromptTokens tokens (overlongPrompts: truncate)."""
+    dropped: int = 0
+    """Prompts longer than maxPromptTokens left out (overlongPrompts: drop)."""
     source: str = ""
     rows: int = 0
     notes: list[str] = field(default_factory=list)
@@ -73,120 +73,135 @@ def answer_text(value: object) -> str:
     return str(value)
 
 
-def detect_format(path: str, declared: DataFormat) -> DataFormat:
-    if declared != DataFormat.AUTO:
-        return declared
-    suffix = Path(path).suffix.lower()
-    if suffix in {".jsonl", ".json", ".ndjson"}:
-        return DataFormat.JSONL
-    if suffix in {".parquet", ".pq"}:
-        return DataFormat.PARQUET
-    raise DataError(
-        f"{path}: cannot tell the format from the extension {suffix!r}; set format: jsonl|parquet"
-    )
+@dataclass(frozen=True)
+class Rendered:
+    """A row's prompt ids and the reference response its conversation carried (messages rows)."""
+
+    ids: list[int]
+    response: str | None = None
+    turns: list[Turn] | None = None
+    """The rendered turns (template only), what `fit` cuts when the prompt is overlong."""
 
 
-def load_rows(source: DataSource) -> tuple[str, list[dict[str, Any]]]:
-    """The rows of a data source as dicts, and the local path they were read from."""
-    path = resolve_location(source.path)
-    if Path(path).is_dir():
-        raise DataError(f"{source.path}: is a directory; point data paths at a .jsonl or .parquet file")
-    fmt = detect_format(path, source.format)
-    if not Path(path).exists():
-        raise DataError(f"{source.path}: no such file")
-    if fmt == DataFormat.PARQUET:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
+def render_prompt(
+    row: dict[str, Any], plan: PromptPlan, templated: bool, tokenizer: Any, where: str
+) -> Rendered:
+    """Token ids of a row's prompt: a conversation or a user turn through the chat template, or raw text."""
+    if plan.source == PromptSource.MESSAGES:
         try:
-            return path, pq.read_table(path).to_pylist()
-        except (pa.ArrowException, OSError) as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise DataError(f"{source.path}: not a readable parquet file ({first})") from error
-    rows: list[dict[str, Any]] = []
-    with open(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError as error:
-                raise DataError(f"{source.path}:{number}: not valid JSON ({error})") from error
-            if not isinstance(row, dict):
-                raise DataError(
-                    f"{source.path}:{number}: each line must be a JSON object with the data fields, "
-                    f"not a {_json_kind(row)}"
-                )
-            rows.append(row)
-    return path, rows
-
-
-def _json_kind(value: Any) -> str:
-    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(
-        type(value), "null" if value is None else type(value).__name__
-    )
-
-
-def render_prompt(row: dict[str, Any], data: Data, tokenizer: Any, where: str) -> list[int]:
-    """Token ids of a row's prompt: messages through the chat template, or the prompt text as is."""
-    if data.messages_field:
-        messages = row.get(data.messages_field)
-        if not isinstance(messages, list) or not messages:
-            raise DataError(f"{where}: field {data.messages_field!r} must be a non-empty list of messages")
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
-    text = row.get(data.prompt_field)
+            conversation = split_conversation(row.get(plan.row_field))
+        except ChatRowError as error:
+            raise DataError(f"{where}: field {plan.row_field!r} {error}") from error
+        turns = with_system(conversation.turns, plan.system_prompt)
+        return Rendered(render(tokenizer, turns, plan.template_kwargs), conversation.response, turns)
+    text = row.get(plan.row_field)
     if not isinstance(text, str) or not text:
-        raise DataError(f"{where}: field {data.prompt_field!r} is missing or not a non-empty string")
-    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+        raise DataError(f"{where}: field {plan.row_field!r} is missing or not a non-empty string")
+    if templated:
+        turns = with_system([{"role": "user", "content": text}], plan.system_prompt)
+        return Rendered(render(tokenizer, turns, plan.template_kwargs), turns=turns)
+    return Rendered(list(tokenizer(text, add_special_tokens=True)["input_ids"]))
+
+
+def shorten(rendered: Rendered, limit: int, tokenizer: Any, plan: PromptPlan) -> list[int] | None:
+    """An overlong prompt cut to `limit` tokens: templated ones by `chat.fit` (the template's tokens kept),
+    raw text to its last tokens. None when the template alone is longer than the limit."""
+    if rendered.turns is None:
+        return rendered.ids[-limit:]
+    return fit(
+        rendered.turns,
+        limit,
+        lambda turns: render(tokenizer, turns, plan.template_kwargs),
+        lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"]),
+        lambda ids: str(tokenizer.decode(ids)),
+    )
 
 
 def prepare(source: DataSource, data: Data, tokenizer: Any) -> PreparedData:
-    """Tokenize every row of a source; overlong prompts are rejected (all named) or truncated (counted)."""
+    """Tokenize every row of a source; overlong prompts are rejected (all named), dropped or truncated
+    (counted)."""
+    plan = resolve_prompts(data)
+    try:
+        templated = uses_template(plan, bool(getattr(tokenizer, "chat_template", None)))
+    except TemplateRequired as error:
+        raise DataError(f"{source.path}: {error}") from error
     path, rows = load_rows(source)
     records: list[PromptRecord] = []
     overlong: list[tuple[int, int]] = []
+    dropped: list[PromptRecord] = []
     truncated = 0
-    limit = data.max_prompt_tokens
+    limit = plan.max_tokens
     for index, row in enumerate(rows):
         where = f"{source.path} row {index}"
-        ids = render_prompt(row, data, tokenizer, where)
+        rendered = render_prompt(row, plan, templated, tokenizer, where)
+        ids = rendered.ids
         if len(ids) > limit:
-            if data.overlong_prompts == OverlongPolicy.REJECT:
+            if plan.overlong == OverlongPolicy.REJECT:
                 overlong.append((index, len(ids)))
                 continue
-            ids = ids[-limit:]
+            if plan.overlong == OverlongPolicy.DROP:
+                dropped.append(PromptRecord(index=index, prompt_ids=()))
+                continue
+            cut = shorten(rendered, limit, tokenizer, plan)
+            if cut is None:
+                raise DataError(
+                    f"{where}: the chat template with the system turn alone is longer than "
+                    f"data.maxPromptTokens={limit}; raise maxPromptTokens or shorten data.systemPrompt"
+                )
+            ids = cut
             truncated += 1
-        response_ids = None
-        if data.response_field and isinstance(row.get(data.response_field), str):
-            response = tokenizer(row[data.response_field], add_special_tokens=False)["input_ids"]
-            response_ids = (*response, tokenizer.eos_token_id)
-        route = row.get(data.route_field)
-        answer = row.get(data.answer_field) if data.answer_field else None
-        records.append(
-            PromptRecord(
-                index=index,
-                prompt_ids=tuple(ids),
-                route=None if route is None else str(route),
-                answer=None if answer is None else answer_text(answer),
-                response_ids=response_ids,
-            )
-        )
+        records.append(_record(index, row, ids, rendered.response, data, tokenizer))
     if overlong:
         shown = ", ".join(f"row {i} ({n} tokens)" for i, n in overlong[:10])
         more = f" and {len(overlong) - 10} more" if len(overlong) > 10 else ""
         raise DataError(
             f"{source.path}: {len(overlong)} prompt(s) longer than data.maxPromptTokens={limit}: {shown}{more}; "
-            "raise maxPromptTokens or set data.overlongPrompts: truncate"
+            "raise maxPromptTokens or set data.overlongPrompts: drop or truncate"
         )
     if not records:
-        raise DataError(f"{source.path}: no rows")
-    prepared = PreparedData(records=records, truncated=truncated, source=path, rows=len(rows))
+        raise DataError(
+            f"{source.path}: no rows" + (f" left after dropping {len(dropped)}" if dropped else "")
+        )
+    prepared = PreparedData(
+        records=records, truncated=truncated, dropped=len(dropped), source=path, rows=len(rows)
+    )
     if truncated:
-        prepared.notes.append(f"{truncated} prompt(s) truncated to their last {limit} tokens")
+        prepared.notes.append(f"{truncated} prompt(s) truncated to {limit} tokens")
+    if dropped:
+        prepared.notes.append(
+            f"{len(dropped)} prompt(s) longer than data.maxPromptTokens={limit} dropped ({_rows(dropped)})"
+        )
     return prepared
+
+
+def _record(
+    index: int,
+    row: dict[str, Any],
+    ids: list[int],
+    conversation_response: str | None,
+    data: Data,
+    tokenizer: Any,
+) -> PromptRecord:
+    """A row's record: route, reference answer and response (a messages row's last assistant turn stands in
+    for the fields the row does not have)."""
+    response = row.get(data.response_field) if data.response_field else None
+    if not isinstance(response, str):
+        response = conversation_response
+    response_ids = None
+    if response is not None:
+        encoded = tokenizer(response, add_special_tokens=False)["input_ids"]
+        response_ids = (*encoded, tokenizer.eos_token_id)
+    route = row.get(data.route_field)
+    answer = row.get(data.answer_field) if data.answer_field else None
+    if answer is None:
+        answer = conversation_response
+    return PromptRecord(
+        index=index,
+        prompt_ids=tuple(ids),
+        route=None if route is None else str(route),
+        answer=None if answer is None else answer_text(answer),
+        response_ids=response_ids,
+    )
 
 
 def check_training_rows(prepared: PreparedData, source: DataSource, spec: DistillationJobSpec) -> None:
@@ -204,9 +219,14 @@ def check_training_rows(prepared: PreparedData, source: DataSource, spec: Distil
     if spec.loss.on_policy_fraction < 1.0:
         missing = [r for r in prepared.records if r.response_ids is None]
         if missing:
+            what = (
+                f"a final assistant turn in {spec.data.messages_field!r}"
+                if spec.data.messages_field
+                else f"a string {spec.data.response_field!r}"
+            )
             problems.append(
-                f"{len(missing)} row(s) without a string {spec.data.response_field!r}, which the off-policy "
-                f"share needs (loss.onPolicyFraction={spec.loss.on_policy_fraction} < 1) ({_rows(missing)})"
+                f"{len(missing)} row(s) without {what}, which the off-policy share needs "
+                f"(loss.onPolicyFraction={spec.loss.on_policy_fraction} < 1) ({_rows(missing)})"
             )
     if problems:
         raise DataError(f"{source.path}: " + "; ".join(problems))

@@ -149,6 +149,8 @@ class Loop:
         for prepared in (self.train_data, self.eval_data):
             if prepared is not None and prepared.truncated:
                 self.metrics.truncated.inc(prepared.truncated)
+            if prepared is not None and prepared.dropped:
+                self.metrics.dropped.inc(prepared.dropped)
         self.notes = [
             f"{p.source}: {note}" for p in (self.train_data, self.eval_data) if p for note in p.notes
         ]

@@ -44,6 +44,7 @@ METRIC_NAMES = (
     "distillery_runtime_checkpoint_step",
     "distillery_runtime_eval_accuracy_ratio",
     "distillery_runtime_prompts_truncated_total",
+    "distillery_runtime_prompts_dropped_total",
     "distillery_runtime_teacher_topk_out_of_vocab_total",
 )
 
@@ -120,6 +121,11 @@ class RuntimeMetrics:
         )
         self.truncated = Counter(
             PREFIX + "prompts_truncated", "Prompts cut to data.maxPromptTokens.", registry=r
+        )
+        self.dropped = Counter(
+            PREFIX + "prompts_dropped",
+            "Prompts longer than data.maxPromptTokens left out (overlongPrompts: drop).",
+            registry=r,
         )
         self.topk_out_of_vocab = Counter(
             PREFIX + "teacher_topk_out_of_vocab",

@@ -274,7 +274,59 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("data-train-missing", {"spec.data.train": DELETE}, "spec.data.train", AGREE),
     ("data-format-unknown", {"spec.data.train.format": "csv"}, "spec.data.train.format", AGREE),
     ("max-prompt-tokens-zero", {"spec.data.maxPromptTokens": 0}, "spec.data.maxPromptTokens", AGREE),
-    ("overlong-policy-unknown", {"spec.data.overlongPrompts": "drop"}, "spec.data.overlongPrompts", AGREE),
+    ("overlong-policy-unknown", {"spec.data.overlongPrompts": "skip"}, "spec.data.overlongPrompts", AGREE),
+    ("chat-template-unknown", {"spec.data.chatTemplate": "chatml"}, "spec.data.chatTemplate", AGREE),
+    (
+        "messages-without-template",
+        {"spec.data.messagesField": "messages", "spec.data.chatTemplate": "none"},
+        "spec.data.chatTemplate",
+        AGREE,
+    ),
+    (
+        "system-prompt-without-template",
+        {"spec.data.systemPrompt": "Be brief.", "spec.data.chatTemplate": "none"},
+        "spec.data.systemPrompt",
+        AGREE,
+    ),
+    ("system-prompt-empty", {"spec.data.systemPrompt": ""}, "spec.data.systemPrompt", AGREE),
+    (
+        "template-kwargs-without-template",
+        {"spec.data.chatTemplateKwargs": {"enable_thinking": False}, "spec.data.chatTemplate": "none"},
+        "spec.data.chatTemplateKwargs",
+        AGREE,
+    ),
+    (
+        "template-kwargs-object-value",
+        {"spec.data.chatTemplateKwargs": {"tools": {"name": "calculator"}}},
+        "spec.data.chatTemplateKwargs",
+        AGREE,
+    ),
+    (
+        "template-kwargs-list-value",
+        {"spec.data.chatTemplateKwargs": {"tools": ["calculator"]}},
+        "spec.data.chatTemplateKwargs",
+        AGREE,
+    ),
+    (
+        "template-kwargs-long-string",
+        {"spec.data.chatTemplateKwargs": {"persona": "x" * 1025}},
+        "spec.data.chatTemplateKwargs",
+        AGREE,
+    ),
+    ("split-empty", {"spec.data.train.split": ""}, "spec.data.train.split", AGREE),
+    ("subset-on-a-file", {"spec.data.train.subset": "main"}, "spec.data.train.subset", AGREE),
+    (
+        "hub-dataset-without-org",
+        {"spec.data.train.path": "hf://datasets/gsm8k"},
+        "spec.data.train.path",
+        AGREE,
+    ),
+    (
+        "hub-dataset-with-a-file-path",
+        {"spec.data.train.path": "hf://datasets/openai/gsm8k/main/train.parquet"},
+        "spec.data.train.path",
+        AGREE,
+    ),
     ("grader-name-unknown", {"spec.data.grader": {"name": "f1"}}, "spec.data.grader.name", AGREE),
     ("grader-not-an-object", {"spec.data.grader": "gsm8k"}, "spec.data.grader", AGREE),
     (
@@ -451,6 +503,28 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("enforce-eager-null", {"spec.student.rollout": {"enforceEager": None}}),
     ("hf-token-secret-null", {"spec.teachers[0].inference": {"hfTokenSecret": None}}),
     ("grader-null", {"spec.data.grader": None}),
+    (
+        "chat-data",
+        {
+            "spec.data.messagesField": "messages",
+            "spec.data.systemPrompt": "You are a careful tutor.",
+            "spec.data.chatTemplateKwargs": {
+                "enable_thinking": False,
+                "max_turns": 3,
+                "temp": 0.5,
+                "mode": "x",
+            },
+            "spec.data.overlongPrompts": "drop",
+        },
+    ),
+    ("raw-text-prompts", {"spec.data.chatTemplate": "none", "spec.data.overlongPrompts": "truncate"}),
+    (
+        "hub-dataset",
+        {"spec.data.train": {"path": "hf://datasets/openai/gsm8k", "subset": "main", "split": "train[:90%]"}},
+    ),
+    ("split-of-a-saved-folder", {"spec.data.train": {"path": "/data/chat", "split": "test"}}),
+    # off-policy responses from the conversations' last assistant turns
+    ("off-policy-from-messages", {"spec.data.messagesField": "messages", "spec.loss.onPolicyFraction": 0.5}),
     ("grader-empty", {"spec.data.grader": {}}),
     ("grader-regex", {"spec.data.grader": {"name": "regex", "pattern": "answer: (-?[0-9]+)"}}),
     (
@@ -489,6 +563,8 @@ _TARGETS = {"spec.teachers[].endpoint": "spec.teachers[1].endpoint"}
 _SIBLINGS = {
     "spec.data.grader.pattern": ("spec.data.grader.name", "regex"),
     "spec.data.grader.function": ("spec.data.grader.name", "module"),
+    "spec.data.train.subset": ("spec.data.train.path", "hf://datasets/openai/gsm8k"),
+    "spec.data.eval.subset": ("spec.data.eval.path", "hf://datasets/openai/gsm8k"),
 }
 
 

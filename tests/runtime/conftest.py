@@ -47,7 +47,8 @@ def job_files(tmp_path_factory: pytest.TempPathFactory) -> JobFiles:
 
     root = tmp_path_factory.mktemp("runtime-job")
     texts = [f"{a}+{b}={a + b}" for a in range(100) for b in range(0, 100, 7)]
-    tok = build_tokenizer(texts, 64, full_byte_alphabet=False)
+    # A base model's tokenizer (its alphabet cannot spell a template's roles): prompts are raw text.
+    tok = build_tokenizer(texts, 64, full_byte_alphabet=False, chat_template=None)
     student = save_tiny_model(
         root / "student", tokenizer=tok, hidden=128, layers=1, heads=2, seed=1, dtype=torch.float32
     )

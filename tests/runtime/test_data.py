@@ -93,7 +93,11 @@ def test_numpy_scalars_read_like_python_numbers():
     ]
 
 
-def test_messages_use_the_students_chat_template(tmp_path, tokenizer):
+def test_messages_use_the_students_chat_template(tmp_path, job_files):
+    from distillery_runtime.testing.tiny import CHAT_TEMPLATE
+
+    tokenizer = AutoTokenizer.from_pretrained(job_files.student)  # a base model's: no template of its own
+    tokenizer.chat_template = CHAT_TEMPLATE
     messages = [{"role": "user", "content": "1+2="}]
     path = _jsonl(tmp_path / "chat.jsonl", [{"messages": messages, "answer": "3"}])
     data = Data(train=DataSource(path=str(path)), messages_field="messages")

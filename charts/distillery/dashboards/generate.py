@@ -324,9 +324,13 @@ def job_dashboard() -> dict[str, Any]:
         12, 8,
     )  # fmt: skip
     layout.add(
-        timeseries("Prompts truncated", "Prompts cut to data.maxPromptTokens (overlongPrompts: truncate), per second.",
+        timeseries("Prompts truncated or dropped",
+                   "Prompts longer than data.maxPromptTokens, cut (overlongPrompts: truncate) or left out (drop), per second.",
                    "short",
-                   (f"sum by ({by}) (rate(distillery_runtime_prompts_truncated_total{{{s}}}[{R}]))", "{{distillery_job}}")),
+                   (f"sum by ({by}) (rate(distillery_runtime_prompts_truncated_total{{{s}}}[{R}]))",
+                    "{{distillery_job}} truncated"),
+                   (f"sum by ({by}) (rate(distillery_runtime_prompts_dropped_total{{{s}}}[{R}]))",
+                    "{{distillery_job}} dropped")),
         12, 8,
     )  # fmt: skip
     layout.add(

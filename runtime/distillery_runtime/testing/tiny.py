@@ -85,12 +85,14 @@ def build_tokenizer(
     *,
     full_byte_alphabet: bool = True,
     model_max_length: int = 2048,
+    chat_template: str | None = CHAT_TEMPLATE,
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on `texts` and wrap it for transformers and vLLM.
 
     `vocab_size` counts special tokens. With `full_byte_alphabet` (default) every byte has a
     token, so any text encodes; without it the alphabet is what `texts` contain and the rest
-    maps to `<unk>`, which allows vocabularies smaller than 256.
+    maps to `<unk>`, which allows vocabularies smaller than 256. `chat_template=None` makes a base
+    model's tokenizer: data.chatTemplate auto then uses prompt text as it is.
     """
     texts = list(texts) if texts is not None else default_texts()
     specials = [PAD, BOS, EOS, UNK]
@@ -109,7 +111,7 @@ def build_tokenizer(
         eos_token=EOS,
         unk_token=UNK,
         model_max_length=model_max_length,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
         clean_up_tokenization_spaces=False,
     )
 
