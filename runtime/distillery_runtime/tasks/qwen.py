@@ -150,11 +150,13 @@ def build_qwen_model(
     kv_heads: int = 1,
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
+    vocab_size: int = MODEL_VOCAB_SIZE,
 ) -> Qwen2ForCausalLM:
-    """A random Qwen2 with Qwen's embedding rows and ids; head size 32 (vLLM's CPU attention needs >= 32)."""
+    """A random Qwen2 with Qwen's embedding rows (another `vocab_size`: `compact_vocab`'s training copy) and
+    ids; head size 32 (vLLM's CPU attention needs >= 32)."""
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=MODEL_VOCAB_SIZE,
+        vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=hidden * 2,
         num_hidden_layers=layers,
@@ -164,8 +166,9 @@ def build_qwen_model(
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
         # 0.1, not 0.02: next-token distributions differ across positions (testing.tiny says why).
         initializer_range=0.1,
-        bos_token_id=FIRST_ADDED_ID,
-        eos_token_id=EOS_IDS[0],
+        # A compact stand-in has other ids; its config would be refused with Qwen's.
+        bos_token_id=FIRST_ADDED_ID if vocab_size == MODEL_VOCAB_SIZE else None,
+        eos_token_id=EOS_IDS[0] if vocab_size == MODEL_VOCAB_SIZE else None,
         tie_word_embeddings=True,
     )
     model = Qwen2ForCausalLM(config)
