@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from transformers import PreTrainedModel
@@ -60,9 +61,11 @@ class CompactVocab:
         }
         missing, unexpected = full.load_state_dict(state, strict=False)
         assert not unexpected and all("embed_tokens" in k or "lm_head" in k for k in missing), missing
-        rows = compact.get_input_embeddings().weight.detach()
+        rows = cast(torch.nn.Embedding, compact.get_input_embeddings()).weight.detach()
         with torch.no_grad():
-            embedding = full.get_input_embeddings().weight  # the output layer too: tied
+            embedding = cast(
+                torch.nn.Embedding, full.get_input_embeddings()
+            ).weight  # the output layer too: tied
             embedding.copy_(rows[self.shared].to(embedding.dtype).expand_as(embedding))
             embedding[torch.tensor(self.used)] = rows[: self.shared].to(embedding.dtype)
         return full

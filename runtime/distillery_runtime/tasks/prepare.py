@@ -211,7 +211,11 @@ class TaskModels(Protocol):
     model that is evaluated and saved (`exported`) and saved with their tokenizer (`save`)."""
 
     tokenizer: PreTrainedTokenizerFast
-    loss_fn: Callable[[PreTrainedModel, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+    @property
+    def loss_fn(
+        self,
+    ) -> Callable[[PreTrainedModel, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]: ...
 
     def new_model(self, shape: Any, seed: int) -> PreTrainedModel: ...
     def exported(self, model: PreTrainedModel) -> PreTrainedModel: ...
