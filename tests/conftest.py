@@ -72,9 +72,9 @@ def build_tiny_model(directory: Path | None = None, **params: object) -> Path:
 
 
 def build_tiny_qwen(flavour: str = "qwen2.5", seed: int = 0) -> Path:
-    """Build (or reuse from the cache) a tiny Qwen-like model (`testing.qwen`: Qwen's real vocabulary)."""
-    import distillery_runtime.testing.qwen as recipe
-    import distillery_runtime.testing.qwen_templates as templates
+    """Build (or reuse from the cache) a tiny Qwen-like model (`tasks.qwen`: Qwen's real vocabulary)."""
+    import distillery_runtime.tasks.qwen as recipe
+    import distillery_runtime.tasks.qwen_templates as templates
 
     return _build_cached((recipe, templates), recipe.save_tiny_qwen, None, flavour=flavour, seed=seed)
 

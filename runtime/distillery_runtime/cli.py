@@ -194,12 +194,17 @@ async def check_served_tokenizers(config: RuntimeConfig, student_tokenizer: Any,
 def report_references(config: RuntimeConfig) -> dict[str, float]:
     """The teachers' held-out accuracies where known (a synthetic task's build measured them on the job's
     eval prompts): the lines the report's accuracy plot shows the student climbing toward. None when the job
-    grades with another grader than the task's own: the build measured the teachers by the task's."""
-    from distillery_runtime.tasks import teacher_accuracy
+    grades with another grader than the task's own (`auto`, or the built-in the task grades with, as gsm8k
+    for chat-math): the build measured the teachers by the task's."""
+    from distillery_runtime.tasks import task_for, teacher_accuracy
+    from distillery_runtime.tasks.graders import BUILT_IN
 
-    if resolve_grader(config.spec.data).kind != GraderKind.TASK:
-        return {}
     eval_path = config.spec.data.eval.path if config.spec.data.eval else None
+    plan = resolve_grader(config.spec.data)
+    if plan.kind != GraderKind.TASK and not (
+        eval_path and BUILT_IN.get(plan.kind) is task_for(eval_path).grade
+    ):
+        return {}
     teachers = config.spec.teachers
     out: dict[str, float] = {}
     for teacher in teachers:

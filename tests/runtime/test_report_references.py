@@ -109,3 +109,12 @@ def test_no_teacher_line_when_the_job_grades_by_another_grader(tmp_path, monkeyp
     path.write_text(yaml.safe_dump(doc))
     monkeypatch.setattr(tasks, "teacher_accuracy", lambda _model, _eval_path: 0.99)
     assert report_references(load_config(str(path))[0]) == {}
+
+
+def test_the_teacher_line_when_the_job_names_the_grader_the_task_grades_with(monkeypatch):
+    from distillery_runtime.cli import load_config, report_references
+
+    # chat-math's build measured its teacher with gsm8k, the grader the example names.
+    example = Path(__file__).resolve().parents[2] / "examples" / "chat-math.yaml"
+    monkeypatch.setattr(tasks, "teacher_accuracy", lambda _model, _eval_path: 0.97)
+    assert report_references(load_config(str(example))[0]) == {"teacher": 0.97}

@@ -1,4 +1,4 @@
-"""Qwen-like tokenizers built from Qwen's real BPE ranks (`testing.qwen`), and the vocabulary rule they
+"""Qwen-like tokenizers built from Qwen's real BPE ranks (`tasks.qwen`), and the vocabulary rule they
 exercise: a Qwen3 teacher's vocabulary extends a Qwen2.5 student's, a changed token is refused by name."""
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 `resolve_uri("synthetic://addition/teacher")` (and `/student`, `/train`, `/eval`) gives a local path,
 preparing the task once (cached); `synthetic://fibonacci/...` is the long-generation task (74-134-token
-traces graded on their last number). `task_for(data_path)` is the task a job trains on (its grader is a
+traces graded on their last number), `synthetic://chat-math/...` the chat-format one (GSM8K-style `messages`
+rows, Qwen-like models with Qwen's real vocabulary, graded by gsm8k). `task_for(data_path)` is the task a job trains on (its grader is a
 field of the task) and `model_accuracy` a model directory's held-out accuracy under greedy decoding.
 """
 

@@ -1,6 +1,7 @@
 """The graders of `data.grader`: (response, reference answer) -> bool or a score in [0, 1].
 
-The built-ins (`exact_match`, `gsm8k`, `math_equivalent`, `regex_grader`) are pure functions of two strings. `load_grader`
+The built-ins (`exact_match`, `gsm8k`, `math_equivalent`, `regex_grader`) are pure functions of two strings
+(the first two, which bundled tasks grade with too, are `base.py`'s). `load_grader`
 turns the job's resolved choice (`distillery.plan.grader`) into a `Grader`, the one object the loop grades
 with, for held-out accuracy and for the task reward alike. A grader that cannot be used (a module that does
 not import, a pattern Python cannot compile) is a `GraderError` naming its spec field, raised while the job
@@ -14,10 +15,12 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
 
 from distillery.plan.grader import GraderKind, GraderPlan, pattern_refusal
-from distillery_runtime.tasks.base import exact_match
+from distillery_runtime.tasks.base import exact_match, gsm8k
+from distillery_runtime.tasks.base import (
+    final_number as final_number,  # the gsm8k grader's reading, re-exported
+)
 from distillery_runtime.tasks.uri import TASKS
 
 Score = bool | float
@@ -28,33 +31,6 @@ GradeFn = Callable[[str, str], Score]
 class GraderError(ValueError):
     """A grader that cannot be used, or that returned something other than a score; the message is one
     line that names the spec field."""
-
-
-# ---------------------------------------------------------------------------------------------- gsm8k
-
-NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
-"""A number as GSM8K writes one: an optional minus, digits (grouped by commas or not: 1,234 or 1234), an
-optional decimal part. A sentence's full stop after it is not a decimal point (`is 72.`)."""
-FINAL_MARK = "####"
-"""GSM8K's marker of the final answer (`... so she has 72 left.\\n#### 72`)."""
-
-
-def final_number(text: str) -> Decimal | None:
-    """The number after the last `####` of `text`, else its last number; None when there is none (or the
-    `####` has no number after it: the text marked an answer, and that answer is not a number)."""
-    _before, mark, after = text.rpartition(FINAL_MARK)
-    if mark:
-        found = NUMBER.search(after)
-        return Decimal(found.group().replace(",", "")) if found else None
-    numbers = NUMBER.findall(text)
-    return Decimal(numbers[-1].replace(",", "")) if numbers else None
-
-
-def gsm8k(response: str, reference: str) -> bool:
-    """The response's final number (`final_number`) equals the reference's, compared as numbers (Decimal,
-    so 72, 72.0 and 72.00 are equal and no float rounding makes 0.1 + 0.2 anything but 0.3)."""
-    got, want = final_number(response), final_number(reference)
-    return got is not None and want is not None and got == want
 
 
 # ---------------------------------------------------------------------------------------------- math

@@ -1,9 +1,10 @@
 """Prepare a synthetic task: tokenizer, SFT-trained teacher, weak student, datasets.
 
 Run once, cached (see `cache.py`); `resolve_uri("synthetic://TASK/...")` calls it on first use. By
-hand: `python -m distillery_runtime.tasks.prepare [addition|fibonacci]` prints the directory and the
-accuracies. A task's recipe (`AdditionRecipe`, `FibonacciRecipe`) holds everything that determines
-its artefacts and says how to draw its problems; the build is the same for every task.
+hand: `python -m distillery_runtime.tasks.prepare [addition|fibonacci|chat-math]` prints the directory and
+the accuracies. A task's recipe (`AdditionRecipe`, `FibonacciRecipe`, `ChatMathRecipe`) holds everything
+that determines its artefacts and says how to draw its problems and make its models (`TaskModels`: the
+character-level tasks' small Llamas, chat-math's Qwen-like models); the build is the same for every task.
 
 The teacher is a small Llama trained by SFT on fresh random problems for its full schedule (the
 cosine decay to zero matters: stopped while the learning rate is high, accuracy swings by tens of
@@ -28,17 +29,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 import orjson
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from distillery_runtime.tasks import addition, fibonacci
+from distillery_runtime.tasks import addition, chat_math, fibonacci
 from distillery_runtime.tasks.base import Task
 from distillery_runtime.tasks.cache import build_once, task_dir
+from distillery_runtime.tasks.chat_math_recipe import ChatMathRecipe
 from distillery_runtime.tasks.evaluate import accuracy
-from distillery_runtime.tasks.sft import train_sft
+from distillery_runtime.tasks.sft import sft_loss, train_sft
 from distillery_runtime.tasks.tokenizer import build_char_tokenizer
 
 
@@ -49,8 +51,50 @@ class ModelShape:
     head_dim: int = 64  # the smallest head size vLLM's CPU attention supports
 
 
+class CharModels:
+    """How a character-level task's models are made, trained and saved: small Llamas over its alphabet."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, max_positions: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_positions = max_positions
+
+    def new_model(self, shape: ModelShape, seed: int) -> PreTrainedModel:
+        return _llama(self.tokenizer, shape, seed, self.max_positions)
+
+    loss_fn = staticmethod(sft_loss)
+
+    def exported(self, model: PreTrainedModel) -> PreTrainedModel:
+        """The model as evaluated and saved: the trained one itself."""
+        return model
+
+    def save(self, model: PreTrainedModel, directory: Path) -> None:
+        model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+
+
+class CharRecipe:
+    """What the character-level recipes share: their tokenizer and models, prompts that are plain text."""
+
+    alphabet: ClassVar[str]
+    max_positions: int
+
+    @property
+    def tokenizer_max_length(self) -> int:
+        return self.max_positions
+
+    def build_tokenizer(self) -> PreTrainedTokenizerFast:
+        return build_char_tokenizer(self.alphabet, model_max_length=self.tokenizer_max_length)
+
+    def models(self, tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> CharModels:
+        return CharModels(tokenizer, self.max_positions)
+
+    def graded(self, rows: list[dict], tokenizer: PreTrainedTokenizerFast) -> list[dict[str, str]]:
+        """The rows as `evaluate.accuracy` reads them (`prompt`, `answer`): these rows already are."""
+        return rows
+
+
 @dataclass(frozen=True)
-class AdditionRecipe:
+class AdditionRecipe(CharRecipe):
     """Everything that determines the prepared artefacts; its hash names the cache directory."""
 
     version: int = 1
@@ -76,8 +120,11 @@ class AdditionRecipe:
     teacher_min_accuracy: ClassVar[float] = 0.0
     max_new_tokens: ClassVar[int] = 8
     """Greedy decoding budget when measuring accuracy: the answer (digits + 1) and EOS, with room."""
-    tokenizer_max_length: ClassVar[int] = 64
-    """The tokenizer's `model_max_length` (its default, which this task's tokenizers were saved with)."""
+
+    @property
+    def tokenizer_max_length(self) -> int:
+        """The tokenizer's `model_max_length` (its default, which this task's tokenizers were saved with)."""
+        return 64
 
     def held_out(self, n: int, seed: int) -> list[dict[str, str]]:
         return [p.row() for p in addition.sample_problems(n, digits=self.digits, seed=seed, held_out=True)]
@@ -85,7 +132,7 @@ class AdditionRecipe:
     def train(self, n: int, seed: int) -> list[dict[str, str]]:
         return [p.row() for p in addition.sample_problems(n, digits=self.digits, seed=seed, held_out=False)]
 
-    def training_pair(self, rng: random.Random) -> tuple[str, str]:
+    def training_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, str]:
         """A fresh problem outside the held-out split, as (prompt, response)."""
         hi = 10**self.digits
         while True:
@@ -95,7 +142,7 @@ class AdditionRecipe:
 
 
 @dataclass(frozen=True)
-class FibonacciRecipe:
+class FibonacciRecipe(CharRecipe):
     """The long-generation task (`fibonacci.py`); fields as in `AdditionRecipe`."""
 
     version: int = 1
@@ -122,10 +169,6 @@ class FibonacciRecipe:
     teacher_min_accuracy: ClassVar[float] = 0.9
 
     @property
-    def tokenizer_max_length(self) -> int:
-        return self.max_positions
-
-    @property
     def max_new_tokens(self) -> int:
         """The longest trace and EOS."""
         return fibonacci.response_tokens(self.max_lines, self.digits) + 1
@@ -136,7 +179,7 @@ class FibonacciRecipe:
     def train(self, n: int, seed: int) -> list[dict[str, str]]:
         return [p.row() for p in self._sample(n, seed, held_out=False)]
 
-    def training_pair(self, rng: random.Random) -> tuple[str, str]:
+    def training_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, str]:
         while True:
             p = fibonacci.random_problem(
                 rng, digits=self.digits, min_lines=self.min_lines, max_lines=self.max_lines
@@ -155,8 +198,28 @@ class FibonacciRecipe:
         )
 
 
-Recipe = AdditionRecipe | FibonacciRecipe
-RECIPES: dict[str, type[Recipe]] = {addition.TASK.name: AdditionRecipe, fibonacci.TASK.name: FibonacciRecipe}
+Recipe = AdditionRecipe | FibonacciRecipe | ChatMathRecipe
+RECIPES: dict[str, type[Recipe]] = {
+    addition.TASK.name: AdditionRecipe,
+    fibonacci.TASK.name: FibonacciRecipe,
+    chat_math.TASK.name: ChatMathRecipe,
+}
+
+
+class TaskModels(Protocol):
+    """How a task's models are made (`new_model`), trained (`loss_fn`, `sft.train_sft`'s), turned into the
+    model that is evaluated and saved (`exported`) and saved with their tokenizer (`save`)."""
+
+    tokenizer: PreTrainedTokenizerFast
+
+    @property
+    def loss_fn(
+        self,
+    ) -> Callable[[PreTrainedModel, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]: ...
+
+    def new_model(self, shape: Any, seed: int) -> PreTrainedModel: ...
+    def exported(self, model: PreTrainedModel) -> PreTrainedModel: ...
+    def save(self, model: PreTrainedModel, directory: Path) -> None: ...
 
 
 def _llama(
@@ -182,8 +245,8 @@ def _llama(
 
 
 def _train_until(
-    model: LlamaForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
+    model: PreTrainedModel,
+    models: TaskModels,
     recipe: Recipe,
     dev: list[dict[str, str]],
     *,
@@ -199,9 +262,10 @@ def _train_until(
     Returns (steps done, last dev accuracy).
     """
     rng = random.Random(seed)
+    tokenizer = models.tokenizer
 
     def batch(_step: int) -> list[tuple[str, str]]:
-        return [recipe.training_pair(rng) for _ in range(recipe.batch_size)]
+        return [recipe.training_pair(rng, tokenizer) for _ in range(recipe.batch_size)]
 
     state = {"steps": 0, "acc": 0.0}
 
@@ -209,22 +273,22 @@ def _train_until(
         state["steps"] = step
         if step % check_every and step != max_steps:
             return False
-        state["acc"] = _accuracy(model, tokenizer, dev, recipe)
+        state["acc"] = _accuracy(models.exported(model), tokenizer, dev, recipe)
         model.train()
         log(f"  {name} step {step:5d}  loss {loss:.3f}  dev accuracy {state['acc']:.3f}")
         return target is not None and state["acc"] >= target
 
-    train_sft(model, tokenizer, batch, steps=max_steps, lr=recipe.lr, on_step=on_step)
+    train_sft(model, tokenizer, batch, steps=max_steps, lr=recipe.lr, on_step=on_step, loss_fn=models.loss_fn)
     return int(state["steps"]), state["acc"]
 
 
 def _accuracy(
-    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, str]], recipe: Recipe
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, str]], recipe: Recipe
 ) -> float:
     return accuracy(model, tokenizer, rows, task=recipe.task, max_new_tokens=recipe.max_new_tokens)
 
 
-def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
 
 
@@ -235,12 +299,14 @@ def build_task(out: Path, recipe: Recipe, log: Callable[[str], None] = print) ->
     """
     t0 = time.monotonic()
     torch.manual_seed(recipe.seed)
-    tokenizer = build_char_tokenizer(recipe.alphabet, model_max_length=recipe.tokenizer_max_length)
+    tokenizer = recipe.build_tokenizer()
     held_out = recipe.held_out(recipe.eval_rows + recipe.dev_rows, recipe.seed + 1)
-    eval_rows = held_out[: recipe.eval_rows]
-    dev_rows = held_out[recipe.eval_rows :]
-    _write_jsonl(out / "train.jsonl", recipe.train(recipe.train_rows, recipe.seed + 2))
-    _write_jsonl(out / "eval.jsonl", eval_rows)
+    train_rows = recipe.train(recipe.train_rows, recipe.seed + 2)
+    _write_jsonl(out / "train.jsonl", train_rows)
+    _write_jsonl(out / "eval.jsonl", held_out[: recipe.eval_rows])
+    graded = recipe.graded(held_out, tokenizer)
+    eval_rows, dev_rows = graded[: recipe.eval_rows], graded[recipe.eval_rows :]
+    models = recipe.models(tokenizer, train_rows + held_out)
 
     manifest: dict = {"task": recipe.task.name, "recipe": repr(recipe)}
     for role, shape, max_steps, target, check_every in (
@@ -260,15 +326,10 @@ def build_task(out: Path, recipe: Recipe, log: Callable[[str], None] = print) ->
         ),
     ):
         started = time.monotonic()
-        model = _llama(
-            tokenizer,
-            shape,
-            seed=recipe.seed + (0 if role == "teacher" else 1),
-            max_positions=recipe.max_positions,
-        )
+        model = models.new_model(shape, seed=recipe.seed + (0 if role == "teacher" else 1))  # type: ignore[arg-type]
         steps, dev_acc = _train_until(
             model,
-            tokenizer,
+            models,
             recipe,
             dev_rows,
             max_steps=max_steps,
@@ -283,13 +344,13 @@ def build_task(out: Path, recipe: Recipe, log: Callable[[str], None] = print) ->
                 f"the {recipe.task.name} teacher reached {dev_acc:.3f} dev accuracy after {steps} SFT steps, "
                 f"below teacher_min_accuracy {recipe.teacher_min_accuracy}"
             )
-        model.save_pretrained(out / role, safe_serialization=True)
-        tokenizer.save_pretrained(out / role)
+        saved = models.exported(model)
+        models.save(saved, out / role)
         manifest[role] = {
-            "parameters": sum(p.numel() for p in model.parameters()),
+            "parameters": sum(p.numel() for p in saved.parameters()),
             "sft_steps": steps,
             "dev_accuracy": dev_acc,
-            "eval_accuracy": _accuracy(model, tokenizer, eval_rows, recipe),
+            "eval_accuracy": _accuracy(saved, tokenizer, eval_rows, recipe),
             "seconds": round(time.monotonic() - started, 1),
         }
         log(f"{role}: {manifest[role]}")

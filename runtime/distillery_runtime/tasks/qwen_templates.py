@@ -1,5 +1,5 @@
 """The chat templates of Qwen2.5-Instruct and Qwen3, as their tokenizer_config.json ship them, for the
-Qwen-like test tokenizers (`testing.qwen`): no model hub is reachable here, so they are written out.
+Qwen-like tokenizers (`tasks.qwen`): no model hub is reachable here, so they are written out.
 
 Qwen2.5's puts a default system prompt first when the conversation has none; Qwen3's has none, keeps
 the reasoning (`<think>...</think>`) of the turns after the last user query only, and with
