@@ -44,11 +44,11 @@ def vllm_greedy_accuracy(
     return float(lines[0].split()[1])
 
 
-def run_example(example: str, task_dir: Path, out: Path) -> list[dict]:
-    """`distillery run examples/EXAMPLE -o OUT`, reusing the session's prepared task; its eval records."""
+def run_example(example: str, task_dir: Path, out: Path, *args: str) -> list[dict]:
+    """`distillery run examples/EXAMPLE -o OUT [ARGS]`, reusing the session's prepared task; its eval records."""
     env = {**os.environ, "DISTILLERY_CACHE": str(task_dir.parent.parent)}
     result = subprocess.run(
-        [sys.executable, "-m", "distillery_cli", "run", str(ROOT / "examples" / example), "-o", str(out), "--no-progress"],
+        [sys.executable, "-m", "distillery_cli", "run", str(ROOT / "examples" / example), "-o", str(out), "--no-progress", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
