@@ -52,16 +52,23 @@ def test_the_chat_math_example_runs_end_to_end_and_keeps_a_servable_model(chat_m
     manifest = json.loads((chat_math_task / "manifest.json").read_text())
     start = evals[0]
     assert start["step"] == 0 and start["eval_accuracy"] > 0 and start["grader"] == "gsm8k"
-    assert start["eval_accuracy"] == pytest.approx(manifest["student"]["eval_accuracy"], abs=0.03)  # vLLM == HF
+    assert start["eval_accuracy"] == pytest.approx(
+        manifest["student"]["eval_accuracy"], abs=0.03
+    )  # vLLM == HF
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert samples and {s["step"] for s in samples} == {e["step"] for e in evals}
     for sample in samples:
         assert sample["prompt"].rstrip().endswith("<|im_start|>assistant"), sample["prompt"][-80:]
-        assert "####" not in sample["prompt"] and sample["reference"] not in sample["prompt"].split("user")[-1]
+        assert (
+            "####" not in sample["prompt"] and sample["reference"] not in sample["prompt"].split("user")[-1]
+        )
     final = out / "checkpoints" / "final"
     with safe_open(str(next(final.glob("*.safetensors"))), "pt") as weights:
-        assert {str(weights.get_tensor(k).dtype) for k in weights.keys()} == {"torch.bfloat16"}
-    kept, used = AutoTokenizer.from_pretrained(final), AutoTokenizer.from_pretrained(chat_math_task / "student")
+        assert {str(weights.get_tensor(k).dtype) for k in weights.keys()} == {"torch.bfloat16"}  # noqa: SIM118
+    kept, used = (
+        AutoTokenizer.from_pretrained(final),
+        AutoTokenizer.from_pretrained(chat_math_task / "student"),
+    )
     conversation = [{"role": "user", "content": "Ann has 3 apples and buys 4 more. How many apples?"}]
     assert kept.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False) == (
         used.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
