@@ -260,7 +260,11 @@ def test_standalone_teacher_with_one_step_off_stops_cleanly_on_ctrl_c(job_files,
     for r in records:
         assert 0 < r["rollout/response_length_mean"] <= r["rollout/response_length_max"] <= 6
         assert 0.0 <= r["rollout/truncated_fraction"] <= 1.0 and r["entropy"] > 0
-        assert r["logprob_gap_max"] >= r["logprob_gap_mean"] >= 0
+    # The rollout returns its log-probs on step 1 and every 10th (the k3 loss does not read them): the gap is
+    # measured there and nowhere else.
+    gaps = [r["step"] for r in records if r["logprob_gap_mean"] is not None]
+    assert gaps == [1], gaps
+    assert 0 <= records[0]["logprob_gap_mean"] <= records[0]["logprob_gap_max"]
     assert records[0]["logprob_gap_mean"] < 1e-3 and records[0]["logprob_gap_max"] < 1e-2, records[0]
     evals = read_records(out / "eval.jsonl")
     assert evals[0]["step"] == 0 and all(0.0 <= e["eval_accuracy"] <= 1.0 for e in evals)

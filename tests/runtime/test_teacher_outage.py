@@ -39,6 +39,8 @@ def outage_job(job_files, vllm_server, endpoint: str, name: str, student: Path |
         teacherOutageTimeoutSeconds=BUDGET,
     )
     doc["spec"]["student"]["model"] = str(student or vllm_server.model_dir)
+    # The teacher's tiny tokenizer has a chat template; these prompts are the runtime job's raw text.
+    doc["spec"]["data"]["chatTemplate"] = "none"
     return doc
 
 
