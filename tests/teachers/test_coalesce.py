@@ -1,6 +1,6 @@
-"""Samples scored one by one share requests (teachers/coalesce.py): a sample that finds a free slot goes at
-once, the ones that arrive while every slot is out go together, within the token budget, each answered
-with its own scores or its request's error."""
+"""Samples scored one by one share requests (teachers/coalesce.py): a burst is spread over the free slots, a
+sample that finds a free slot goes at once, the ones that arrive while every slot is out go together,
+within the token budget, each answered with its own scores or its request's error."""
 
 from __future__ import annotations
 
@@ -46,14 +46,22 @@ def sample(i: int, tokens: int = 10) -> ScoreRequest:
     return ScoreRequest(list(range(1, i + 2)), [5] * (tokens - i - 1), f"s{i}")
 
 
-async def test_a_burst_goes_out_in_a_few_requests_each_sample_with_its_own_scores() -> None:
+async def test_a_burst_is_spread_over_the_free_slots_each_sample_with_its_own_scores() -> None:
     teacher = FakeTeacher()
     coalescer = Coalescer(teacher.send, in_flight=2, max_tokens=10_000)
     scores = await asyncio.gather(*(coalescer.score_one(sample(i, 80), 4) for i in range(64)))
     assert [s.sample_ids for s in scores] == [[f"s{i}"] for i in range(64)]
     assert [float(s.token_logprobs[0, 0]) for s in scores] == [i + 1.0 for i in range(64)]
-    assert len(teacher.requests) == 3  # s0 alone, s1 alone, then the 62 that waited
-    assert sorted(x for r in teacher.requests for x in r) == sorted(f"s{i}" for i in range(64))
+    assert teacher.requests == [[f"s{i}" for i in range(32)], [f"s{i}" for i in range(32, 64)]]
+
+
+async def test_samples_that_arrive_while_every_slot_is_out_go_together() -> None:
+    teacher = FakeTeacher()
+    coalescer = Coalescer(teacher.send, in_flight=1, max_tokens=10_000)
+    first = asyncio.create_task(coalescer.score_one(sample(0), 4))
+    await asyncio.sleep(0.001)  # s0 is out
+    await asyncio.gather(first, *(coalescer.score_one(sample(i), 4) for i in range(1, 6)))
+    assert teacher.requests == [["s0"], ["s1", "s2", "s3", "s4", "s5"]]
 
 
 async def test_samples_that_trickle_in_go_at_once_one_by_one() -> None:
@@ -67,19 +75,24 @@ async def test_samples_that_trickle_in_go_at_once_one_by_one() -> None:
 async def test_a_request_holds_at_most_the_token_budget_and_at_least_one_sample() -> None:
     teacher = FakeTeacher()
     coalescer = Coalescer(teacher.send, in_flight=1, max_tokens=30)
-    await asyncio.gather(
-        *(coalescer.score_one(sample(i, 10), 4) for i in range(7)), coalescer.score_one(sample(9, 50), 4)
-    )
-    assert teacher.requests[0] == ["s0"]
-    assert all(len(r) <= 3 for r in teacher.requests)  # 10 tokens each, 30 a request
-    assert ["s9"] in teacher.requests  # longer than the budget: a request of its own
+    samples = [*(sample(i, 10) for i in range(7)), sample(9, 50)]
+    await asyncio.gather(*(coalescer.score_one(s, 4) for s in samples))
+    assert teacher.requests == [
+        ["s0", "s1", "s2"],
+        ["s3", "s4", "s5"],
+        ["s6"],
+        ["s9"],
+    ]  # 10 tokens each, 30 a
+    # request; s9 is longer than the budget: a request of its own
 
 
 async def test_a_failed_request_fails_its_samples_only() -> None:
     teacher = FakeTeacher(fail=2)
     coalescer = Coalescer(teacher.send, in_flight=1, max_tokens=10_000)
+    first = asyncio.create_task(coalescer.score_one(sample(0), 4))
+    await asyncio.sleep(0.001)
     results = await asyncio.gather(
-        *(coalescer.score_one(sample(i), 4) for i in range(6)), return_exceptions=True
+        first, *(coalescer.score_one(sample(i), 4) for i in range(1, 6)), return_exceptions=True
     )
     assert teacher.requests[:2] == [["s0"], ["s1", "s2", "s3", "s4", "s5"]]
     assert isinstance(results[0], TeacherScores)

@@ -5,9 +5,10 @@ Each sample is submitted the moment its rollout ends, so scoring overlaps sampli
 a burst of short samples (a step whose answers all end in the same few decode iterations) costs a request
 each: with 64 five-token answers of the bundled task the teacher server spent 0.133 s on 64 requests
 against 0.077 s on one request of 64 (`bench/README.md`). So at most `in_flight` requests are out at a
-time; a sample that finds a free slot goes at once (no added latency while samples trickle in), and the
-samples that arrive while every slot is taken go together in the next request, up to `max_tokens` tokens
-(one sample at least). This is Nagle's algorithm without its timer.
+time; the samples submitted in one turn of the event loop (a burst one engine step finished) are spread
+over the free slots, a sample that finds a free slot goes on the loop's next turn (no added latency while
+samples trickle in), and the samples that arrive while every slot is taken go together in the next
+request, up to `max_tokens` tokens (one sample at least). Nagle's algorithm without its timer.
 """
 
 from __future__ import annotations
@@ -42,30 +43,40 @@ class Coalescer:
         self.max_tokens = max(1, max_tokens)
         self._queue: list[_Waiting] = []
         self._sending: set[asyncio.Task[None]] = set()
+        self._scheduled = False
         self.requests = 0
         """Requests sent so far (a test's and a benchmark's count)."""
 
     async def score_one(self, sample: ScoreRequest, top_k: int) -> TeacherScores:
-        future: asyncio.Future[TeacherScores] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[TeacherScores] = loop.create_future()
         self._queue.append(_Waiting(sample, top_k, future))
-        self._dispatch()
+        if not self._scheduled:
+            # Sent on the loop's next turn, not now: the samples submitted in this turn (a burst that one
+            # engine step finished) go out together instead of the first alone.
+            self._scheduled = True
+            loop.call_soon(self._dispatch)
         return await future
 
     def _dispatch(self) -> None:
+        self._scheduled = False
         while self._queue and len(self._sending) < self.in_flight:
-            batch = self._take()
+            # The waiting samples spread over the free slots (replicas score side by side).
+            share = -(-len(self._queue) // (self.in_flight - len(self._sending)))
+            batch = self._take(share)
             task = asyncio.create_task(self._send(batch))
             self._sending.add(task)
             task.add_done_callback(self._sent)
 
-    def _take(self) -> list[_Waiting]:
-        """The oldest waiting samples of one top-k, up to the token budget (one at least)."""
+    def _take(self, most: int) -> list[_Waiting]:
+        """The oldest waiting samples of one top-k, at most `most` and up to the token budget (one at
+        least)."""
         first = self._queue[0]
         batch: list[_Waiting] = []
         rest: list[_Waiting] = []
         tokens = 0
         for waiting in self._queue:
-            fits = not batch or tokens + waiting.tokens <= self.max_tokens
+            fits = not batch or (len(batch) < most and tokens + waiting.tokens <= self.max_tokens)
             if waiting.top_k == first.top_k and fits and not waiting.future.cancelled():
                 batch.append(waiting)
                 tokens += waiting.tokens
