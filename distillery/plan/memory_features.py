@@ -4,13 +4,14 @@ Each feature trades time for memory: activation checkpointing recomputes every d
 backward, FSDP2 over a world of one gathers and casts every layer on every pass, CPU offload runs the
 optimizer step on the host. `bench/e2e_vs_trl.py` measured the first two at ~40% of a step of a job that
 fits without them. So a feature the spec leaves unset (`auto`) is on only where the job needs it: the
-cheapest layout that fits the student's GPUs (`plan.memory.plan_memory`) wins, tried in this order:
+cheapest layout that fits the student's GPUs (`plan.memory.plan_memory`) wins, tried in this order
+(sharding, checkpointing, offload):
 
-  1. as few features as possible: replicated on one rank, FSDP2 over several (sharding over more than one
-     rank divides the state, which is what lets large jobs scale; on one rank it buys nothing);
-  2. FSDP2 on one rank (its bf16 working copy is a layer, not autocast's copy of every weight);
-  3. plus activation checkpointing;
-  4. plus CPU offload.
+  1. replicated, nothing else (on one rank; over several ranks auto always shards: FSDP2 divides the
+     state, which is what lets large jobs scale);
+  2. FSDP2 (on one rank its bf16 working copy is a layer, not autocast's copy of every weight);
+  3. checkpointing, replicated then FSDP2 (each layer recomputed: ~30% more compute);
+  4. CPU offload, without then with checkpointing (the optimizer step on the host: the dearest).
 
 A value set in the spec is kept as is, and the search runs over the others. Where nothing fits, the most
 frugal layout is the answer and `distillery validate` refuses the job with the plan's numbers. Without a
