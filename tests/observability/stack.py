@@ -81,6 +81,8 @@ class Trainers:
         self.stuck.teacher_down("math", True)
         self.demo.teacher_down("code", False)  # it was down once and came back
         self.demo.eval_accuracy.set(0.25)
+        # An eval, as the loop records it: each teacher's KL of the student's eval responses, their length.
+        self.demo.record_eval({"kl_per_teacher": dict.fromkeys(TEACHERS, 0.3), "response_length_mean": 5.0})
         self.demo.checkpoint_seconds.observe(0.4)
         self.demo.checkpoint_step.set(0)
         threading.Thread(target=self._feed, args=(rng,), name="trainers", daemon=True).start()
