@@ -74,7 +74,7 @@ def _structural(node: Any, defs: dict[str, Any], models: dict[str, Any]) -> Any:
             return _finish({**rest, "x-kubernetes-int-or-string": True})
         if len(types) > 2 and types <= SCALAR_TYPES:
             # A scalar of several types (a chat template variable) has no structural schema: the value is
-            # kept as written, and the model's CEL rule checks that it is a scalar.
+            # kept as written, and the model's rule (the operator's check) refuses one that is no scalar.
             return _finish({**rest, "x-kubernetes-preserve-unknown-fields": True})
         if len(non_null) != 1:
             raise ValueError(f"cannot express union {branches} structurally")
@@ -91,7 +91,15 @@ def _structural(node: Any, defs: dict[str, Any], models: dict[str, Any]) -> Any:
                 name: _with_object_default(prop, _structural(prop, defs, models))
                 for name, prop in value.items()
             }
-        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+        elif key == "additionalProperties" and isinstance(value, dict):
+            values = _structural(value, defs, models)
+            if "type" in values or not values.get("x-kubernetes-preserve-unknown-fields"):
+                out[key] = values
+            else:
+                # A map of untyped values is invisible to CEL (the API server drops it from the rules'
+                # types: `has(self.map)` does not compile); an object that keeps unknown fields is seen.
+                out["x-kubernetes-preserve-unknown-fields"] = True
+        elif key == "items" and isinstance(value, dict):
             out[key] = _structural(value, defs, models)
         elif key == "prefixItems":
             # Fixed-length tuples: an array of the (single) item type with exact bounds.
@@ -176,7 +184,9 @@ def unbounded(node: Any, path: str = "") -> list[str]:
 
 def _with_rules(out: dict[str, Any], model: type[ApiModel] | None) -> dict[str, Any]:
     if model is not None and model.rules:
-        out["x-kubernetes-validations"] = [_cel(rule) for rule in model.rules]
+        rules = [_cel(rule) for rule in model.rules if rule.cel is not None]
+        if rules:
+            out["x-kubernetes-validations"] = rules
     return out
 
 

@@ -543,7 +543,7 @@ class Data(ApiModel):
     chat_template: ChatTemplateUse = ChatTemplateUse.AUTO
     """auto: render prompts with the student tokenizer's chat template when it has one; none: promptField
     text is tokenized as it is (base models)."""
-    chat_template_kwargs: dict[str, ChatKwargValue] = Field(default_factory=dict, max_length=MAX_MAP)
+    chat_template_kwargs: dict[str, ChatKwargValue] | None = Field(default=None, max_length=MAX_MAP)
     """Variables passed to every rendering of the chat template, e.g. {enable_thinking: false} for Qwen3
     (teachers score the student's token ids, so they see the same rendering)."""
     grader: Grader = Field(default_factory=Grader)
@@ -570,17 +570,20 @@ class Data(ApiModel):
             field="systemPrompt",
         ),
         Rule(
-            check=lambda d: not d.chat_template_kwargs or d.chat_template != ChatTemplateUse.NONE,
-            cel="!has(self.chatTemplateKwargs) || size(self.chatTemplateKwargs) == 0 || self.chatTemplate != 'none'",
+            # Set at all, even to {}: the CRD sees the map (its values untyped) but cannot count its keys.
+            # Unset is None, so that a spec written back (to_yaml_dict) leaves it out.
+            check=lambda d: d.chat_template_kwargs is None or d.chat_template != ChatTemplateUse.NONE,
+            cel="!has(self.chatTemplateKwargs) || self.chatTemplate != 'none'",
             message="applies to the chat template, which chatTemplate: none turns off",
             field="chatTemplateKwargs",
         ),
         Rule(
-            # The CRD keeps these values untyped (a scalar union has no structural schema): this is its type.
-            check=lambda d: all(not isinstance(v, dict | list) for v in d.chat_template_kwargs.values()),
-            cel="!has(self.chatTemplateKwargs) || self.chatTemplateKwargs.all(k, "
-            "type(self.chatTemplateKwargs[k]) in [bool, int, double, uint] || "
-            f"(type(self.chatTemplateKwargs[k]) == string && size(self.chatTemplateKwargs[k]) <= {MAX_CHAT_KWARG}))",
+            # The CRD keeps these values untyped (a scalar union has no structural schema, and CEL sees no
+            # type in an untyped value): the API server accepts any, the operator refuses the job.
+            check=lambda d: all(
+                not isinstance(v, dict | list) for v in (d.chat_template_kwargs or {}).values()
+            ),
+            cel=None,
             message=f"values are booleans, numbers or strings of at most {MAX_CHAT_KWARG} characters",
             field="chatTemplateKwargs",
         ),

@@ -45,7 +45,7 @@ def resolve_prompts(data: Data) -> PromptPlan:
         row_field=data.messages_field or data.prompt_field,
         template=data.chat_template,
         system_prompt=data.system_prompt,
-        template_kwargs=dict(data.chat_template_kwargs),
+        template_kwargs=dict(data.chat_template_kwargs or {}),
         max_tokens=data.max_prompt_tokens,
         overlong=data.overlong_prompts,
     )

@@ -26,7 +26,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from api.corpus import ACCEPTED, BASE, CASES, NOT_IN_SCHEMA, boundary_cases, mutated
+from api.corpus import ACCEPTED, BASE, CASES, NOT_IN_SCHEMA, OPERATOR_ONLY, boundary_cases, mutated
 from harness import REPO, Installation
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -37,14 +37,20 @@ from distillery.validation import InvalidManifest, parse_job
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 BOUNDS = boundary_cases()
 
-# (id, manifest, field the server and ours must name; None = both accept, outside_spec)
-Case = tuple[str, dict[str, Any], str | None, bool]
+# (id, manifest, field the server and ours must name; None = both accept, outside_spec, the field only
+# ours names: the server accepts the manifest and the operator refuses it)
+Case = tuple[str, dict[str, Any], str | None, bool, str | None]
 ALL: list[Case] = [
-    *((cid, mutated(BASE, changes), field, crd == NOT_IN_SCHEMA) for cid, changes, field, crd in CASES),
-    *((cid, mutated(BASE, changes), None, False) for cid, changes in ACCEPTED),
-    *((cid, doc, field, False) for cid, doc, field in BOUNDS),
     *(
-        (f"example:{path.name}:{i}", doc, None, False)
+        (cid, mutated(BASE, changes), None, False, field)
+        if crd == OPERATOR_ONLY
+        else (cid, mutated(BASE, changes), field, crd == NOT_IN_SCHEMA, None)
+        for cid, changes, field, crd in CASES
+    ),
+    *((cid, mutated(BASE, changes), None, False, None) for cid, changes in ACCEPTED),
+    *((cid, doc, field, False, None) for cid, doc, field in BOUNDS),
+    *(
+        (f"example:{path.name}:{i}", doc, None, False, None)
         for path in EXAMPLES
         for i, doc in enumerate(yaml.safe_load_all(path.read_text()))
     ),
@@ -163,12 +169,25 @@ def test_server_paths_reads_each_form_the_server_uses() -> None:
     assert inside_refused(["spec.teachers"], "spec.teachers.name") and not inside_refused(["spec"], "spec.x")
 
 
-@pytest.mark.parametrize(("case", "manifest", "field", "outside_spec"), ALL, ids=[c[0] for c in ALL])
+@pytest.mark.parametrize(
+    ("case", "manifest", "field", "outside_spec", "operator_only"), ALL, ids=[c[0] for c in ALL]
+)
 def test_the_server_and_distillery_validate_agree(
-    server: Server, case: str, manifest: dict[str, Any], field: str | None, outside_spec: bool
+    server: Server,
+    case: str,
+    manifest: dict[str, Any],
+    field: str | None,
+    outside_spec: bool,
+    operator_only: str | None,
 ) -> None:
     theirs = server.refuses(manifest)
     ours = our_paths(manifest)
+    if operator_only is not None:
+        assert theirs is None, f"{case}: the server refuses it ({theirs}); the corpus says only ours can"
+        assert ours is not None and names(ours, operator_only), (
+            f"{case}: ours names {ours}, not {operator_only}"
+        )
+        return
     if field is None:
         assert theirs is None, f"{case}: the server refuses a manifest meant to be valid: {theirs}"
         assert ours is None, f"{case}: the server accepts it, distillery validate refuses: {ours}"
