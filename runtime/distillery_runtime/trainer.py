@@ -16,6 +16,7 @@ one row, positions restarting at each sample, which transformers turns into a bl
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -125,7 +126,8 @@ def micro_batches(
 def collate(
     samples: Sequence[TrainSample], loss: LossConfig, pad_id: int, *, packed: bool = False
 ) -> dict[str, torch.Tensor]:
-    """The inputs plus, per response position, the row and index of the logit that predicts it.
+    """The inputs plus, per response position, the row and index of the logit that predicts it: an index
+    into `keep`, the sequence positions whose logits the model computes.
 
     Padded: one row per sample, right-padded. Packed: one row holding every sample end to end, with
     position ids restarting at 0 for each (no padding; each sample attends only to itself)."""
@@ -152,12 +154,19 @@ def collate(
         positions[i, :r] = np.arange(start + p - 1, start + p + r - 1)
         offset += p + r
         response[i, :r] = s.response_ids
+    # Only the positions that predict a response token need logits: the vocabulary projection of every
+    # prompt position (a chat template's header, a long question) is most of a step's work at a real
+    # vocabulary (152k). `keep` is their union over the rows, `positions` then index into it.
+    counted = np.arange(t_max)[None, :] < np.array([len(s.response_ids) for s in samples])[:, None]
+    keep = np.unique(positions[counted])
+    positions = np.searchsorted(keep, positions)
     have_old = all(s.old_logprobs is not None for s in samples)
     batch = {
         "input_ids": torch.from_numpy(tokens),
         "attention_mask": torch.from_numpy(attention),
         "position_ids": torch.from_numpy(position_ids),
         "rows": torch.from_numpy(row_of),
+        "keep": torch.from_numpy(keep),
         "positions": torch.from_numpy(positions),
         "response_ids": torch.from_numpy(response),
         "mask": counted_positions(targets, loss),
@@ -197,6 +206,9 @@ class Trainer:
         if model is None:
             assert model_dir is not None, "a model_dir or a model"
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.logits_to_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
+        """The model computes logits at given positions only (every transformers causal LM of today; a
+        remote-code model may not, and then gets every position's)."""
         # A transformers causal LM, an FSDPModule too when sharded (typed loosely: the two are mixed in).
         self.model: Any
         if self.fsdp:
@@ -259,9 +271,12 @@ class Trainer:
             else:
                 inputs = {"attention_mask": batch["attention_mask"]}
             # No KV cache in training: it costs memory, and transformers ignores packing when one is given.
+            if self.logits_to_keep:
+                inputs["logits_to_keep"] = batch["keep"]
             logits = self.model(input_ids=batch["input_ids"], use_cache=False, **inputs).logits
+        positions = batch["positions"] if self.logits_to_keep else batch["keep"][batch["positions"]]
         # Logits of the positions that predict each response token: [B, T, V].
-        student = logits[batch["rows"], batch["positions"]].float()
+        student = logits[batch["rows"], positions].float()
         teacher = TeacherTargets(
             topk_ids=batch["topk_ids"] if loss_cfg.uses_topk else None,
             topk_logprobs=batch["topk_logprobs"] if loss_cfg.uses_topk else None,

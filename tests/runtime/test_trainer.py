@@ -5,6 +5,8 @@ The data-parallel test runs real Ray actors joined by torch.distributed (gloo on
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from distillery_runtime.losses import reduction_units
@@ -75,6 +77,31 @@ def test_gradient_accumulation_matches_one_big_micro_batch(job_files, mode, redu
         for n in ref
     )
     assert moved > 1e-4  # the step really changed the weights
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_logits_only_at_response_positions_give_the_step_of_every_positions_logits(job_files, packed):
+    """The model projects to the vocabulary only the positions that predict a response token (most of a
+    step's work at a real vocabulary lies in the prompt's): the loss and gradients are those of the logits
+    of every position, with prompts of several lengths, padded or packed."""
+    samples = make_samples(5, 64, 4, seed=3)
+    assert len({len(s.prompt_ids) for s in samples}) > 1
+    results = []
+    for keep in (True, False):
+        s = dataclasses.replace(settings(5), micro_batch_tokens=256 if packed else None)
+        trainer = Trainer(str(job_files.student), s, device="cpu")
+        assert trainer.logits_to_keep
+        trainer.logits_to_keep = keep
+        metrics = trainer.train_step(samples, step_normalizer(samples, s.loss))
+        results.append((trainer.gradients(), metrics))
+    (grads, metrics), (all_grads, all_metrics) = results
+    assert metrics["distill/loss"] == pytest.approx(all_metrics["distill/loss"], rel=1e-5)
+    for name in all_grads:
+        torch.testing.assert_close(grads[name], all_grads[name], rtol=1e-4, atol=1e-7)
+    batch = collate(samples, settings(5).loss, pad_id=0, packed=packed)
+    responses = sum(len(x.response_ids) for x in samples)
+    # Packed, exactly the response positions; padded, their union over the rows, fewer than the row.
+    assert len(batch["keep"]) == responses if packed else len(batch["keep"]) < batch["input_ids"].shape[1]
 
 
 def test_rollout_logprob_gap_is_zero_in_sync_and_its_max_survives_micro_batches(job_files):
