@@ -13,6 +13,7 @@ from pydantic import Field
 
 from distillery.api import ApiModel, DistillationJob, DistillationJobSpec, Placement
 from distillery.plan import resolve
+from distillery.plan.checkpoint_storage import checkpoint_storage
 
 CONFIG_KEY = "runtime-config.json"
 """The ConfigMap key (and file name in the trainer pods) of the resolved config."""
@@ -64,6 +65,9 @@ class RuntimeConfig(ApiModel):
     run_id: str | None = None
     """In a cluster, the job's uid: every checkpoint records it, so a run never deletes, overwrites or
     silently resumes the checkpoints of another run of the same job (one deleted and made again)."""
+    checkpoint_claim: str | None = None
+    """In a cluster, the PersistentVolumeClaim mounted at spec.checkpoint.path (the user's or the
+    operator's; none when ephemeral), named with the final model in status.model."""
 
 
 def teacher_service_name(job_name: str, teacher_name: str) -> str:
@@ -121,4 +125,5 @@ def resolve_runtime_config(job: DistillationJob, namespace: str | None, *, in_cl
         teachers=teachers,
         status_target=status_target,
         run_id=job.metadata.uid if in_cluster else None,
+        checkpoint_claim=checkpoint_storage(job.metadata.name, spec).claim if in_cluster else None,
     )

@@ -64,6 +64,14 @@ LABEL_NAME_RE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 LABEL_VALUE_RE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+POSITIVE_QUANTITY_RE = (
+    r"^[+]?(([0-9]*[1-9][0-9]*([.][0-9]*)?)|([0-9]*[.][0-9]*[1-9][0-9]*))"
+    r"(([KMGTPE]i)|[kMGTPE]|([eE][+-]?(([0-9]+([.][0-9]*)?)|([.][0-9]+))))?$"
+)
+"""A storage size, a Kubernetes quantity (`100Gi`, `1.5T`, `5e11`) above zero: the API's quantity grammar
+(controller-gen's pattern for resource.Quantity) with a non-zero digit required, no minus sign, and no
+milli, micro or nano suffix (`100m` is a tenth of a byte, never what was meant)."""
+MAX_QUANTITY = 32
 LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE, pattern=LABEL_VALUE_RE)]
 LABEL_KEY_RE = "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 """A label key, [DNS-subdomain prefix/]name (written without backslashes: it is embedded in CEL)."""
@@ -714,6 +722,19 @@ class ResumePolicy(StrEnum):
     REQUIRED = "required"
 
 
+_NO_OPERATOR_CLAIM = "not with pvc (an existing claim is yours) or ephemeral (no claim)"
+
+
+def _operator_claim_rule(field: str, attr: str) -> Rule:
+    """`field` shapes the claim the operator makes: neither a claim of the user's nor no claim at all."""
+    return Rule(
+        check=lambda c: getattr(c, attr) is None or (c.pvc is None and not c.ephemeral),
+        cel=f"!has(self.{field}) || (!has(self.pvc) && !self.ephemeral)",
+        message=f"applies to the claim the operator makes: {_NO_OPERATOR_CLAIM}",
+        field=field,
+    )
+
+
 class ModelDtype(StrEnum):
     """The dtype of the kept model's weights (a checkpoint's `model/`, `final/`)."""
 
@@ -723,15 +744,37 @@ class ModelDtype(StrEnum):
 
 
 class Checkpoint(ApiModel):
-    """Where checkpoints go and how a restarted job picks them up."""
+    """Where checkpoints, the run's metrics and the final model go, and how a restarted job picks them up.
+
+    In a cluster they go to a PersistentVolumeClaim mounted at `path` in the trainer pods: the one `pvc`
+    names, else one the operator makes for the job (`<job>-checkpoints`, kept after the job is deleted
+    unless `deleteWithJob`), else, with `ephemeral`, the pods' own emptyDir. A local run (`distillery run`)
+    writes to its output folder and ignores all four."""
 
     path: Location = "/checkpoints"
-    """Absolute directory inside the trainer pods (mount a volume there with `pvc`); one sub-directory per
-    step. Object-store URIs are not supported."""
+    """Absolute directory inside the trainer pods, where the checkpoint claim is mounted; one sub-directory
+    per step, `final/` (the model you keep) and `runs/<job>/` (metrics, report). Object-store URIs are not
+    supported."""
     pvc: str | None = Field(default=None, pattern=DNS_LABEL_RE, max_length=MAX_NAME)
-    """PersistentVolumeClaim mounted at `path` in the Ray head and every worker pod (the driver on the head
-    finds the checkpoint to resume, rank 0 writes them, every rank loads them): ReadWriteMany, unless all
-    the pods share one node."""
+    """Your own PersistentVolumeClaim, mounted at `path` in the Ray head and every worker pod (the driver on
+    the head finds the checkpoint to resume, rank 0 writes them, every rank loads them): ReadWriteMany,
+    unless all the pods share one node. The operator never changes or deletes it. Unset: the operator makes
+    a claim for the job (`size`, `storageClassName`, `deleteWithJob`), unless `ephemeral`."""
+    size: str | None = Field(default=None, pattern=POSITIVE_QUANTITY_RE, max_length=MAX_QUANTITY)
+    """Storage the operator's claim asks for, a Kubernetes quantity (`200Gi`). Unset: estimated from the
+    student's parameters, (keep + 1) checkpoints and a copy of the model with 10% headroom (`distillery
+    plan` prints it), or 100Gi when the student's shape is unknown."""
+    storage_class_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN_RE, max_length=MAX_NAME)
+    """StorageClass of the operator's claim; unset: the cluster's default class. It must provide
+    ReadWriteMany (NFS, CephFS, EFS, Filestore ...): the Ray head and the workers are pods that may run on
+    different nodes."""
+    delete_with_job: bool = False
+    """The operator's claim is owned by the job, so `kubectl delete dj` deletes it with the model on it.
+    Default: kept (no owner), for you to read back and delete (`kubectl delete pvc <job>-checkpoints`); a
+    job made again with the same name uses it again."""
+    ephemeral: bool = False
+    """No claim: checkpoints, metrics and the final model go to the trainer pods' emptyDir and are lost with
+    the pods, which KubeRay deletes when the run ends. For tests and throwaway runs."""
     keep: int = Field(default=3, ge=1, le=1000)
     """Complete checkpoints kept; older ones are deleted after a new one is written."""
     resume: ResumePolicy = ResumePolicy.AUTO
@@ -748,9 +791,24 @@ class Checkpoint(ApiModel):
             # It was documented as "(or URI)" and an s3:// path became a local folder named "s3:".
             check=lambda c: c.path.startswith("/"),
             cel="self.path.startsWith('/')",
-            message="must be an absolute directory in the trainer pods (mount a volume there with "
-            "checkpoint.pvc); object-store URIs are not supported",
+            message="must be an absolute directory in the trainer pods (a claim is mounted there); "
+            "object-store URIs are not supported",
             field="path",
+        ),
+        # An existing claim is the user's (its size, class and life are theirs); ephemeral has no claim.
+        _operator_claim_rule("size", "size"),
+        _operator_claim_rule("storageClassName", "storage_class_name"),
+        Rule(
+            check=lambda c: not c.delete_with_job or (c.pvc is None and not c.ephemeral),
+            cel="!self.deleteWithJob || (!has(self.pvc) && !self.ephemeral)",
+            message=f"applies to the claim the operator makes: {_NO_OPERATOR_CLAIM}",
+            field="deleteWithJob",
+        ),
+        Rule(
+            check=lambda c: not c.ephemeral or c.pvc is None,
+            cel="!self.ephemeral || !has(self.pvc)",
+            message="ephemeral means no claim at all: not with pvc",
+            field="ephemeral",
         ),
     )
 
@@ -870,11 +928,11 @@ class DistillationJobSpec(ApiModel):
         Rule(
             # A retry is a new head pod: checkpoints anywhere but on a claim went with the old one, and the
             # retry would start again from step 0 while the job said it resumes.
-            check=lambda s: s.backoff_limit == 0 or s.checkpoint.pvc is not None,
-            cel="self.backoffLimit == 0 || has(self.checkpoint.pvc)",
+            check=lambda s: s.backoff_limit == 0 or not s.checkpoint.ephemeral,
+            cel="self.backoffLimit == 0 || !self.checkpoint.ephemeral",
             message=(
-                "backoffLimit > 0 promises retries that resume from the newest checkpoint: set checkpoint.pvc "
-                "(checkpoints in a pod's own filesystem are gone when a retry starts a new pod)"
+                "backoffLimit > 0 promises retries that resume from the newest checkpoint: unset "
+                "checkpoint.ephemeral (checkpoints in a pod's own emptyDir are gone when a retry starts a new pod)"
             ),
             field="backoffLimit",
         ),

@@ -44,6 +44,9 @@ class ConditionType(StrEnum):
     SPEC_APPLIED = "SpecApplied"
     TEACHER_UNAVAILABLE = "TeacherUnavailable"
     """True while the trainer waits for a teacher that stopped answering (status.teacherOutages)."""
+    OUTPUT_KEPT = "OutputKept"
+    """True when the checkpoints and the final model outlive the job (on a claim it does not own); False
+    when they go with the job (checkpoint.deleteWithJob) or with its pods (checkpoint.ephemeral)."""
 
 
 class Condition(ApiModel):
@@ -94,7 +97,10 @@ class ModelStatus(ApiModel):
     folders (never pruned), which `vllm serve` and `from_pretrained` load as is."""
 
     path: str
-    """The folder in the trainer pods (under spec.checkpoint.path)."""
+    """The folder in the trainer pods (under spec.checkpoint.path, where `claim` is mounted)."""
+    claim: str | None = None
+    """The PersistentVolumeClaim the folder is on (at `path` relative to spec.checkpoint.path, so
+    `pvc://CLAIM/final` for a job's default path); unset when the checkpoints were ephemeral."""
     step: int
     dtype: str
     """The weights' dtype (spec.checkpoint.modelDtype)."""
@@ -110,6 +116,25 @@ class TeacherOutage(ApiModel):
     """When the trainer's retries for it ran out (RFC 3339)."""
     message: str = ""
     """The last error the trainer saw."""
+
+
+class StorageStatus(ApiModel):
+    """Where the job's checkpoints, metrics (`runs/<job>/`) and final model (`final/`) are written: the
+    trainer pods' spec.checkpoint.path, on a claim or (ephemeral) in the pods' own emptyDir."""
+
+    claim: str | None = None
+    """The PersistentVolumeClaim mounted at spec.checkpoint.path (spec.checkpoint.pvc, or the one the
+    operator made); unset when ephemeral."""
+    kept: bool = False
+    """The claim outlives the job: `kubectl delete dj` leaves it, and the model on it."""
+    ephemeral: bool = False
+    """No claim: the output is lost with the trainer's pods."""
+    size: str | None = None
+    """The operator's claim's storage: its capacity once bound, else what it asks for."""
+    phase: str | None = None
+    """The operator's claim's phase (Pending, Bound, Lost); unset for a claim the operator does not watch
+    (spec.checkpoint.pvc) or has not made yet."""
+    message: str | None = None
 
 
 class Children(ApiModel):
@@ -134,6 +159,8 @@ class DistillationJobStatus(ApiModel):
     """"ready/total" for the printer column."""
     progress: Annotated[Progress | None, RUNTIME_WRITES] = None
     children: Children | None = None
+    storage: StorageStatus | None = None
+    """Where the output lives (the checkpoint claim, whether it is kept), and the claim's state."""
     start_time: str | None = None
     completion_time: str | None = None
     last_checkpoint: Annotated[CheckpointStatus | None, RUNTIME_WRITES] = None

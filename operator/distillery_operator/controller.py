@@ -25,7 +25,7 @@ from distillery_operator import metrics, naming
 from distillery_operator.decide import Decision, decide
 from distillery_operator.identity import identity_actions
 from distillery_operator.kube import ApiError, Kube
-from distillery_operator.observe import Child, JobKey, assemble
+from distillery_operator.observe import CLAIM_KIND, Child, JobKey, assemble
 from distillery_operator.probes import TeacherProber
 from distillery_operator.workqueue import Backoff, WorkQueue
 
@@ -68,6 +68,17 @@ def owned_status(status: Mapping[str, Any] | None) -> dict[str, Any]:
     """The operator's fields of a status read from a job, without empty ones."""
     status = status or {}
     return {k: status[k] for k in OPERATOR_KEYS if status.get(k) is not None}
+
+
+def replacing(current: Any, desired: Any) -> Any:
+    """`desired` as a JSON merge patch value over `current`: a key of a `current` map that `desired` lacks
+    is null (a merge patch keeps what it does not name: status.storage.message, once written, would stay,
+    and every reconcile would write it away again); lists are replaced whole anyway."""
+    if isinstance(current, Mapping) and isinstance(desired, Mapping):
+        out: dict[str, Any] = {k: None for k in current if k not in desired}
+        out.update({k: replacing(current.get(k), v) for k, v in desired.items()})
+        return out
+    return desired
 
 
 @dataclass
@@ -121,6 +132,14 @@ class Controller:
         would hold its re-creation back with nothing left to wake the job up."""
         self._created.pop((key, kind, name), None)
         self._conflicts.pop((key, kind, name), None)
+
+    def job_of_claim(self, namespace: str, claim: str) -> JobKey | None:
+        """The job whose checkpoint claim `claim` is (by name: a kept claim has no owner reference), if the
+        operator knows that job."""
+        for key in self.jobs:
+            if key[0] == namespace and naming.checkpoint_claim(key[1]) == claim:
+                return key
+        return None
 
     def job_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         if self._event_context is None:
@@ -262,11 +281,14 @@ class Controller:
                     if now - since < self.settings.conflict_grace_seconds:
                         self.queue.add_after(key, self.settings.conflict_grace_seconds)
                         continue
+                    advice = "delete or rename it"
+                    if action.kind == CLAIM_KIND:
+                        advice += ", or name it in spec.checkpoint.pvc to write the checkpoints there"
                     error = ApiError(
                         409,
                         "AlreadyExists",
                         f"{action.kind} {action.name} exists and is not this job's (no owner reference to "
-                        f"it or no label {naming.MANAGED_BY_LABEL}={naming.MANAGED_BY}): delete or rename it",
+                        f"it or no label {naming.MANAGED_BY_LABEL}={naming.MANAGED_BY}): {advice}",
                     )
                 if action.verb == "patch" and error.code == 404:
                     continue  # deleted meanwhile: the watch will tell, and the next reconcile recreates it
@@ -289,7 +311,11 @@ class Controller:
         if desired == current:
             return False
         # A field the operator wrote before and leaves unset now is removed (null, in a merge patch).
-        patch: dict[str, Any] = {k: desired.get(k) for k in OPERATOR_KEYS if k in current or k in desired}
+        patch: dict[str, Any] = {
+            k: replacing(current.get(k), desired.get(k))
+            for k in OPERATOR_KEYS
+            if k in current or k in desired
+        }
         await self.kube.patch_job_status(key[0], key[1], patch)
         version = body.get("metadata", {}).get("resourceVersion")
         self._written[key] = _Written(desired, version)

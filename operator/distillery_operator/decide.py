@@ -22,10 +22,11 @@ from distillery.api import (
     Placement,
     TeacherStatus,
 )
+from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.validation import InvalidManifest, parse_spec
 from distillery_operator import naming
 from distillery_operator.drift import drifted
-from distillery_operator.observe import Child, Observed
+from distillery_operator.observe import CLAIM_KIND, Child, Observed
 from distillery_operator.render import KUEUE_QUEUE_LABEL, RenderContext, queued_by_kueue, render_job
 from distillery_operator.spec_changes import effective_spec, refused_changes
 from distillery_operator.status import (
@@ -34,6 +35,7 @@ from distillery_operator.status import (
     derive_phase,
     merge_conditions,
     runtime_outages,
+    storage_status,
     teacher_statuses,
     terminal_phase,
     trainer_state,
@@ -100,11 +102,14 @@ def parse_applied(config: Child | None) -> DistillationJobSpec | None:
 
 
 def own_children(observed: Observed, uid: str | None) -> tuple[Observed, list[str]]:
-    """Splits off children with our names that belong to another job (e.g. a deleted one with the same name)."""
+    """Splits off children with our names that belong to another job (e.g. a deleted one with the same name).
+
+    The checkpoint claim is also the job's when it has no owner: the operator made it for a job of this
+    name (it carries our labels) and kept it, for this one to use again."""
     foreign: list[str] = []
 
-    def mine(child: Child | None) -> Child | None:
-        if child is None or child.owner_uid == uid:
+    def mine(child: Child | None, *, kept_is_mine: bool = False) -> Child | None:
+        if child is None or child.owner_uid == uid or (kept_is_mine and child.owner_uid is None):
             return child
         foreign.append(f"{child.kind}/{child.name}")
         return None
@@ -114,6 +119,7 @@ def own_children(observed: Observed, uid: str | None) -> tuple[Observed, list[st
         rayjob=mine(observed.rayjob),
         services={n: c for n, c in observed.services.items() if mine(c)},
         deployments={n: c for n, c in observed.deployments.items() if mine(c)},
+        claim=mine(observed.claim, kept_is_mine=True),
         external=observed.external,
     )
     return own, foreign
@@ -134,6 +140,9 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
     else:
         spec = current if current is not None else applied
     job = DistillationJob(metadata=meta, spec=spec) if spec is not None else None
+    if job is None or checkpoint_storage(job.metadata.name, job.spec).operator_claim is None:
+        # A claim of this name that another job owns is in the way only of a job that makes one.
+        foreign = [f for f in foreign if not f.startswith(f"{CLAIM_KIND}/")]
 
     suspend = bool(spec and spec.suspend)
     queue = kueue_queue(job) if job is not None else None
@@ -187,6 +196,7 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         message = "the spec is invalid: " + "; ".join(problems)
     if foreign:
         message = f"waiting for {', '.join(foreign)} of another job with this name to be deleted"
+    storage, output = storage_status(job, observed.claim) if job is not None else (None, None)
     conds = derive_conditions(
         problems=problems,
         refused=refused,
@@ -198,6 +208,7 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         terminal=terminal,
         held_for_kueue=held_for_kueue,
         outages=outages,
+        output=output,
     )
     generation = meta.generation
     status = DistillationJobStatus(
@@ -208,6 +219,7 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         teachers=teachers,
         teachers_ready=f"{sum(t.ready for t in teachers)}/{len(teachers)}" if teachers else None,
         children=_children(job) if job is not None else None,
+        storage=storage,
         start_time=previous.get("startTime") or (now if phase == Phase.RUNNING else None),
         completion_time=previous.get("completionTime") or (now if terminal is not None else None),
     )
@@ -260,6 +272,10 @@ def plan_actions(
             # A finished job gets no new objects: a deleted RayJob must not run again.
             if not terminal:
                 actions.append(Action("create", kind, name, obj, "missing"))
+            continue
+        if kind == CLAIM_KIND:
+            # Never patched: a claim's spec is immutable (but for a larger size, which only its StorageClass
+            # may allow), and a kept one may be an earlier job's; `storage_status` reports what differs.
             continue
         edited = _drift(obj, seen)
         if kind == "RayJob":
@@ -331,6 +347,8 @@ def _observed_child(observed: Observed, kind: str, name: str) -> Child | None:
         return observed.rayjob if observed.rayjob and observed.rayjob.name == name else None
     if kind == "Deployment":
         return observed.deployments.get(name)
+    if kind == CLAIM_KIND:
+        return observed.claim if observed.claim and observed.claim.name == name else None
     return observed.services.get(name)
 
 

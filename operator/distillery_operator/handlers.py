@@ -2,8 +2,10 @@
 
 DistillationJob events update the controller's copy of the job and queue it. Children (Deployments,
 Services, ConfigMaps, RayJobs labelled as ours) are kept in kopf indexes as small summaries, keyed by the
-owning job, and each of their events queues that job. kopf runs no other handler until every index has
-seen its initial list, so after a restart the first reconcile already knows every child it made before.
+owning job, and each of their events queues that job. Checkpoint claims are indexed by their own name
+instead: a kept one has no owner, and its job (if one of that name exists) is found by the name the
+operator gives its claim. kopf runs no other handler until every index has seen its initial list, so after
+a restart the first reconcile already knows every child it made before.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ CHILD_RESOURCES: dict[str, tuple[str, ...]] = {
     "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
 }
 INDEX_NAMES = {kind: f"{kind.lower()}_index" for kind in CHILD_RESOURCES}
+CLAIMS = ("v1", "persistentvolumeclaims")
+CLAIM_INDEX = "persistentvolumeclaim_index"
 
 
 def _controller(memo: Any) -> Controller:
@@ -45,11 +49,13 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 async def start(memo: Any, **kwargs: Any) -> None:
     controller = _controller(memo)
     indexes = {kind: kwargs[name] for kind, name in INDEX_NAMES.items()}
+    claims = kwargs[CLAIM_INDEX]
 
     def children_of(key: observe.JobKey) -> list[observe.Child]:
         found: list[observe.Child] = []
         for index in indexes.values():
             found.extend(index.get(key, ()))
+        found.extend(claims.get((key[0], naming.checkpoint_claim(key[1])), ()))
         return found
 
     controller.children_of = children_of
@@ -97,3 +103,19 @@ def _event(kind: str):  # type: ignore[no-untyped-def]
 for _kind, _resource in CHILD_RESOURCES.items():
     kopf.index(*_resource, labels=OURS, id=INDEX_NAMES[_kind])(_index(_kind))
     kopf.on.event(*_resource, labels=OURS, id=f"{_kind.lower()}_event")(_event(_kind))
+
+
+@kopf.index(*CLAIMS, labels=OURS, id=CLAIM_INDEX)
+def persistentvolumeclaim_index(body: Any, **_: Any) -> dict[observe.ClaimKey, observe.Child]:
+    meta = body.get("metadata", {})
+    return {(meta.get("namespace", ""), meta.get("name", "")): observe.summarize_claim(body)}
+
+
+@kopf.on.event(*CLAIMS, labels=OURS, id="persistentvolumeclaim_event")
+async def persistentvolumeclaim_event(body: Any, memo: Any, **_: Any) -> None:
+    meta = body.get("metadata", {})
+    controller = _controller(memo)
+    key = controller.job_of_claim(meta.get("namespace", ""), meta.get("name", ""))
+    if key is not None:  # else a claim kept after its job was deleted: nothing to reconcile
+        controller.child_seen(key, observe.CLAIM_KIND, meta.get("name", ""))
+        controller.enqueue(key, observe.CLAIM_KIND)

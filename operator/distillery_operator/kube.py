@@ -103,6 +103,10 @@ class Kube:
             await self._call("create", kind, self._core.create_namespaced_service, namespace, obj)
         elif kind == "Deployment":
             await self._call("create", kind, self._apps.create_namespaced_deployment, namespace, obj)
+        elif kind == "PersistentVolumeClaim":
+            await self._call(
+                "create", kind, self._core.create_namespaced_persistent_volume_claim, namespace, obj
+            )
         elif kind == "ServiceAccount":
             await self._call("create", kind, self._core.create_namespaced_service_account, namespace, obj)
         elif kind == "Role":
@@ -159,6 +163,7 @@ class Kube:
                 **ct,
             )
         else:
+            # Nor PersistentVolumeClaims: their spec is immutable but for growing, left to the user.
             raise ValueError(f"the operator does not patch {kind}")
 
     async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:

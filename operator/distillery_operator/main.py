@@ -30,7 +30,7 @@ def kopf_settings() -> kopf.OperatorSettings:
     # Namespaces are given (or the whole cluster): no scanning of CRDs and namespaces at runtime.
     settings.scanning.disabled = True
     # Only our children, filtered by the API server: a cluster's other ConfigMaps are never sent to us.
-    for resource in handlers.CHILD_RESOURCES.values():
+    for resource in (*handlers.CHILD_RESOURCES.values(), handlers.CLAIMS):
         selector = f"{naming.MANAGED_BY_LABEL}={naming.MANAGED_BY}"
         settings.watching.label_selectors[resource] = selector  # type: ignore[index]
     # kopf's per-object log lines become Events at WARNING only; our own Events are explicit.

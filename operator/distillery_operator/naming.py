@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 
 from distillery.names import child_name, dns1035, shorten
+from distillery.plan.checkpoint_storage import checkpoint_claim_name
 from distillery.runtime_config import teacher_service_name
 
 MAX_RAYJOB_NAME = 47
@@ -46,6 +47,12 @@ def rayjob_name(job_name: str) -> str:
 def trainer_identity_name(job_name: str) -> str:
     """The ServiceAccount, Role and RoleBinding the operator makes for a job's trainer (one name, three kinds)."""
     return child_name(job_name, "trainer")
+
+
+def checkpoint_claim(job_name: str) -> str:
+    """The PersistentVolumeClaim the operator makes for a job's checkpoints (the plan names it:
+    `distillery.plan.checkpoint_storage`), the same for every job of that name."""
+    return checkpoint_claim_name(job_name)
 
 
 def teacher_name(job_name: str, teacher: str) -> str:

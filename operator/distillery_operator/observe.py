@@ -18,6 +18,9 @@ from distillery_operator import drift, naming
 
 JobKey = tuple[str, str]
 """(namespace, name) of a DistillationJob."""
+ClaimKey = tuple[str, str]
+"""(namespace, name) of a PersistentVolumeClaim."""
+CLAIM_KIND = "PersistentVolumeClaim"
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,9 @@ class Observed:
     services: dict[str, Child] = field(default_factory=dict)
     deployments: dict[str, Child] = field(default_factory=dict)
     rayjob: Child | None = None
+    claim: Child | None = None
+    """The checkpoint claim the operator makes for the job (`naming.checkpoint_claim`), found by its name:
+    a kept one has no owner reference to key it by."""
     external: dict[str, Health] = field(default_factory=dict)
     """Health of each external teacher, by teacher name (absent: not checked yet)."""
 
@@ -145,6 +151,22 @@ def summarize_rayjob(body: Mapping[str, Any]) -> Child:
     )
 
 
+def summarize_claim(body: Mapping[str, Any]) -> Child:
+    """The checkpoint claim: whose it is (a kept one has no owner), its phase, size and whether it is being
+    deleted. Its spec is never compared or patched (a claim's spec is immutable but for a larger size)."""
+    name, uid, spec_hash = _base(body)
+    meta = body.get("metadata", {})
+    requests = ((body.get("spec") or {}).get("resources") or {}).get("requests") or {}
+    status = body.get("status") or {}
+    state = {
+        "phase": status.get("phase"),
+        "requested": requests.get("storage"),
+        "capacity": (status.get("capacity") or {}).get("storage"),
+        "deleting": bool(meta.get("deletionTimestamp")),
+    }
+    return Child(kind=CLAIM_KIND, name=name, owner_uid=uid, spec_hash=spec_hash, state=state)
+
+
 def _summarize_plain(kind: str):  # type: ignore[no-untyped-def]
     """The trainer's identity objects: only whether they exist, whose they are and their content hash."""
 
@@ -165,6 +187,7 @@ SUMMARIZERS = {
     "Service": summarize_service,
     "ConfigMap": summarize_config_map,
     "RayJob": summarize_rayjob,
+    CLAIM_KIND: summarize_claim,
     **{kind: _summarize_plain(kind) for kind in IDENTITY_KINDS},
 }
 
@@ -181,4 +204,6 @@ def assemble(children: Iterable[Child], external: Mapping[str, Health] | None = 
             observed.deployments[child.name] = child
         elif child.kind == "Service":
             observed.services[child.name] = child
+        elif child.kind == CLAIM_KIND:
+            observed.claim = child
     return observed

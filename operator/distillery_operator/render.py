@@ -1,8 +1,9 @@
 """Rendering: a DistillationJob in, the Kubernetes objects the operator owns out. Pure functions, no API calls.
 
 Per job: one ConfigMap with the resolved runtime config, one Deployment + headless Service per standalone
-teacher (external and colocated teachers get no objects), and one KubeRay RayJob running the student.
-`distillery render FILE` prints the same objects the operator creates, the way `helm template` does.
+teacher (external and colocated teachers get no objects), the checkpoint PersistentVolumeClaim (unless the
+job names its own or none: `distillery.plan.checkpoint_storage`), and one KubeRay RayJob running the
+student. `distillery render FILE` prints the same objects the operator creates, the way `helm template` does.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from distillery import pvc
 from distillery.api import API_VERSION, GROUP, KIND, PLURAL, DistillationJob, Placement, Teacher
 from distillery.api.spec import DistillationJobSpec, SecretKeyRef
 from distillery.plan import resolve
+from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.plan.vllm_env import cpu_kv_cache_env
 from distillery.runtime_config import (
     CONFIG_KEY,
@@ -73,9 +75,11 @@ def owner_reference(job: DistillationJob, uid: str) -> dict[str, Any]:
     }
 
 
-def _metadata(job: DistillationJob, ctx: RenderContext, name: str, labels: dict[str, str]) -> dict[str, Any]:
+def _metadata(
+    job: DistillationJob, ctx: RenderContext, name: str, labels: dict[str, str], *, owned: bool = True
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": ctx.namespace, "labels": labels}
-    if ctx.owner_uid:
+    if ctx.owner_uid and owned:
         meta["ownerReferences"] = [owner_reference(job, ctx.owner_uid)]
     return meta
 
@@ -324,14 +328,15 @@ def _ray_pod_template(job: DistillationJob, container_name: str, *, worker: bool
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
     ]
     mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint.path})
-    if spec.checkpoint.pvc:
-        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.pvc}})
+    checkpoint_claim = checkpoint_storage(job.metadata.name, spec).claim
+    if checkpoint_claim:
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": checkpoint_claim}})
     else:
-        # Writable by the image's user, and it outlives a container restart. Not a retry (a new pod): a job
-        # that promises retries must name a claim (the spec's backoffLimit rule).
+        # checkpoint.ephemeral: writable by the image's user, and it outlives a container restart. Not a
+        # retry (a new pod): an ephemeral job cannot promise retries (the spec's backoffLimit rule).
         volumes.append({"name": "checkpoints", "emptyDir": {}})
     claim_volumes, claim_mounts = _claim_volumes(
-        pvc.claims(_locations(job)), checkpoint_claim=spec.checkpoint.pvc
+        pvc.claims(_locations(job)), checkpoint_claim=checkpoint_claim
     )
     volumes.extend(claim_volumes)
     mounts.extend(claim_mounts)
@@ -420,6 +425,35 @@ def render_rayjob(job: DistillationJob, ctx: RenderContext) -> dict[str, Any]:
     )
 
 
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+
+def render_checkpoint_claim(job: DistillationJob, ctx: RenderContext) -> dict[str, Any] | None:
+    """The PersistentVolumeClaim of the job's checkpoints, metrics and final model, when the operator makes
+    it (none when the job names its own claim or is ephemeral). Owned by the job only with
+    `checkpoint.deleteWithJob`: otherwise it has no owner, so the garbage collector leaves it (and the
+    model on it) when the job is deleted, and a job made again with the same name mounts it again."""
+    claim = checkpoint_storage(job.metadata.name, job.spec).operator_claim
+    if claim is None:
+        return None
+    labels = naming.child_labels(job.metadata.name, "checkpoints", user_labels(job))
+    spec: dict[str, Any] = {
+        "accessModes": [claim.access_mode],
+        "resources": {"requests": {"storage": claim.size}},
+        "volumeMode": "Filesystem",
+    }
+    if claim.storage_class_name:
+        spec["storageClassName"] = claim.storage_class_name
+    return _stamp(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": _metadata(job, ctx, claim.name, labels, owned=claim.delete_with_job),
+            "spec": spec,
+        }
+    )
+
+
 # ---------------------------------------------------------------------------------------------- identity
 
 
@@ -475,11 +509,15 @@ def standalone_teachers(job: DistillationJob) -> list[Teacher]:
 
 
 def render_job(job: DistillationJob, ctx: RenderContext) -> list[dict[str, Any]]:
-    """Every child of a job, in creation order (config first: the trainer and teachers read it)."""
+    """Every child of a job, in creation order (config first: the trainer and teachers read it; the
+    checkpoint claim before the trainer, whose pods mount it)."""
     objects = [render_config_map(job, ctx)]
     for teacher in standalone_teachers(job):
         objects.append(render_teacher_service(job, teacher, ctx))
         objects.append(render_teacher_deployment(job, teacher, ctx))
+    claim = render_checkpoint_claim(job, ctx)
+    if claim is not None:
+        objects.append(claim)
     objects.append(render_rayjob(job, ctx))
     return objects
 

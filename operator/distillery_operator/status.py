@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import InvalidOperation
 from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
 
 from distillery.api import (
     TERMINAL_PHASES,
@@ -18,10 +21,12 @@ from distillery.api import (
     DistillationJob,
     Phase,
     Placement,
+    StorageStatus,
     Teacher,
     TeacherOutage,
     TeacherStatus,
 )
+from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.runtime_config import teacher_url
 from distillery_operator import naming
 from distillery_operator.observe import Child, Observed
@@ -189,6 +194,98 @@ class Cond:
     message: str
 
 
+OUTPUT = "checkpoints, metrics and the final model"
+
+
+def storage_status(job: DistillationJob, claim: Child | None) -> tuple[StorageStatus, Cond]:
+    """Where the job's output lives (status.storage) and the OutputKept condition. `claim`: the operator's
+    checkpoint claim as observed, if it exists and is this job's to use (its own, or kept without owner).
+
+    Whether the output outlives the job is read from the claim itself where there is one: a claim kept
+    from an earlier job of this name stays kept even when this job says deleteWithJob, since the operator
+    never adds an owner to a claim it finds (deleting data is the user's decision)."""
+    storage = checkpoint_storage(job.metadata.name, job.spec)
+    where = f"at {storage.path} in the trainer pods"
+    if storage.claim is None:
+        message = (
+            f"{OUTPUT} are in the trainer pods' emptyDir {where} (checkpoint.ephemeral): lost when the "
+            "pods go, which KubeRay deletes when the run ends"
+        )
+        return StorageStatus(ephemeral=True), Cond(ConditionType.OUTPUT_KEPT, False, "Ephemeral", message)
+    planned = storage.operator_claim
+    if planned is None:
+        message = (
+            f"{OUTPUT} are on PersistentVolumeClaim {storage.claim} {where} (checkpoint.pvc), which the "
+            "operator never deletes"
+        )
+        status = StorageStatus(claim=storage.claim, kept=True)
+        return status, Cond(ConditionType.OUTPUT_KEPT, True, "UserClaim", message)
+    kept = claim.owner_uid is None if claim is not None else not planned.delete_with_job
+    notes: list[str] = []
+    if claim is None:
+        notes.append("not made yet")
+    else:
+        notes.extend(_claim_notes(claim, planned.size, planned.storage_class_name, planned.access_mode))
+        if kept and planned.delete_with_job:
+            notes.append(
+                "made by an earlier job with this name and kept, so it is not deleted with this one "
+                f"(kubectl delete pvc {claim.name} once you are done with it)"
+            )
+    state = claim.state if claim is not None else {}
+    status = StorageStatus(
+        claim=planned.name,
+        kept=kept,
+        size=state.get("capacity") or state.get("requested") or planned.size,
+        phase=state.get("phase"),
+        message="; ".join(notes) or None,
+    )
+    if kept:
+        message = (
+            f"{OUTPUT} are on PersistentVolumeClaim {planned.name} {where}, kept after the job is deleted "
+            f"(kubectl delete pvc {planned.name} frees it)"
+        )
+        return status, Cond(ConditionType.OUTPUT_KEPT, True, "ClaimKept", message)
+    message = (
+        f"{OUTPUT} are on PersistentVolumeClaim {planned.name} {where}, deleted with the job "
+        "(checkpoint.deleteWithJob): copy out what you keep first"
+    )
+    return status, Cond(ConditionType.OUTPUT_KEPT, False, "DeletedWithJob", message)
+
+
+def _claim_notes(claim: Child, size: str, storage_class: str | None, access_mode: str) -> list[str]:
+    """What the user should know of the operator's claim: being deleted, not bound, smaller than planned."""
+    state = claim.state
+    notes: list[str] = []
+    if state.get("deleting"):
+        notes.append("being deleted (it stays while a pod mounts it); made again once it is gone")
+    phase = state.get("phase")
+    if phase == "Pending":
+        wanted = f"{access_mode}, {state.get('requested') or size}"
+        by = f"StorageClass {storage_class}" if storage_class else "the cluster's default StorageClass"
+        notes.append(
+            f"not bound to a volume yet: a class that binds on first use binds it when the trainer's pods are "
+            f"scheduled; else {by} may not provide {wanted} (kubectl describe pvc {claim.name})"
+        )
+    elif phase == "Lost":
+        notes.append(f"Lost: its volume is gone (kubectl describe pvc {claim.name})")
+    requested = state.get("requested")
+    if requested is not None and _less(requested, size):
+        # A claim's spec is immutable but for its size, which only grows, and only where its StorageClass
+        # allows expansion: the operator leaves that to the user.
+        notes.append(
+            f"asks for {requested}, less than the {size} this job plans: made by an earlier job with this "
+            f"name (grow it with kubectl patch pvc {claim.name}, if its StorageClass allows expansion)"
+        )
+    return notes
+
+
+def _less(a: Any, b: Any) -> bool:
+    try:
+        return bool(parse_quantity(a) < parse_quantity(b))
+    except (ValueError, TypeError, InvalidOperation):
+        return False
+
+
 def derive_conditions(
     *,
     problems: Sequence[str],
@@ -201,7 +298,9 @@ def derive_conditions(
     terminal: Phase | None,
     held_for_kueue: bool = False,
     outages: Mapping[str, str] | None = None,
+    output: Cond | None = None,
 ) -> list[Cond]:
+    """`output`: the OutputKept condition (`storage_status`), for a job with a valid spec."""
     conds: list[Cond] = []
     if problems:
         conds.append(Cond(ConditionType.VALID, False, "InvalidSpec", "; ".join(problems)))
@@ -272,6 +371,8 @@ def derive_conditions(
             else "not suspended",
         )
     )
+    if output is not None:
+        conds.append(output)
     if terminal == Phase.SUCCEEDED:
         conds.append(Cond(ConditionType.COMPLETE, True, trainer.reason, trainer.message))
     if terminal == Phase.FAILED:
@@ -358,4 +459,6 @@ def bad_condition(cond: Condition) -> bool:
         return cond.status == "False"
     if cond.type == ConditionType.FAILED:
         return cond.status == "True"
+    if cond.type == ConditionType.OUTPUT_KEPT:
+        return cond.reason == "Ephemeral"  # the output is lost with the pods: say so once, loudly
     return cond.type == ConditionType.TEACHERS_READY and cond.reason == "TeacherUnavailable"

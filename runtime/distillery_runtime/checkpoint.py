@@ -34,6 +34,7 @@ import numpy as np
 import orjson
 import torch
 
+from distillery.plan.checkpoint_storage import STATE_BYTES_PER_PARAMETER
 from distillery_runtime.export import ModelExport, edit_config, write_model
 
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
@@ -69,9 +70,10 @@ def list_complete(root: str | Path) -> list[CheckpointRef]:
     return sorted(found, key=lambda ref: ref.step)
 
 
-BYTES_PER_PARAMETER = 12
+BYTES_PER_PARAMETER = STATE_BYTES_PER_PARAMETER
 """A checkpoint holds the float32 master weights (4 bytes a parameter) and AdamW's two float32 moments (8),
-and the kept model (`model/`) in its own dtype on top (`export.DTYPE_BYTES`)."""
+and the kept model (`model/`) in its own dtype on top (`export.DTYPE_BYTES`). The plan sizes the operator's
+checkpoint claim with the same figure (`distillery.plan.checkpoint_storage`)."""
 CHECKPOINTS_OF_ROOM = 2
 """A save writes the new checkpoint before pruning the oldest: the folder needs room for two at once."""
 

@@ -254,7 +254,9 @@ async def _run(
         if config.status_target is not None:
             from distillery_runtime.status import StatusReporter
 
-            status = StatusReporter(config.status_target.namespace, config.status_target.name)
+            status = StatusReporter(
+                config.status_target.namespace, config.status_target.name, claim=config.checkpoint_claim
+            )
     options = RunOptions(
         output_dir=out_dir,
         resume=args.resume,

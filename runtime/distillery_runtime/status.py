@@ -55,9 +55,10 @@ def checkpoint_patch(step: int, path: str) -> dict[str, Any]:
     return _status_patch(DistillationJobStatus(last_checkpoint=ckpt), "last_checkpoint")
 
 
-def model_patch(step: int, path: str, dtype: str) -> dict[str, Any]:
-    """The merge patch naming the final model (`final/`, published after the last step)."""
-    model = ModelStatus(path=path, step=step, dtype=dtype, time=now_iso())
+def model_patch(step: int, path: str, dtype: str, claim: str | None = None) -> dict[str, Any]:
+    """The merge patch naming the final model (`final/`, published after the last step) and the claim it
+    is on."""
+    model = ModelStatus(path=path, claim=claim, step=step, dtype=dtype, time=now_iso())
     return _status_patch(DistillationJobStatus(model=model), "model")
 
 
@@ -70,8 +71,17 @@ def outages_patch(outages: dict[str, TeacherOutage]) -> dict[str, Any]:
 class StatusReporter:
     """Patches the job's status subresource with the official kubernetes client."""
 
-    def __init__(self, namespace: str, name: str, *, api: Any = None, min_interval: float = 10.0) -> None:
-        self.namespace, self.name = namespace, name
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        claim: str | None = None,
+        api: Any = None,
+        min_interval: float = 10.0,
+    ) -> None:
+        """`claim`: the PersistentVolumeClaim mounted at spec.checkpoint.path, named with the final model."""
+        self.namespace, self.name, self.claim = namespace, name, claim
         self.min_interval = min_interval
         self._last = float("-inf")
         self._eval: float | None = None
@@ -110,7 +120,7 @@ class StatusReporter:
         self._patch(checkpoint_patch(step, path))
 
     def model(self, step: int, path: str, dtype: str) -> None:
-        self._patch(model_patch(step, path, dtype))
+        self._patch(model_patch(step, path, dtype, self.claim))
 
     def teacher_outage(self, teacher: str, down: bool, message: str = "") -> None:
         """A teacher stopped answering, or came back: patched at once (never rate-limited)."""

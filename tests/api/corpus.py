@@ -249,6 +249,34 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         AGREE,
     ),
     ("checkpoint-pvc-bad-name", {"spec.checkpoint": {"pvc": "My_PVC"}}, "spec.checkpoint.pvc", AGREE),
+    # The operator's claim (issue 25): an existing claim is the user's, and ephemeral has none.
+    *(
+        (
+            f"checkpoint-{field}-with-{other}",
+            {"spec.checkpoint": {**settings, field: value}},
+            f"spec.checkpoint.{field}",
+            AGREE,
+        )
+        for other, settings in (("pvc", {"pvc": "ckpt"}), ("ephemeral", {"ephemeral": True}))
+        for field, value in (("size", "10Gi"), ("storageClassName", "fast"), ("deleteWithJob", True))
+    ),
+    (
+        "checkpoint-ephemeral-with-pvc",
+        {"spec.checkpoint": {"pvc": "ckpt", "ephemeral": True}},
+        "spec.checkpoint.ephemeral",
+        AGREE,
+    ),
+    ("checkpoint-size-zero", {"spec.checkpoint": {"size": "0Gi"}}, "spec.checkpoint.size", AGREE),
+    ("checkpoint-size-negative", {"spec.checkpoint": {"size": "-10Gi"}}, "spec.checkpoint.size", AGREE),
+    ("checkpoint-size-milli", {"spec.checkpoint": {"size": "100m"}}, "spec.checkpoint.size", AGREE),
+    ("checkpoint-size-not-a-quantity", {"spec.checkpoint": {"size": "10GB"}}, "spec.checkpoint.size", AGREE),
+    ("checkpoint-size-a-number", {"spec.checkpoint": {"size": 100}}, "spec.checkpoint.size", AGREE),
+    (
+        "checkpoint-class-bad-name",
+        {"spec.checkpoint": {"storageClassName": "Fast_SSD"}},
+        "spec.checkpoint.storageClassName",
+        AGREE,
+    ),
     ("top-p-zero", {"spec.student.rollout": {"topP": 0}}, "spec.student.rollout.topP", AGREE),
     (
         "rollout-temperature-negative",
@@ -389,7 +417,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("suspend-not-bool", {"spec.suspend": "yes"}, "spec.suspend", AGREE),
     ("backoff-negative", {"spec.backoffLimit": -1}, "spec.backoffLimit", AGREE),
     # Found on a real node (issue 14): a retry is a new pod, and checkpoints outside a claim went with the old one.
-    ("retries-without-checkpoint-claim", {"spec.backoffLimit": 1}, "spec.backoffLimit", AGREE),
+    (
+        "retries-with-ephemeral-checkpoints",
+        {"spec.backoffLimit": 1, "spec.checkpoint": {"ephemeral": True}},
+        "spec.backoffLimit",
+        AGREE,
+    ),
     ("deadline-zero", {"spec.activeDeadlineSeconds": 0}, "spec.activeDeadlineSeconds", AGREE),
     ("labels-not-strings", {"spec.labels": {"team": 7}}, "spec.labels.team", AGREE),
     # Found by the real server on a child object (a 422 after the job was accepted): now both refuse it.
@@ -492,6 +525,26 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
 
 ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("retries-with-checkpoint-claim", {"spec.backoffLimit": 2, "spec.checkpoint": {"pvc": "ckpt"}}),
+    # The operator's claim (issue 25): retries resume from it, and its settings next to their edges.
+    ("retries-with-the-operators-claim", {"spec.backoffLimit": 2}),
+    (
+        "checkpoint-claim-settings",
+        {
+            "spec.checkpoint": {
+                "size": "1.5Ti",
+                "storageClassName": "nfs.csi.example.com",
+                "deleteWithJob": True,
+            }
+        },
+    ),
+    ("checkpoint-size-exponent", {"spec.checkpoint": {"size": "5e11"}}),
+    ("checkpoint-size-bytes", {"spec.checkpoint": {"size": "1073741824"}}),
+    ("checkpoint-size-fraction", {"spec.checkpoint": {"size": "0.5Gi"}}),
+    ("checkpoint-ephemeral", {"spec.checkpoint": {"ephemeral": True}}),
+    (
+        "checkpoint-pvc-with-the-flags-off",
+        {"spec.checkpoint": {"pvc": "ckpt", "deleteWithJob": False, "ephemeral": False}},
+    ),
     # (id, {path: value}): valid manifests next to an edge, accepted by both. Found by the server (we
     # refused each before the fix) unless marked.
     ("base", {}),
@@ -613,6 +666,7 @@ def _string(node: dict[str, Any], length: int) -> str | None:
         "a" * length,
         "http://" + "a" * (length - 7),
         "a" * (length - 2) + ":a",
+        "1" * length,  # a quantity (checkpoint.size)
     ]
     for candidate in [*candidates, *alternatives]:
         if len(candidate) == length and (pattern is None or re.fullmatch(pattern, candidate)):

@@ -86,7 +86,8 @@ def test_standalone_job_from_creation_to_success() -> None:
     world = World(job_body("gkd.yaml"))
     first = world.step(T0)
     assert [(a.verb, a.kind) for a in first.actions] == [
-        ("create", "ConfigMap"), ("create", "Service"), ("create", "Deployment"), ("create", "RayJob")
+        ("create", "ConfigMap"), ("create", "Service"), ("create", "Deployment"),
+        ("create", "PersistentVolumeClaim"), ("create", "RayJob"),
     ]  # fmt: skip
     world.settle()
     assert world.body["status"]["phase"] == "StartingTeachers"
@@ -192,7 +193,7 @@ def test_external_teacher_readiness_follows_its_health() -> None:
     world = World(job_body("external-teacher.yaml"))
     decision = world.settle()
     assert decision.external == {"big": "http://vllm-72b.inference.svc.cluster.local:8000"}
-    assert sorted(kind for kind, _ in world.objects) == ["ConfigMap", "RayJob"]
+    assert sorted(kind for kind, _ in world.objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
     assert world.condition("TeachersReady")["reason"] == "TeachersStarting"  # not checked yet
     world.health["big"] = Health(True, "GET .../health: 200")
     world.settle()
@@ -480,7 +481,9 @@ def test_child_summaries_are_small() -> None:
     world.settle()
     for (kind, _), obj in world.objects.items():
         child = SUMMARIZERS[kind](obj)
-        assert isinstance(child, Child) and child.owner_uid == "uid-1" and child.spec_hash
+        # The checkpoint claim alone has no owner: it is kept after the job.
+        owner = None if kind == "PersistentVolumeClaim" else "uid-1"
+        assert isinstance(child, Child) and child.owner_uid == owner and child.spec_hash
 
 
 def test_a_job_name_starting_with_a_digit_gets_services_named_with_a_letter() -> None:
@@ -531,6 +534,13 @@ def test_decide_returns_a_typed_status_serialised_as_the_api_expects() -> None:
         _cond("Valid", "True", "SpecValid", "the spec is valid"),
         _cond("SpecApplied", "True", "SpecApplied", "the children match the spec"),
     ]
+    kept = _cond(
+        "OutputKept", "True", "ClaimKept",
+        "checkpoints, metrics and the final model are on PersistentVolumeClaim gkd-jsd-checkpoints at "
+        "/checkpoints in the trainer pods, kept after the job is deleted (kubectl delete pvc "
+        "gkd-jsd-checkpoints frees it)",
+    )  # fmt: skip
+    storage = {"claim": "gkd-jsd-checkpoints", "kept": True, "ephemeral": False, "size": "31Gi"}
     assert status_body(decision.status) == {
         "phase": "StartingTeachers",
         "message": "waiting for teachers: teacher (Deployment not created yet)",
@@ -541,10 +551,12 @@ def test_decide_returns_a_typed_status_serialised_as_the_api_expects() -> None:
             _cond("TrainerReady", "False", "TrainerNotCreated", "the RayJob does not exist yet"),
             _cond("TeacherUnavailable", "False", "TeachersAnswering", "no teacher outage reported"),
             _cond("Suspended", "False", "NotSuspended", "not suspended"),
+            kept,
         ],
         "teachers": [teacher],
         "teachersReady": "0/1",
         "children": children,
+        "storage": {**storage, "message": "not made yet"},
     }  # fmt: skip
 
     world.play("Deployment", "gkd-jsd-teacher-teacher", {"readyReplicas": 1})
@@ -563,11 +575,13 @@ def test_decide_returns_a_typed_status_serialised_as_the_api_expects() -> None:
             _cond("TeachersReady", "False", "JobFinished", "teachers scaled to zero", T2),
             _cond("TrainerReady", "False", "RayJobFailed", failed, T2),
             _cond("Suspended", "False", "NotSuspended", "not suspended"),
+            kept,
             _cond("Failed", "True", "RayJobFailed", failed, T2),
         ],
         "teachers": [{**teacher, "replicas": 0, "readyReplicas": 1, "message": "scaled to zero"}],
         "teachersReady": "0/1",
         "children": children,
+        "storage": storage,
         "startTime": T1,
         "completionTime": T2,
     }  # fmt: skip

@@ -30,7 +30,7 @@ from distillery_operator.render import (
 
 from distillery.api import DistillationJob, Placement
 from distillery.runtime_config import CONFIG_KEY, RuntimeConfig
-from distillery.validation import load_job
+from distillery.validation import load_job, parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -110,6 +110,9 @@ def test_every_example_renders_valid_objects(example: Path) -> None:
         assert meta["namespace"] == "team-a"
         assert meta["labels"][naming.JOB_LABEL] == job.metadata.name
         assert meta["labels"]["app.kubernetes.io/managed-by"] == "distillery-operator"
+        if obj["kind"] == "PersistentVolumeClaim":
+            assert "ownerReferences" not in meta  # kept after the job: the model is on it
+            continue
         assert meta["ownerReferences"][0]["uid"] == CTX.owner_uid
         assert meta["ownerReferences"][0]["controller"] is True
 
@@ -192,7 +195,7 @@ def test_extra_args_node_selector_and_tolerations_pass_through() -> None:
 @pytest.mark.parametrize("example", ["external-teacher.yaml", "colocated-teacher.yaml"])
 def test_external_and_colocated_teachers_get_no_objects(example: str) -> None:
     objects = render_job(load(example), CTX)
-    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "RayJob"]
+    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
 
 
 def test_multi_teacher_gets_one_deployment_and_service_each() -> None:
@@ -247,7 +250,7 @@ def test_rayjob_runs_the_runtime_with_the_config() -> None:
             for v in template["spec"]["volumes"]
             if "persistentVolumeClaim" in v
         ]
-        assert claims == ["distill-checkpoints"]
+        assert claims == ["distill-checkpoints", "datasets"]  # its checkpoints, read-write; its data
         assert template["spec"]["terminationGracePeriodSeconds"] == job.spec.termination_grace_period_seconds
     head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     timeout = str(job.spec.termination_grace_period_seconds - 10)
@@ -266,20 +269,82 @@ def test_rayjob_runs_the_runtime_with_the_config() -> None:
     }
 
 
-def test_without_a_claim_the_checkpoint_folder_is_a_writable_empty_dir() -> None:
-    """Found on a real node: without checkpoint.pvc nothing was mounted at checkpoint.path, and the image's
-    user (uid 1000) cannot create /checkpoints, so the first checkpoint failed the run."""
-    job = load_job(ROOT / "examples" / "gkd.yaml")
-    assert job.spec.checkpoint.pvc is None
-    (rayjob,) = by_kind(render_job(job, CTX), "RayJob")
+def checkpoint_volumes(rayjob: dict[str, Any], path: str) -> list[dict[str, Any]]:
+    """The volume mounted at `path` in the Ray head and in each worker group."""
     cluster = rayjob["spec"]["rayClusterSpec"]
+    found = []
     for template in (
         cluster["headGroupSpec"]["template"],
         *(g["template"] for g in cluster["workerGroupSpecs"]),
     ):
         mounts = {m["mountPath"]: m["name"] for m in template["spec"]["containers"][0]["volumeMounts"]}
         volumes = {v["name"]: v for v in template["spec"]["volumes"]}
-        assert volumes[mounts[job.spec.checkpoint.path]] == {"name": "checkpoints", "emptyDir": {}}
+        found.append(volumes[mounts[path]])
+    return found
+
+
+def with_checkpoint(example: str, **checkpoint: Any) -> DistillationJob:
+    doc = yaml.safe_load((ROOT / "examples" / example).read_text())
+    doc["spec"]["checkpoint"] = checkpoint
+    return parse_job(doc)
+
+
+def test_an_ephemeral_checkpoint_folder_is_a_writable_empty_dir() -> None:
+    """Found on a real node: without a claim nothing was mounted at checkpoint.path, and the image's user
+    (uid 1000) cannot create /checkpoints, so the first checkpoint failed the run."""
+    job = with_checkpoint("gkd.yaml", ephemeral=True)
+    objects = render_job(job, CTX)
+    assert by_kind(objects, "PersistentVolumeClaim") == []
+    (rayjob,) = by_kind(objects, "RayJob")
+    assert checkpoint_volumes(rayjob, "/checkpoints") == [{"name": "checkpoints", "emptyDir": {}}] * 2
+
+
+def test_a_job_that_names_no_claim_gets_the_operators_claim_kept_after_it() -> None:
+    """The trained model outlives the pods (issue 25): the claim `<job>-checkpoints`, sized from the
+    student, ReadWriteMany (the head and the worker are two pods), in the cluster's default class, and with
+    no owner reference, so that deleting the job leaves it; the head and the workers mount it."""
+    job = load("gkd.yaml")
+    assert job.spec.checkpoint.pvc is None and not job.spec.checkpoint.ephemeral
+    objects = render_job(job, CTX)
+    assert [o["kind"] for o in objects][-2:] == ["PersistentVolumeClaim", "RayJob"]  # before its pods
+    (claim,) = by_kind(objects, "PersistentVolumeClaim")
+    validate(claim)
+    assert claim["metadata"]["name"] == naming.checkpoint_claim("gkd-jsd") == "gkd-jsd-checkpoints"
+    assert "ownerReferences" not in claim["metadata"]
+    assert claim["metadata"]["labels"][naming.COMPONENT_LABEL] == "checkpoints"
+    # Qwen2.5-0.5B: 0.49B parameters x (4 checkpoints x 14 + 2) bytes x 1.1 + 1 GiB = 30.1 GiB.
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": "31Gi"}},
+        "volumeMode": "Filesystem",
+    }
+    (rayjob,) = by_kind(objects, "RayJob")
+    mounted = {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "gkd-jsd-checkpoints"}}
+    assert checkpoint_volumes(rayjob, "/checkpoints") == [mounted] * 2
+
+
+def test_the_claim_takes_the_size_and_class_given_and_the_job_owns_it_when_told() -> None:
+    job = with_checkpoint(
+        "gkd.yaml", size="250Gi", storageClassName="nfs-rwx", deleteWithJob=True, path="/out"
+    )
+    (claim,) = by_kind(render_job(job, CTX), "PersistentVolumeClaim")
+    validate(claim)
+    assert claim["spec"]["resources"] == {"requests": {"storage": "250Gi"}}
+    assert claim["spec"]["storageClassName"] == "nfs-rwx"
+    (owner,) = claim["metadata"]["ownerReferences"]
+    assert owner["uid"] == CTX.owner_uid and owner["kind"] == "DistillationJob"
+    # `distillery render` knows no uid: no owner there either.
+    (unowned,) = by_kind(render_job(job, RenderContext(namespace="team-a")), "PersistentVolumeClaim")
+    assert "ownerReferences" not in unowned["metadata"]
+
+
+def test_a_claim_the_job_names_is_mounted_and_none_is_made() -> None:
+    job = with_checkpoint("gkd.yaml", pvc="my-claim")
+    objects = render_job(job, CTX)
+    assert by_kind(objects, "PersistentVolumeClaim") == []
+    (rayjob,) = by_kind(objects, "RayJob")
+    mounted = {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "my-claim"}}
+    assert checkpoint_volumes(rayjob, "/checkpoints") == [mounted] * 2
 
 
 def test_suspend_deadline_backoff_and_service_account() -> None:
@@ -347,7 +412,10 @@ def test_render_cli_prints_a_yaml_stream() -> None:
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     identity = ["ServiceAccount", "Role", "RoleBinding"]  # the trainer's, made by the operator
-    assert [d["kind"] for d in docs] == identity + ["ConfigMap"] + ["Service", "Deployment"] * 3 + ["RayJob"]
+    claim = ["PersistentVolumeClaim"]  # the checkpoints': the example names none
+    assert [d["kind"] for d in docs] == identity + ["ConfigMap"] + ["Service", "Deployment"] * 3 + claim + [
+        "RayJob"
+    ]
     assert all(d["metadata"]["namespace"] == "ml" for d in docs)
     assert "&id" not in result.stdout  # no YAML anchors: kubectl users read this
 
