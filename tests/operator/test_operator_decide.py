@@ -596,3 +596,138 @@ def test_decide_returns_a_typed_status_serialised_as_the_api_expects() -> None:
         "conditions": [_cond("Valid", "False", "InvalidSpec", problem)],
         "teachers": [],
     }
+
+
+# ------------------------------------------------------------------------------------------------ checkpoint claim
+
+CLAIM = ("PersistentVolumeClaim", "gkd-jsd-checkpoints")
+
+
+def kept_claim(world: World, *, owner: str | None = None, storage: str = "31Gi", **status: Any) -> None:
+    """The claim as an earlier job of this name left it: made by the operator, kept (no owner) unless
+    `owner` is that job's uid."""
+    made = World(job_body("gkd.yaml")).step(T0).actions
+    claim = copy.deepcopy(next(a.body for a in made if a.kind == "PersistentVolumeClaim"))
+    claim["metadata"].pop("ownerReferences", None)
+    if owner is not None:
+        ref = {"apiVersion": "distillery.io/v1alpha1", "kind": "DistillationJob", "name": "gkd-jsd"}
+        claim["metadata"]["ownerReferences"] = [{**ref, "uid": owner, "controller": True}]
+    claim["spec"]["resources"]["requests"]["storage"] = storage
+    claim["status"] = status
+    world.objects[CLAIM] = claim
+
+
+def test_the_claim_is_made_once_and_never_patched() -> None:
+    world = World(job_body("gkd.yaml"))
+    world.settle(T0)
+    claim = world.objects[CLAIM]
+    assert "ownerReferences" not in claim["metadata"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "31Gi"
+    # Someone grows it and edits its labels; the provisioner binds it: the operator writes nothing back.
+    claim["spec"]["resources"]["requests"]["storage"] = "500Gi"
+    claim["metadata"]["labels"]["owner"] = "me"
+    claim["metadata"]["annotations"]["distillery.io/spec-hash"] = "edited"
+    world.play(*CLAIM, {"phase": "Bound", "capacity": {"storage": "512Gi"}})
+    decision = world.step(T1)
+    assert [a for a in decision.actions if a.kind == "PersistentVolumeClaim"] == []
+    storage = world.body["status"]["storage"]
+    assert storage == {
+        "claim": "gkd-jsd-checkpoints",
+        "kept": True,
+        "ephemeral": False,
+        "size": "512Gi",
+        "phase": "Bound",
+    }
+    assert world.condition("OutputKept")["reason"] == "ClaimKept"
+
+
+def test_a_job_made_again_uses_the_claim_its_predecessor_kept() -> None:
+    world = World(job_body("gkd.yaml", checkpoint={"deleteWithJob": True}))
+    kept_claim(world, storage="20Gi", phase="Bound", capacity={"storage": "20Gi"})
+    world.settle(T0)
+    assert [k for k, _ in world.objects].count("PersistentVolumeClaim") == 1
+    assert "ownerReferences" not in world.objects[CLAIM]["metadata"]  # never adopted: its data predates us
+    storage = world.body["status"]["storage"]
+    assert storage["kept"] is True and storage["size"] == "20Gi"
+    # What differs from this job's plan is said, not fixed: a claim only grows, where its class allows.
+    assert "asks for 20Gi, less than the 31Gi this job plans" in storage["message"]
+    assert "made by an earlier job with this name and kept" in storage["message"]
+    assert world.condition("OutputKept")["status"] == "True"
+
+
+def test_a_claim_owned_by_a_deleted_job_of_the_same_name_is_waited_for() -> None:
+    """With deleteWithJob the old job's claim goes with it, through the garbage collector: the new job makes
+    its own once that one is gone, never mounting the old one's."""
+    world = World(job_body("gkd.yaml"))
+    kept_claim(world, owner="uid-0")
+    decision = world.step(T0)
+    assert [a for a in decision.actions if a.kind == "PersistentVolumeClaim"] == []
+    assert "waiting for PersistentVolumeClaim/gkd-jsd-checkpoints" in (decision.status.message or "")
+    del world.objects[CLAIM]
+    decision = world.step(T1)
+    assert [(a.verb, a.kind) for a in decision.actions] == [("create", "PersistentVolumeClaim")]
+
+
+def test_a_claim_being_deleted_is_not_made_again_until_it_is_gone() -> None:
+    world = World(job_body("gkd.yaml"))
+    world.settle(T0)
+    world.objects[CLAIM]["metadata"]["deletionTimestamp"] = T1
+    world.play(*CLAIM, {"phase": "Bound"})
+    decision = world.step(T1)
+    assert decision.actions == []
+    assert "being deleted" in world.body["status"]["storage"]["message"]
+    del world.objects[CLAIM]
+    assert [(a.verb, a.kind) for a in world.step(T2).actions] == [("create", "PersistentVolumeClaim")]
+
+
+def test_a_claim_not_bound_says_what_it_needs() -> None:
+    world = World(job_body("gkd.yaml", checkpoint={"storageClassName": "fast"}))
+    world.settle(T0)
+    world.play(*CLAIM, {"phase": "Pending"})
+    world.settle(T1)
+    storage = world.body["status"]["storage"]
+    assert storage["phase"] == "Pending"
+    assert "StorageClass fast may not provide ReadWriteMany, 31Gi" in storage["message"]
+    world.play(*CLAIM, {"phase": "Bound"})
+    world.settle(T2)
+    assert "message" not in world.body["status"]["storage"]
+
+
+def test_delete_with_job_makes_the_job_its_owner() -> None:
+    world = World(job_body("gkd.yaml", checkpoint={"deleteWithJob": True}))
+    world.settle(T0)
+    (owner,) = world.objects[CLAIM]["metadata"]["ownerReferences"]
+    assert owner["uid"] == "uid-1"
+    assert world.body["status"]["storage"]["kept"] is False
+    cond = world.condition("OutputKept")
+    assert (cond["status"], cond["reason"]) == ("False", "DeletedWithJob")
+    assert "copy out what you keep first" in cond["message"]
+
+
+def test_an_ephemeral_job_makes_no_claim_and_warns_once() -> None:
+    world = World(job_body("gkd.yaml", checkpoint={"ephemeral": True}))
+    world.settle(T0)
+    assert CLAIM not in world.objects
+    assert world.body["status"]["storage"] == {"kept": False, "ephemeral": True}
+    cond = world.condition("OutputKept")
+    assert (cond["status"], cond["reason"]) == ("False", "Ephemeral")
+    warnings = [e for e in world.events if e.reason == "Ephemeral"]
+    assert (
+        len(warnings) == 1
+        and warnings[0].type == "Warning"
+        and "lost when the pods go" in warnings[0].message
+    )
+
+
+def test_a_claim_the_job_names_is_the_users() -> None:
+    world = World(job_body("standalone-teacher.yaml"))
+    kept_claim(world, owner="uid-0")  # the operator's claim name, owned by another job: not in this one's way
+    decision = world.settle(T0)
+    assert not any(a.kind == "PersistentVolumeClaim" for a in decision.actions)
+    assert "PersistentVolumeClaim" not in (world.body["status"].get("message") or "")
+    assert world.body["status"]["storage"] == {
+        "claim": "distill-checkpoints",
+        "kept": True,
+        "ephemeral": False,
+    }
+    assert world.condition("OutputKept")["reason"] == "UserClaim"

@@ -238,6 +238,8 @@ def test_standalone_teacher_with_one_step_off_stops_cleanly_on_ctrl_c(job_files,
             "evalEvery": 1,
             "oneStepOff": True,
         },
+        # A cluster's setting (no claim: the pods' emptyDir); a local run writes to --output all the same.
+        checkpoint={"ephemeral": True},
     )
     path, out = write_manifest(doc), tmp_path / "out"
     process = start([str(path), "-o", str(out), "--no-progress"], tmp_path)
@@ -292,6 +294,8 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(job_files, wr
         name="killme",
         loss={"mode": "forward_kl_topk", "topK": 4, "onPolicyFraction": 0.5},
         schedule={"steps": 5, "promptsPerStep": 4, "microBatchSize": 2, "checkpointEvery": 2},
+        # The operator's claim, a cluster's setting: a local run writes to --output all the same.
+        checkpoint={"size": "1Gi", "storageClassName": "nfs-rwx", "deleteWithJob": True},
     )
     doc["spec"]["data"]["responseField"] = "response"
     path = write_manifest(doc)

@@ -20,6 +20,23 @@ def test_the_final_model_is_a_runtime_field_patched_alone() -> None:
     assert list(patch["status"]) == ["model"]
     assert patch["status"]["model"] == {**patch["status"]["model"], "path": "/checkpoints/final", "step": 12}
     assert patch["status"]["model"]["dtype"] == "bfloat16"
+    assert "claim" not in patch["status"]["model"]  # ephemeral checkpoints: on no claim
+
+
+def test_the_final_model_names_the_claim_it_is_on() -> None:
+    """In a cluster the runtime config says which claim is mounted at checkpoint.path (the operator's by
+    default), and status.model names it with the folder."""
+    sent: list[dict[str, Any]] = []
+
+    class Api:
+        def patch_namespaced_custom_object_status(self, *args: Any) -> None:
+            sent.append(args[-1])
+
+    reporter = StatusReporter("ns", "demo", claim="demo-checkpoints", api=Api(), min_interval=0)
+    reporter.model(12, "/checkpoints/final", "bfloat16")
+    (patch,) = sent
+    assert patch["status"]["model"]["claim"] == "demo-checkpoints"
+    assert patch["status"]["model"]["path"] == "/checkpoints/final"
 
 
 def test_a_failed_patch_is_logged_not_raised(tmp_path: Path, caplog: Any) -> None:
