@@ -184,12 +184,13 @@ def children(installation: Installation, namespace: str) -> int:
     """The operator's children that exist in `namespace` (by its managed-by label)."""
     selector = f"{naming.MANAGED_BY_LABEL}={naming.MANAGED_BY}"
     kinds = ("serviceaccounts", "roles", "rolebindings", "configmaps", "deployments", "services", "rayjobs")
+    kinds += ("persistentvolumeclaims",)
     return sum(len(installation.names(kind, namespace, selector)) for kind in kinds)
 
 
-CHILDREN_PER_JOB = 3 + 1 + 3 * 2 + 1
+CHILDREN_PER_JOB = 3 + 1 + 3 * 2 + 1 + 1
 """multi-teacher.yaml: the trainer's identity (3), the ConfigMap, 3 standalone teachers (Deployment and
-Service each), the RayJob."""
+Service each), the checkpoint claim, the RayJob."""
 
 
 def test_killed_mid_reconcile_then_restarted_converges_without_duplicates_or_errors(

@@ -198,7 +198,7 @@ def events(installation: Installation, namespace: str, name: str) -> list[dict[s
 
 def children(installation: Installation, namespace: str, job: str) -> dict[str, list[str]]:
     selector = f"{naming.JOB_LABEL}={job}"
-    kinds = ("configmaps", "services", "deployments.apps", "rayjobs.ray.io")
+    kinds = ("configmaps", "services", "deployments.apps", "rayjobs.ray.io", "persistentvolumeclaims")
     kinds += ("serviceaccounts", "roles.rbac.authorization.k8s.io", "rolebindings.rbac.authorization.k8s.io")
     return {kind: installation.names(kind, namespace, selector) for kind in kinds}
 
@@ -214,7 +214,9 @@ def test_the_operator_uses_exactly_what_the_chart_grants(
     teacher = naming.teacher_name(name, "qwen-7b")
     rayjob = naming.rayjob_name(name)
     with running_operator(installation, namespace, tmp_path / "operator.log") as operator:
-        apply(installation, namespace, example(name))
+        # No claim named: the operator makes the checkpoint claim, owned by the job (the garbage collector
+        # deletes it with the job below: the operator never deletes anything).
+        apply(installation, namespace, example(name, checkpoint={"deleteWithJob": True}))
         wait_until(
             lambda: installation.get("rayjob", rayjob, namespace),
             what=f"the RayJob ({operator.output()[-3000:]})",
