@@ -15,8 +15,14 @@ from typing import Any
 
 from harness import KUBECTL, Installation, yaml_stream
 
+from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.validation import parse_job
+
 MODELS_CLAIM = "models"
 CHECKPOINT_CLAIM = "checkpoints"
+MANUAL_CLASS = "manual"
+"""The StorageClass name of the test's volumes: no provisioner, no StorageClass object; a claim binds to the
+volume pre-bound to it (`claimRef`) of the same class."""
 TERMINAL = ("Succeeded", "Failed")
 TEACHER_SERVER = (
     *("python", "-m", "distillery_runtime.teachers.server", "--model", "/models/teacher"),
@@ -49,33 +55,40 @@ def deployment_available(installation: Installation, namespace: str, name: str |
     )
 
 
-def _host_path_volume(name: str, claim: str, namespace: str, path: Path, mode: str) -> list[dict[str, Any]]:
-    """A hostPath PersistentVolume pre-bound to the claim of the same name (no provisioner runs here)."""
-    pv = {
+def _pre_bound_volume(
+    name: str, claim: str, namespace: str, path: Path, mode: str, size: str = "2Gi"
+) -> dict[str, Any]:
+    """A hostPath PersistentVolume pre-bound (`claimRef`) to the claim `claim` (no provisioner runs here);
+    its capacity is only declared: nothing enforces it on a host folder."""
+    return {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
         "metadata": {"name": name},
         "spec": {
-            "capacity": {"storage": "2Gi"},
+            "capacity": {"storage": size},
             "accessModes": [mode],
             "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "manual",
+            "storageClassName": MANUAL_CLASS,
             "hostPath": {"path": str(path), "type": "Directory"},
             "claimRef": {"namespace": namespace, "name": claim},
         },
     }
+
+
+def _host_path_volume(name: str, claim: str, namespace: str, path: Path, mode: str) -> list[dict[str, Any]]:
+    """A hostPath PersistentVolume and the claim of the same name bound to it."""
     pvc = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": claim, "namespace": namespace},
         "spec": {
             "accessModes": [mode],
-            "storageClassName": "manual",
+            "storageClassName": MANUAL_CLASS,
             "volumeName": name,
             "resources": {"requests": {"storage": "2Gi"}},
         },
     }
-    return [pv, pvc]
+    return [_pre_bound_volume(name, claim, namespace, path, mode), pvc]
 
 
 @dataclass
@@ -119,6 +132,35 @@ class Workspace:
         )
         self.installation.admin("apply", "-f", "-", input=yaml_stream(objects))
         return folder
+
+    def add_operator_claim_volume(self, manifest: dict[str, Any]) -> tuple[str, Path]:
+        """A volume for the checkpoint claim the operator will make for `manifest` (a job that names none):
+        pre-bound to that claim's name, with the size and access mode the plan gives it (the job must name
+        MANUAL_CLASS as its storageClassName). Returns the claim's name and the volume's host folder."""
+        job = parse_job(manifest)
+        planned = checkpoint_storage(job.metadata.name, job.spec).operator_claim
+        assert planned is not None and planned.storage_class_name == MANUAL_CLASS, planned
+        folder = self.checkpoints.parent / planned.name
+        folder.mkdir(mode=0o777)
+        folder.chmod(0o777)  # the pods run as uid 1000
+        volume = _pre_bound_volume(
+            f"{self.namespace}-{planned.name}",
+            planned.name,
+            self.namespace,
+            folder,
+            planned.access_mode,
+            planned.size,
+        )
+        self.installation.admin("apply", "-f", "-", input=yaml_stream([volume]))
+        return planned.name, folder
+
+    def claim(self, name: str) -> dict[str, Any] | None:
+        """The claim `name` of the test's namespace, or None if it does not exist."""
+        return self.installation.get("pvc", name, self.namespace)
+
+    def delete_job(self, name: str) -> None:
+        """`kubectl delete dj NAME`, waiting for the job to go (its children go through the garbage collector)."""
+        self.installation.admin("delete", "dj", name, "-n", self.namespace, timeout=300)
 
     def apply(self, manifest: dict[str, Any]) -> None:
         """`kubectl apply` of the job, with `kubectl get dj -w` on it from before it exists."""

@@ -8,12 +8,13 @@ standalone scenario's uninterrupted one."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from distillery_operator import naming
 from harness import RELEASE_NAMESPACE, wait_until
-from node_jobs import Workspace, standalone_teacher, tiny_job
+from node_jobs import MANUAL_CLASS, Workspace, standalone_teacher, tiny_job
 
 from distillery.api.spec import DistillationJobSpec
 
@@ -97,9 +98,38 @@ def test_two_teachers_routed_by_a_data_field(workspace: Workspace) -> None:
 
 
 def test_colocated_teacher(workspace: Workspace) -> None:
+    """The teacher in the trainer's Ray workers. The job names no checkpoint claim: it writes to the one the
+    operator makes (bound to the volume the test pre-binds to its name, as no provisioner runs here), which
+    holds the final model after the job is gone (issue 25)."""
     teacher = {"name": "teacher", "model": "pvc://models/teacher", "placement": "colocated"}
-    workspace.apply(tiny_job("colocated", teachers=[teacher]))
-    assert_succeeded(workspace, "colocated")
+    job = tiny_job("colocated", teachers=[teacher], checkpoint={"storageClassName": MANUAL_CLASS})
+    claim, folder = workspace.add_operator_claim_volume(job)
+    assert claim == naming.checkpoint_claim("colocated")
+    workspace.apply(job)
+    assert_succeeded(workspace, "colocated", checkpoints=folder)
+    status = workspace.job("colocated")["status"]
+    assert status["storage"] == {**status["storage"], "claim": claim, "kept": True, "phase": "Bound"}
+    # The runtime names the final model and its claim; its files are on the volume.
+    assert status["model"]["claim"] == claim and status["model"]["path"] == "/checkpoints/final"
+    final = folder / Path(status["model"]["path"]).relative_to("/checkpoints")
+    files = {p.name for p in final.iterdir()}
+    assert {"config.json", "generation_config.json"} <= files and any(
+        n.endswith(".safetensors") for n in files
+    )
+
+    # kubectl delete dj: the trainer and its Ray cluster go; the claim and the model stay.
+    workspace.delete_job("colocated")
+
+    def gone() -> bool:
+        kinds = "rayjobs,rayclusters,jobs,pods,configmaps"
+        names = workspace.installation.admin("get", kinds, "-n", workspace.namespace, "-o", "name").stdout
+        return not [n for n in names.split() if "colocated" in n]
+
+    wait_until(gone, timeout=180, what="the job's RayJob, Ray cluster, config and pods to go")
+    kept = workspace.claim(claim)
+    assert kept is not None and "deletionTimestamp" not in kept["metadata"], kept
+    assert kept["status"]["phase"] == "Bound"
+    assert (final / "config.json").is_file() and any(final.glob("*.safetensors"))
 
 
 def test_one_step_off_and_a_teacher_pod_killed_mid_run(workspace: Workspace) -> None:
