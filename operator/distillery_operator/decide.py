@@ -196,7 +196,11 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         message = "the spec is invalid: " + "; ".join(problems)
     if foreign:
         message = f"waiting for {', '.join(foreign)} of another job with this name to be deleted"
-    storage, output = storage_status(job, observed.claim) if job is not None else (None, None)
+    storage, output = (
+        storage_status(job, observed.claim, finished=terminal is not None)
+        if job is not None
+        else (None, None)
+    )
     conds = derive_conditions(
         problems=problems,
         refused=refused,

@@ -197,9 +197,12 @@ class Cond:
 OUTPUT = "checkpoints, metrics and the final model"
 
 
-def storage_status(job: DistillationJob, claim: Child | None) -> tuple[StorageStatus, Cond]:
+def storage_status(
+    job: DistillationJob, claim: Child | None, *, finished: bool = False
+) -> tuple[StorageStatus, Cond]:
     """Where the job's output lives (status.storage) and the OutputKept condition. `claim`: the operator's
-    checkpoint claim as observed, if it exists and is this job's to use (its own, or kept without owner).
+    checkpoint claim as observed, if it exists and is this job's to use (its own, or kept without owner);
+    `finished`: the job is in a terminal phase (a claim gone then is not made again).
 
     Whether the output outlives the job is read from the claim itself where there is one: a claim kept
     from an earlier job of this name stays kept even when this job says deleteWithJob, since the operator
@@ -223,7 +226,7 @@ def storage_status(job: DistillationJob, claim: Child | None) -> tuple[StorageSt
     kept = claim.owner_uid is None if claim is not None else not planned.delete_with_job
     notes: list[str] = []
     if claim is None:
-        notes.append("not made yet")
+        notes.append("deleted after the job finished" if finished else "not made yet")
     else:
         notes.extend(_claim_notes(claim, planned.size, planned.storage_class_name, planned.access_mode))
         if kept and planned.delete_with_job:

@@ -693,6 +693,17 @@ def test_a_claim_not_bound_says_what_it_needs() -> None:
     assert "message" not in world.body["status"]["storage"]
 
 
+def test_a_claim_deleted_after_the_job_finished_is_not_made_again() -> None:
+    world = World(job_body("gkd.yaml"))
+    world.settle(T0)
+    world.play("RayJob", "gkd-jsd-trainer", {"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete"})
+    world.settle(T1)
+    del world.objects[CLAIM]  # the user took the model and deleted the claim
+    decision = world.step(T2)
+    assert not any(a.kind == "PersistentVolumeClaim" for a in decision.actions)
+    assert world.body["status"]["storage"]["message"] == "deleted after the job finished"
+
+
 def test_delete_with_job_makes_the_job_its_owner() -> None:
     world = World(job_body("gkd.yaml", checkpoint={"deleteWithJob": True}))
     world.settle(T0)
