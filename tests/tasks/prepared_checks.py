@@ -14,12 +14,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def vllm_greedy_accuracy(
-    task_dir: Path, task: str, *, rows: int, max_tokens: int, max_model_len: int
+    task_dir: Path, task: str, *, rows: int, max_tokens: int, max_model_len: int, model: Path | None = None
 ) -> float:
-    """Greedy held-out accuracy of the task's teacher under a real vLLM engine (CPU build), graded by the
-    task's own grader, on the first `rows` eval rows (chat rows: the conversation before the answer through
-    the teacher's chat template, the answer turn the reference). In a child process: vLLM wants a fresh
-    process and its own env."""
+    """Greedy held-out accuracy of the task's teacher (or of `model`, a Hugging Face folder) under a real
+    vLLM engine (CPU build, computing in float32 whatever the weights' dtype), graded by the task's own
+    grader, on the first `rows` eval rows (chat rows: the conversation before the answer through the
+    model's chat template, the answer turn the reference). In a child process: vLLM wants a fresh process
+    and its own env."""
+    model = model or task_dir / "teacher"
     script = textwrap.dedent(
         f"""
         import json, os
@@ -28,12 +30,12 @@ def vllm_greedy_accuracy(
         from transformers import AutoTokenizer
         from distillery_runtime.tasks.{task} import TASK
         rows = [json.loads(l) for l in open({str(task_dir / "eval.jsonl")!r})][:{rows}]
-        tok = AutoTokenizer.from_pretrained({str(task_dir / "teacher")!r})
+        tok = AutoTokenizer.from_pretrained({str(model)!r})
         for r in rows:
             if "messages" in r:
                 r["prompt"] = tok.apply_chat_template(r["messages"][:-1], add_generation_prompt=True, tokenize=False)
                 r["answer"] = r["messages"][-1]["content"]
-        llm = LLM(model={str(task_dir / "teacher")!r}, dtype="float32", enforce_eager=True, max_model_len={max_model_len})
+        llm = LLM(model={str(model)!r}, dtype="float32", enforce_eager=True, max_model_len={max_model_len})
         outs = llm.generate([r["prompt"] for r in rows], SamplingParams(temperature=0, max_tokens={max_tokens}))
         print("ACC", sum(TASK.grade(o.outputs[0].text, r["answer"]) for o, r in zip(outs, rows)) / len(rows))
         """

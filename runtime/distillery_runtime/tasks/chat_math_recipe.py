@@ -7,7 +7,11 @@ renders it (`distillery_runtime.chat.render`), and the SFT target is the answer 
 are tiny Qwen2s (hidden 64, tied embeddings: ~10M parameters, nearly all of them the 151,936 rows), trained
 as a compact stand-in over the few hundred tokens the task's text uses (`compact_vocab.py`) and saved as
 the full model. The teacher (4 layers) must reach `teacher_min_accuracy` on the development split; the
-student (2 layers) stops at its first check past `student_start`.
+student (2 layers) stops at its first check past `student_start`. That start is past the student's early
+plateau: SFT of the 2-layer student learns the answer's format in ~10 steps (~9% held out, chance at the
+sums), stays there for ~150 steps, then climbs (22% at 175, 48% at 250: measured with lr 3e-3, batch 64).
+A start on the plateau (version 1 stopped at 10%) leaves distillation 150 SFT steps' worth of samples
+before anything moves; a start on the climb shows whether distillation climbs it.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ class CompactQwenModels:
 class ChatMathRecipe:
     """Everything that determines the prepared artefacts (fields as in `prepare.AdditionRecipe`)."""
 
-    version: int = 1
+    version: int = 2
     seed: int = 0
     train_rows: int = 4096
     eval_rows: int = 512
@@ -96,11 +100,11 @@ class ChatMathRecipe:
     teacher_steps: int = 800
     student: QwenShape = QwenShape(layers=2)
     student_max_steps: int = 1500
-    student_start: float = 0.1
+    student_start: float = 0.2
     batch_size: int = 64
     lr: float = 3e-3
     teacher_check_every: int = 200
-    student_check_every: int = 10
+    student_check_every: int = 25
 
     task: ClassVar[Task] = chat_math.TASK
     teacher_min_accuracy: ClassVar[float] = 0.9
