@@ -22,8 +22,9 @@ class Rule:
 
     `check(obj)` returns True when the object is valid; `cel` is the same rule as a CEL expression over
     `self` (the object in its YAML form), or None where CEL cannot see the fields it reads (an untyped
-    value): the CRD then accepts what the operator refuses, marking the job Invalid; `field` is the camelCase field the error is reported on (relative
-    to the object, '' for the object itself); `cel_reason` is the Kubernetes `reason` for the CEL rule.
+    value): the CRD then accepts what the operator refuses, marking the job Invalid; `field` is the
+    camelCase field the error is reported on (relative to the object, '' for the object itself);
+    `cel_reason` is the Kubernetes `reason` for the CEL rule.
     """
 
     check: Callable[[Any], bool]

@@ -158,7 +158,9 @@ def collate(
     # prompt position (a chat template's header, a long question) is most of a step's work at a real
     # vocabulary (152k). `keep` is their union over the rows, `positions` then index into it.
     counted = np.arange(t_max)[None, :] < np.array([len(s.response_ids) for s in samples])[:, None]
-    keep = np.unique(positions[counted])
+    # At least one position: a batch whose responses are all empty still runs the model (and its
+    # collectives); its loss is masked to nothing.
+    keep = np.unique(positions[counted]) if counted.any() else np.zeros(1, dtype=np.int64)
     positions = np.searchsorted(keep, positions)
     have_old = all(s.old_logprobs is not None for s in samples)
     batch = {
