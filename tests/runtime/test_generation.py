@@ -133,3 +133,21 @@ def test_transformers_engine_stops_on_stop_string_and_top_k(job_files) -> None:
     for seed in (1, 2):
         out = next(iter(engine.generate([GenerationRequest("k", PROMPT, seed=seed)], sampled)))[0]
         assert out.response_ids == ids and out.finish_reason == first.finish_reason
+
+
+@pytest.mark.slow
+def test_vllm_engine_samples_a_step_whose_prompts_pass_the_token_budget(job_files) -> None:
+    """More seeded prompt tokens in one step than vLLM CPU's budget (4096): split prompts would discard
+    their samples by rewinding a seeded CPU generator, which raises ("CPU Generator does not use offset");
+    the engine takes whole prompts instead, and every request gets its response."""
+    engine = build_engine("vllm", str(job_files.student), dtype=torch.float32, max_model_len=160)
+    try:
+        sampling = SamplingSettings(greedy=False, temperature=1.0, max_new_tokens=4, stop_token_ids=())
+        prompt = [4 + i % 50 for i in range(120)]
+        requests = [GenerationRequest(f"r{i}", prompt, seed=i) for i in range(48)]  # 5760 prompt tokens
+        done = [s for batch in engine.generate(requests, sampling) for s in batch]
+        assert sorted(s.sample_id for s in done) == sorted(r.sample_id for r in requests)
+        assert all(1 <= len(s.response_ids) <= 4 for s in done)
+    finally:
+        del engine
+        gc.collect()

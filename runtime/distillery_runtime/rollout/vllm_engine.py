@@ -75,6 +75,14 @@ class VllmRolloutEngine:
         if _on_gpu():
             kwargs["gpu_memory_utilization"] = memory_fraction
             kwargs["enable_sleep_mode"] = True
+        else:
+            # A step's prompts past the token budget get split (chunked prefill), and the sample a split
+            # prompt draws is discarded by rewinding its seeded generator, which a CPU generator cannot do
+            # (vLLM: "CPU Generator does not use offset"; every rollout request is seeded). Whole prompts
+            # only: met with 128 samples of 54-token prompts a step (chat-math, samplesPerPrompt 4).
+            kwargs["enable_chunked_prefill"] = False
+            # Unchunked, the budget must hold the longest prompt (vLLM CPU's default budget is 4096).
+            kwargs["max_num_batched_tokens"] = max(4096, max_model_len)
         if enforce_eager is None:
             # CUDA graphs are most of vLLM's decode speed on GPU; on CPU, compiling costs ~10 s of start-up
             # and gains ~20-30% per decode step, which only longer jobs win back (student.rollout.enforceEager).
