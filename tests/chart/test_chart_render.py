@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from typing import Any
 
 import helm_python
@@ -297,17 +298,29 @@ def test_dashboards_are_what_the_generator_writes() -> None:
 
 
 def _trainer_head_pod() -> dict[str, Any]:
+    (rayjob,) = _rendered("RayJob")
+    return rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+
+
+def _pod_monitor(component: str) -> dict[str, Any]:
+    """The chart's PodMonitor of the trainers ("runtime") or of the standalone teachers ("teacher")."""
+    monitors = by_kind(render_objects(SCENARIOS["monitoring"]), "PodMonitor")
+    (monitor,) = [m for m in monitors if m["metadata"]["labels"]["app.kubernetes.io/component"] == component]
+    return monitor
+
+
+def _rendered(kind: str) -> list[dict[str, Any]]:
+    """The objects of `kind` the operator renders for the standalone-teacher example."""
     from distillery_operator.render import render_manifest_stream
 
     docs = yaml.safe_load_all(
         render_manifest_stream(str(ROOT / "examples" / "standalone-teacher.yaml"), namespace="t")
     )
-    (rayjob,) = [d for d in docs if d and d["kind"] == "RayJob"]
-    return rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+    return [d for d in docs if d and d["kind"] == kind]
 
 
 def test_pod_monitor_selects_the_trainer_pods() -> None:
-    (monitor,) = by_kind(render_objects(SCENARIOS["monitoring"]), "PodMonitor")
+    monitor = _pod_monitor("runtime")
     head = _trainer_head_pod()
     assert monitor["spec"]["selector"]["matchLabels"].items() <= head["metadata"]["labels"].items()
     relabel_sources = [r["sourceLabels"][0] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]]
@@ -319,7 +332,7 @@ def test_pod_monitor_selects_the_trainer_pods() -> None:
 def test_trainer_declares_the_metrics_port_the_pod_monitor_scrapes() -> None:
     from distillery.runtime_config import RuntimeConfig
 
-    (monitor,) = by_kind(render_objects(SCENARIOS["monitoring"]), "PodMonitor")
+    monitor = _pod_monitor("runtime")
     port_name = monitor["spec"]["podMetricsEndpoints"][0]["port"]
     ports = {
         p["name"]: p["containerPort"]
@@ -327,6 +340,27 @@ def test_trainer_declares_the_metrics_port_the_pod_monitor_scrapes() -> None:
         for p in c.get("ports", [])
     }
     assert ports.get(port_name) == RuntimeConfig.model_fields["metrics_port"].default
+
+
+def test_teacher_pod_monitor_scrapes_each_standalone_teachers_vllm_metrics() -> None:
+    monitor = _pod_monitor("teacher")
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    deployments = _rendered("Deployment")
+    assert deployments  # the example has a standalone teacher
+    for deployment in deployments:
+        template = deployment["spec"]["template"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+        ports = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+        assert endpoint["port"] in ports and endpoint["path"] == "/metrics"  # vLLM serves it on its API port
+        # The labels the dashboards group by come from pod labels the teacher's pod carries.
+        relabels = {r["targetLabel"]: r["sourceLabels"][0] for r in endpoint["relabelings"]}
+        for target, pod_label in (
+            ("distillery_job", "distillery.io/job"),
+            ("teacher", "distillery.io/teacher"),
+        ):
+            discovered = "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", pod_label)
+            assert relabels[target] == discovered
+            assert pod_label in template["metadata"]["labels"]
 
 
 @pytest.mark.parametrize("file", ["operator.json", "job.json"])

@@ -8,8 +8,11 @@
   `demo` trains (a step every 0.25 s, two teachers answering, a few retries), `stuck` finished one
   step and since then waits for its teacher `math`, which never answers (the loop's OutageTracker sets
   `teacher_down` the moment the client's retries are spent).
-- Prometheus scrapes all three every second, with the labels the chart's PodMonitor adds to trainers
-  (namespace, distillery_job), and evaluates the chart's alert rules (rendered with short windows).
+- a standalone teacher's own /metrics: the session's real vLLM teacher server (`vllm_server`, shared with
+  the scoring tests), whose `vllm:*` gauges the job dashboard's teacher panels read.
+- Prometheus scrapes all four every second, with the labels the chart's PodMonitors add (namespace,
+  distillery_job; teacher on the teacher's), and evaluates the chart's alert rules (rendered with short
+  windows).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ RULE_VALUES = {
 }
 """The chart's alerts with windows short enough for a test (the expressions are the chart's own)."""
 TEACHERS = ("math", "code")
+TEACHER_JOB = "distillery-teacher"
+"""The scrape job of the teacher server (the chart's teacher PodMonitor)."""
 
 
 def rendered_rule_groups(values: dict[str, Any] = RULE_VALUES) -> list[dict[str, Any]]:
@@ -171,7 +176,9 @@ class _OperatorScenario:
 
 
 @contextlib.contextmanager
-def running_stack(workdir: Path) -> Iterator[Stack]:
+def running_stack(workdir: Path, teacher_address: str) -> Iterator[Stack]:
+    """The stack; `teacher_address` (host:port) serves a real vLLM teacher's /metrics, labelled as the
+    `demo` job's teacher `math`."""
     trainers = Trainers()
     trainers.start()
     operator_port = free_port()
@@ -186,6 +193,11 @@ def running_stack(workdir: Path) -> Iterator[Stack]:
             )
             for name, port in trainers.ports.items()
         ),
+        Target(
+            TEACHER_JOB,
+            teacher_address,
+            {"namespace": NAMESPACE, "distillery_job": "demo", "teacher": "math"},
+        ),
     ]
     scenario = _OperatorScenario(workdir, operator_port)
     try:
@@ -195,9 +207,10 @@ def running_stack(workdir: Path) -> Iterator[Stack]:
             time.sleep(RULE_VALUES["prometheusRule"]["jobStalledSeconds"] + 2)
             prometheus.wait_for(
                 lambda: (
-                    all(t["health"] == "up" for t in prometheus.targets()) and len(prometheus.targets()) == 3
+                    all(t["health"] == "up" for t in prometheus.targets())
+                    and len(prometheus.targets()) == len(targets)
                 ),
-                what="all three targets up",
+                what="all targets up",
             )
             yield Stack(prometheus, operator_port, trainers, groups, outcome)
     finally:

@@ -1,4 +1,4 @@
-"""A real Prometheus scrapes the operator's and the trainers' /metrics; both expositions pass `promtool check
+"""A real Prometheus scrapes the operator's, the trainers' and a real vLLM teacher's /metrics; both expositions pass `promtool check
 metrics`; the chart's alert rules pass `promtool check rules`; every PromQL expression of the dashboards and
 of the alert rules returns series; each alert fires for the job it is about and not for the healthy one.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import yaml
 from chart.helm_chart import CHART
 from observability.prometheus_server import promtool
-from observability.stack import Stack, running_stack
+from observability.stack import TEACHER_JOB, Stack, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +34,11 @@ ALERTS = {
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("prometheus")) as running:
+def stack(tmp_path_factory: pytest.TempPathFactory, vllm_server: Any) -> Iterator[Stack]:
+    # vllm_server: the session's real teacher server (tests/conftest.py), whose /metrics a teacher pod serves.
+    with running_stack(
+        tmp_path_factory.mktemp("prometheus"), urllib.parse.urlsplit(vllm_server.url).netloc
+    ) as running:
         yield running
 
 
@@ -76,6 +80,7 @@ def test_scenario_and_targets(stack: Stack) -> None:
         "distillery-operator",
         "distillery-runtime",
         "distillery-runtime",
+        TEACHER_JOB,
     ]
     assert all(t["health"] == "up" and not t["lastError"] for t in targets)
 

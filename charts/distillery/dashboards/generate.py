@@ -347,6 +347,21 @@ def job_dashboard() -> dict[str, Any]:
                     "{{distillery_job}} {{teacher}}")),
         12, 8,
     )  # fmt: skip
+    # The standalone teachers' own vLLM metrics (the chart's teacher PodMonitor): a queue that keeps growing
+    # means the teacher, not the student, paces the job; a full KV cache means requests wait for memory.
+    layout.add(
+        timeseries("Teacher queue (vLLM)", "Scoring requests each standalone teacher holds, over its replicas: "
+                   "waiting for a batch slot, and running.", "short",
+                   (f"sum by ({by}, teacher) (vllm:num_requests_waiting{{{s}}})", "{{distillery_job}} {{teacher}} waiting"),
+                   (f"sum by ({by}, teacher) (vllm:num_requests_running{{{s}}})", "{{distillery_job}} {{teacher}} running")),
+        12, 8,
+    )  # fmt: skip
+    layout.add(
+        timeseries("Teacher KV-cache use (vLLM)", "Share of the KV cache in use, the fullest replica of each "
+                   "standalone teacher.", "percentunit",
+                   (f"max by ({by}, teacher) (vllm:kv_cache_usage_perc{{{s}}})", "{{distillery_job}} {{teacher}}")),
+        12, 8,
+    )  # fmt: skip
     layout.add(
         timeseries("Checkpoint write time", "Mean time to write a checkpoint.", "s",
                    (f"sum by ({by}) (rate(distillery_runtime_checkpoint_duration_seconds_sum{{{s}}}[{R}]))"
