@@ -112,8 +112,18 @@ def _weights_gib(model: str, bytes_per_parameter: int) -> float | None:
     return None if shape is None else WEIGHTS_HEADROOM * shape.params * bytes_per_parameter / GIB
 
 
+def canonical_memory(n_bytes: int) -> str:
+    """`n_bytes` as the API server writes it back (the largest binary suffix that divides it: `25Gi`, not
+    `25600Mi`), so that a live object holds the very string the operator rendered."""
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        if n_bytes % _BINARY[suffix] == 0:
+            return f"{n_bytes // _BINARY[suffix]}{suffix}"
+    return str(n_bytes)
+
+
 def _shm(limits: Mapping[str, str]) -> str:
-    return f"{max(1, math.floor(memory_bytes(limits['memory']) * SHM_FRACTION / 2**20))}Mi"
+    mib = max(1, math.floor(memory_bytes(limits["memory"]) * SHM_FRACTION / 2**20))
+    return canonical_memory(mib * 2**20)
 
 
 def _container(

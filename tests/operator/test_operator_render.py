@@ -161,7 +161,7 @@ def test_standalone_teacher_deployment_and_service() -> None:
     assert (
         container["resources"]["limits"]["memory"] == container["resources"]["requests"]["memory"] == "50Gi"
     )
-    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "25600Mi"}} in pod["volumes"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "25Gi"}} in pod["volumes"]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"]["path"] == "/health"
     assert service["spec"]["clusterIP"] == "None"  # headless: the runtime spreads load over replicas

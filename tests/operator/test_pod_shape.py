@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from distillery_operator.drift import differences
 from distillery_operator.render import (
     HEAD_START_PARAMS,
     RUNTIME_UID,
@@ -21,7 +22,7 @@ from distillery_operator.render import (
 )
 
 from distillery.api import DistillationJob
-from distillery.plan.pod_resources import ContainerResources, memory_bytes, pod_resources
+from distillery.plan.pod_resources import ContainerResources, canonical_memory, memory_bytes, pod_resources
 from distillery.validation import load_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +93,7 @@ def test_the_users_resources_win_key_by_key() -> None:
     worker = pod_resources(DistillationJob.model_validate(doc).spec).worker
     assert worker.requests["memory"] == worker.limits["memory"] == "300Gi"  # a limit alone: the request too
     assert worker.requests["cpu"] == worker.limits["cpu"] == "32"  # 4 a GPU, the default
-    assert worker.shm_size == "153600Mi"
+    assert worker.shm_size == "150Gi"  # as the API server writes it back
 
 
 def test_teacher_memory_grows_with_the_model_and_an_unknown_model_gets_the_fallback() -> None:
@@ -132,3 +133,20 @@ def test_memory_quantities_parse() -> None:
     assert memory_bytes(1024) == 1024
     with pytest.raises(ValueError):
         memory_bytes("lots")
+
+
+def test_shm_sizes_are_written_as_the_api_server_writes_them_back() -> None:
+    # A Deployment's `sizeLimit: 25600Mi` reads back as `25Gi`: rendered in that form, and compared by value.
+    assert canonical_memory(25600 * 2**20) == "25Gi"
+    assert canonical_memory(1536 * 2**20) == "1536Mi"
+    for job in JOBS:
+        for where, template in templates(job):
+            for volume in template["spec"].get("volumes", []):
+                size = volume.get("emptyDir", {}).get("sizeLimit")
+                if size is not None:
+                    assert size == canonical_memory(memory_bytes(size)), where
+    want = {"spec": {"volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1024Mi"}}]}}
+    live = {"spec": {"volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]}}
+    assert differences(want, live) == []
+    live["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] = "2Gi"
+    assert differences(want, live) == ["spec.volumes[0]"]
