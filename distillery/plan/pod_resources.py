@@ -31,7 +31,7 @@ Defaults, by pod:
 - **Submitter** (KubeRay's `ray job submit` + `ray job logs --follow`): KubeRay's own default limits
   (1 CPU, 1Gi) and a smaller request, since it only waits.
 
-`/dev/shm` (a memory-backed emptyDir, whose use counts toward the container's memory limit) gets a
+`/dev/shm` of the teachers and Ray pods (a memory-backed emptyDir, whose use counts toward the memory limit) gets a
 `sizeLimit` of SHM_FRACTION of the memory limit: Ray's object store takes 30% of memory by default and
 vLLM/NCCL keep their buffers there; a larger one could let shared memory alone reach the limit and get
 the pod OOM-killed, with no sign of why.
@@ -83,10 +83,10 @@ class ContainerResources:
 
     requests: dict[str, str]
     limits: dict[str, str]
-    shm_size: str
-    """The `sizeLimit` of the pod's memory-backed `/dev/shm`."""
+    shm_size: str | None
+    """The `sizeLimit` of the pod's memory-backed `/dev/shm`; None: the pod has none (the submitter)."""
     reason: str
-    """Where the CPU and memory came from, for people reading `distillery plan`."""
+    """Where the CPU and memory came from (`distillery plan` prints it)."""
 
     def to_yaml_dict(self) -> dict[str, dict[str, str]]:
         return {"requests": dict(self.requests), "limits": dict(self.limits)}
@@ -101,6 +101,21 @@ class PodResources:
     submitter: ContainerResources
     teachers: dict[str, ContainerResources] = field(default_factory=dict)
     """By teacher name, standalone teachers only (the others run no pods of their own)."""
+
+    def lines(self) -> list[str]:
+        """Each pod kind's requests and limits and why, one line each, for `distillery plan`."""
+        pods = {"ray head": self.head, "ray worker": self.worker, "submitter": self.submitter}
+        pods.update({f"teacher {name}": resources for name, resources in self.teachers.items()})
+        return [
+            f"pod resources: {kind}: requests {_listed(r.requests)}, limits {_listed(r.limits)}"
+            + (f", /dev/shm {r.shm_size}" if r.shm_size else "")
+            + f" ({r.reason})"
+            for kind, r in pods.items()
+        ]
+
+
+def _listed(values: Mapping[str, str]) -> str:
+    return " ".join(f"{key}={value}" for key, value in values.items())
 
 
 def _gib(n: float) -> str:
@@ -133,6 +148,8 @@ def _container(
     gpus: int,
     gpu_resource: str,
     reason: str,
+    *,
+    shared_memory: bool = True,
 ) -> ContainerResources:
     """The user's resources over the defaults (the module's rules), plus the GPUs, which only the pool's
     GPU count sets."""
@@ -147,7 +164,7 @@ def _container(
         requests[gpu_resource] = limits[gpu_resource] = str(gpus)
     if user_requests or user_limits:
         reason = f"{reason}; the pool's resources override it key by key"
-    return ContainerResources(requests, limits, _shm(limits), reason)
+    return ContainerResources(requests, limits, _shm(limits) if shared_memory else None, reason)
 
 
 def _gpu_pod(gpus: int, weights_gib: float | None) -> tuple[dict[str, str], str]:
@@ -180,7 +197,13 @@ def pod_resources(spec: DistillationJobSpec) -> PodResources:
             requests, limits, None, 0, pool.gpu_resource, f"{why}; the head may host the actors"
         )
     submitter = _container(
-        SUBMITTER_REQUESTS, SUBMITTER_LIMITS, None, 0, pool.gpu_resource, "KubeRay's submitter limits"
+        SUBMITTER_REQUESTS,
+        SUBMITTER_LIMITS,
+        None,
+        0,
+        pool.gpu_resource,
+        "KubeRay's submitter limits",
+        shared_memory=False,
     )
     teachers = {}
     for teacher in spec.teachers:

@@ -150,3 +150,14 @@ def test_shm_sizes_are_written_as_the_api_server_writes_them_back() -> None:
     assert differences(want, live) == []
     live["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] = "2Gi"
     assert differences(want, live) == ["spec.volumes[0]"]
+
+
+def test_distillery_plan_prints_each_pods_resources_and_why() -> None:
+    (job,) = load_jobs(ROOT / "examples" / "standalone-teacher.yaml")
+    lines = pod_resources(job.spec).lines()
+    kinds = [line.split(":")[1].strip() for line in lines]
+    assert kinds == ["ray head", "ray worker", "submitter", "teacher qwen-7b"]
+    assert "requests cpu=32 memory=256Gi nvidia.com/gpu=8" in lines[1]
+    assert "the pool's resources override it" in lines[1]
+    assert "17.7 GiB of weights" in lines[3] and "/dev/shm 25Gi" in lines[3]
+    assert "/dev/shm" not in lines[2]  # the submitter has none

@@ -60,12 +60,10 @@ def shape_pod(
     pod: dict[str, Any],
     resources: ContainerResources,
     placement: PodPlacement,
-    *,
-    shared_memory: bool = True,
 ) -> dict[str, Any]:
     """`pod` (a pod spec with one container) with its resources, security and placement applied, and a
-    memory-backed `/dev/shm` of the plan's size when `shared_memory` (vLLM, NCCL and Ray's object store
-    use it; the container runtime's default is 64 MiB). Returns the same dict, changed."""
+    memory-backed `/dev/shm` where the plan sizes one (vLLM, NCCL and Ray's object store use it; the
+    container runtime's default is 64 MiB). Returns the same dict, changed."""
     containers = pod["containers"]
     if len(containers) != 1:
         raise ValueError(f"one container a pod, got {len(containers)}: the plan sizes one")
@@ -74,7 +72,7 @@ def shape_pod(
     for each in [*containers, *pod.get("initContainers", [])]:
         each["securityContext"] = container_security_context()
     pod["securityContext"] = pod_security_context()
-    if shared_memory:
+    if resources.shm_size is not None:
         container.setdefault("volumeMounts", []).insert(0, {"name": SHM_VOLUME, "mountPath": "/dev/shm"})
         shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": resources.shm_size}}
         pod.setdefault("volumes", []).insert(0, shm)

@@ -136,7 +136,7 @@ def submitter_pod_template(job: DistillationJob) -> dict[str, Any]:
     labels = naming.child_labels(job.metadata.name, "submitter", user_labels(job))
     return {
         "metadata": {"labels": labels},
-        "spec": shape_pod(pod, resources, _placement(job), shared_memory=False),
+        "spec": shape_pod(pod, resources, _placement(job)),
     }
 
 
