@@ -18,6 +18,7 @@ from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.plan.grader import pattern_refusal, resolve_grader
 from distillery.plan.memory import refusal
 from distillery.plan.memory_features import job_memory_plan, resolve_memory_features
+from distillery.plan.pod_resources import pod_resources
 from distillery.validation import InvalidManifest, load_jobs
 
 
@@ -64,6 +65,8 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"{job.metadata.name}: student {job.spec.student.model}")
         # Where the checkpoints and the final model go in a cluster (a local run writes to --output).
         print("\n".join(f"  {line}" for line in checkpoint_storage(job.metadata.name, job.spec).lines()))
+        # What each pod of it asks the cluster for (CPU, memory, GPUs) and why.
+        print("\n".join(f"  {line}" for line in pod_resources(job.spec).lines()))
         # The memory features the plan chose (student.training: auto) and why, before the table.
         print("\n".join(f"  {line}" for line in resolve_memory_features(job.spec).lines()))
         if plan is None:

@@ -113,7 +113,9 @@ class Toleration(ApiModel):
 
 
 class Resources(ApiModel):
-    """Extra container resources (CPU, memory, ...); GPUs are set from the pool's GPU count."""
+    """Container resources of the pool's pods; unset CPU and memory get the plan's defaults (docs/operator.md).
+
+    GPUs are set from the pool's GPU count."""
 
     requests: dict[str, QuantityValue] = Field(default_factory=dict, max_length=MAX_MAP)
     limits: dict[str, QuantityValue] = Field(default_factory=dict, max_length=MAX_MAP)
@@ -133,9 +135,9 @@ class StudentPool(ApiModel):
     `distillery validate` and `distillery plan` check."""
     resources: Resources = Field(default_factory=Resources)
     node_selector: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP)
-    """Node labels the worker pods must match."""
+    """Node labels the Ray pods (head and workers) and KubeRay's submitter pod must match."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
-    """Tolerations of the worker pods."""
+    """Tolerations of the Ray pods (head and workers) and KubeRay's submitter pod."""
 
     rules = (_label_keys_rule("nodeSelector", "node_selector"),)
 

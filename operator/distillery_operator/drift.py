@@ -11,7 +11,7 @@ value in the live object; fields it does not render are not its business.
 - lists of scalars (a command, its args) must be equal, order included;
 - lists of objects (containers, env, volumes, ports, tolerations): each rendered item must be held by some
   live item, so that an edited item is drift and an item added by someone else is not;
-- quantities under `resources` compare by value (`500m` is `0.5`).
+- quantities under `resources` and an emptyDir's `sizeLimit` compare by value (`500m` is `0.5`).
 
 The live fields (a Deployment's replicas, a RayJob's suspend) are left out here: `decide` handles them.
 """
@@ -26,6 +26,9 @@ from kubernetes.utils.quantity import parse_quantity
 
 from distillery_operator.render import LIVE_FIELDS
 
+QUANTITY_KEYS = ("resources", "sizeLimit")
+"""Where quantities are compared by value: a container's resources and an emptyDir's sizeLimit (the API
+server writes `25600Mi` back as `25Gi`)."""
 OWNED_PARTS = ("spec", "data")
 """The top-level parts of a child the operator renders, besides its labels (never `status`)."""
 
@@ -73,7 +76,7 @@ def differences(want: Any, live: Any, path: str = "", *, quantities: bool = Fals
                 if not _zero(value):
                     out.append(where)
                 continue
-            out.extend(differences(value, live[key], where, quantities=quantities or key == "resources"))
+            out.extend(differences(value, live[key], where, quantities=quantities or key in QUANTITY_KEYS))
         return out
     if isinstance(want, list):
         if not isinstance(live, list):

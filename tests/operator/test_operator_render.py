@@ -157,7 +157,11 @@ def test_standalone_teacher_deployment_and_service() -> None:
     assert container["env"] == [
         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
     ]
-    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    # 16 GiB a GPU and 1.25 x the 7B teacher's bfloat16 weights; /dev/shm half of it (plan.pod_resources).
+    assert (
+        container["resources"]["limits"]["memory"] == container["resources"]["requests"]["memory"] == "50Gi"
+    )
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "25Gi"}} in pod["volumes"]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"]["path"] == "/health"
     assert service["spec"]["clusterIP"] == "None"  # headless: the runtime spreads load over replicas

@@ -1,0 +1,222 @@
+"""The CPU, memory and `/dev/shm` of every pod a job runs (pure): teachers, the Ray head, Ray workers and
+KubeRay's submitter.
+
+Every container gets CPU and memory requests and limits. A GPU request does not count toward a pod's QoS
+class, so a GPU pod without them is BestEffort (evicted first under node pressure), and a namespace
+ResourceQuota on `requests.cpu`/`requests.memory`/`limits.*` refuses it outright. The user's
+`pool.resources` wins key by key; what it leaves unset comes from the defaults below:
+
+- **request**: the user's request, else the user's limit (Kubernetes' own rule for a limit without a
+  request), else the default;
+- **limit**: the user's limit, else the user's request (never a limit below a request), else the default.
+
+Defaults, by pod:
+
+- **GPU teacher replica** (vLLM): CPU_PER_GPU cores a GPU (tokenisation, the API server, NCCL's proxy
+  threads), and memory `MEMORY_PER_GPU_GIB x gpus + 1.25 x the bfloat16 weights`: vLLM reads the
+  safetensors through the page cache, which the container's memory cgroup counts, and the rest is
+  CUDA/NCCL host buffers. The parameter count comes from the model's shape (`model_shapes.resolve_shape`,
+  as the memory plan knows it); an unknown model gets UNKNOWN_MODEL_GIB a GPU instead of the weights term.
+  Requests equal limits: a replica holds whole GPUs, and the Guaranteed QoS class keeps it from being the
+  first evicted.
+- **GPU student worker**: the same CPU, and `MEMORY_PER_GPU_GIB x gpus + 1.25 x one float32 copy of the
+  student` (loading from the Hub and the rank that gathers a checkpoint both hold one in host memory).
+- **CPU-only pools** (`gpus... = 0`: tests and tiny jobs): small requests (CPU_ONLY_CPU_REQUEST, memory
+  CPU_ONLY_MEMORY_REQUEST) so that a small node schedules the whole job, and limits that let the process
+  use what it needs (CPU_ONLY_CPU_LIMIT; memory CPU_ONLY_MEMORY_GIB plus the same weights term). Burstable.
+- **Ray head**: it runs the driver (`distillery run`: data, grading, teacher requests), GCS and the
+  dashboard, no GPU work: HEAD_CPU and HEAD_MEMORY_GIB, requests equal to limits. In a CPU-only job the
+  runtime's actors reserve no Ray CPUs (`distillery_runtime.workers.actor_options`), so Ray may place them
+  on the head: its memory is then the CPU-only worker's.
+- **Submitter** (KubeRay's `ray job submit` + `ray job logs --follow`): KubeRay's own default limits
+  (1 CPU, 1Gi) and a smaller request, since it only waits.
+
+`/dev/shm` of the teachers and Ray pods (a memory-backed emptyDir, whose use counts toward the memory limit) gets a
+`sizeLimit` of SHM_FRACTION of the memory limit: Ray's object store takes 30% of memory by default and
+vLLM/NCCL keep their buffers there; a larger one could let shared memory alone reach the limit and get
+the pod OOM-killed, with no sign of why.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from distillery.api.spec import DistillationJobSpec, Placement, Resources
+from distillery.model_shapes import resolve_shape
+
+GIB = 1024**3
+CPU_PER_GPU = 4
+MEMORY_PER_GPU_GIB = 16
+UNKNOWN_MODEL_GIB = 32
+"""Memory a GPU when the model's size is unknown (in place of the weights term)."""
+WEIGHTS_HEADROOM = 1.25
+CPU_ONLY_CPU_REQUEST = "100m"
+CPU_ONLY_CPU_LIMIT = "4"
+CPU_ONLY_MEMORY_REQUEST = "1Gi"
+CPU_ONLY_MEMORY_GIB = 6
+HEAD_CPU = "2"
+HEAD_MEMORY_GIB = 8
+SUBMITTER_REQUESTS = {"cpu": "100m", "memory": "200Mi"}
+SUBMITTER_LIMITS = {"cpu": "1", "memory": "1Gi"}
+SHM_FRACTION = 0.5
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 10**-3, "": 1}
+_QUANTITY = re.compile(r"^([0-9.]+(?:[eE][-+]?[0-9]+)?)([A-Za-z]*)$")
+
+
+def memory_bytes(quantity: str | int) -> int:
+    """A Kubernetes memory quantity (`8Gi`, `500M`, `1073741824`) in bytes."""
+    match = _QUANTITY.match(str(quantity).strip())
+    if not match or match.group(2) not in {**_BINARY, **_DECIMAL}:
+        raise ValueError(f"not a memory quantity: {quantity!r}")
+    number, suffix = float(match.group(1)), match.group(2)
+    return math.ceil(number * {**_BINARY, **_DECIMAL}[suffix])
+
+
+@dataclass(frozen=True)
+class ContainerResources:
+    """One container's `resources` and its pod's `/dev/shm` size."""
+
+    requests: dict[str, str]
+    limits: dict[str, str]
+    shm_size: str | None
+    """The `sizeLimit` of the pod's memory-backed `/dev/shm`; None: the pod has none (the submitter)."""
+    reason: str
+    """Where the CPU and memory came from (`distillery plan` prints it)."""
+
+    def to_yaml_dict(self) -> dict[str, dict[str, str]]:
+        return {"requests": dict(self.requests), "limits": dict(self.limits)}
+
+
+@dataclass(frozen=True)
+class PodResources:
+    """The resources of each pod kind of a job."""
+
+    head: ContainerResources
+    worker: ContainerResources
+    submitter: ContainerResources
+    teachers: dict[str, ContainerResources] = field(default_factory=dict)
+    """By teacher name, standalone teachers only (the others run no pods of their own)."""
+
+    def lines(self) -> list[str]:
+        """Each pod kind's requests and limits and why, one line each, for `distillery plan`."""
+        pods = {"ray head": self.head, "ray worker": self.worker, "submitter": self.submitter}
+        pods.update({f"teacher {name}": resources for name, resources in self.teachers.items()})
+        return [
+            f"pod resources: {kind}: requests {_listed(r.requests)}, limits {_listed(r.limits)}"
+            + (f", /dev/shm {r.shm_size}" if r.shm_size else "")
+            + f" ({r.reason})"
+            for kind, r in pods.items()
+        ]
+
+
+def _listed(values: Mapping[str, str]) -> str:
+    return " ".join(f"{key}={value}" for key, value in values.items())
+
+
+def _gib(n: float) -> str:
+    return f"{math.ceil(n)}Gi"
+
+
+def _weights_gib(model: str, bytes_per_parameter: int) -> float | None:
+    shape = resolve_shape(model)
+    return None if shape is None else WEIGHTS_HEADROOM * shape.params * bytes_per_parameter / GIB
+
+
+def canonical_memory(n_bytes: int) -> str:
+    """`n_bytes` as the API server writes it back (the largest binary suffix that divides it: `25Gi`, not
+    `25600Mi`), so that a live object holds the very string the operator rendered."""
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        if n_bytes % _BINARY[suffix] == 0:
+            return f"{n_bytes // _BINARY[suffix]}{suffix}"
+    return str(n_bytes)
+
+
+def _shm(limits: Mapping[str, str]) -> str:
+    mib = max(1, math.floor(memory_bytes(limits["memory"]) * SHM_FRACTION / 2**20))
+    return canonical_memory(mib * 2**20)
+
+
+def _container(
+    defaults_requests: Mapping[str, str],
+    defaults_limits: Mapping[str, str],
+    user: Resources | None,
+    gpus: int,
+    gpu_resource: str,
+    reason: str,
+    *,
+    shared_memory: bool = True,
+) -> ContainerResources:
+    """The user's resources over the defaults (the module's rules), plus the GPUs, which only the pool's
+    GPU count sets."""
+    user_requests = {k: str(v) for k, v in (user.requests if user else {}).items()}
+    user_limits = {k: str(v) for k, v in (user.limits if user else {}).items()}
+    requests = dict(user_requests)
+    limits = dict(user_limits)
+    for key in ("cpu", "memory"):
+        requests.setdefault(key, user_limits.get(key, defaults_requests[key]))
+        limits.setdefault(key, user_requests.get(key, defaults_limits[key]))
+    if gpus > 0:
+        requests[gpu_resource] = limits[gpu_resource] = str(gpus)
+    if user_requests or user_limits:
+        reason = f"{reason}; the pool's resources override it key by key"
+    return ContainerResources(requests, limits, _shm(limits) if shared_memory else None, reason)
+
+
+def _gpu_pod(gpus: int, weights_gib: float | None) -> tuple[dict[str, str], str]:
+    extra = UNKNOWN_MODEL_GIB * gpus if weights_gib is None else weights_gib
+    values = {"cpu": str(CPU_PER_GPU * gpus), "memory": _gib(MEMORY_PER_GPU_GIB * gpus + extra)}
+    why = "unknown model size" if weights_gib is None else f"{weights_gib:.1f} GiB of weights"
+    return values, f"{CPU_PER_GPU} CPUs and {MEMORY_PER_GPU_GIB} GiB a GPU, {why}"
+
+
+def _cpu_only_pod(weights_gib: float | None) -> tuple[dict[str, str], dict[str, str], str]:
+    memory = _gib(CPU_ONLY_MEMORY_GIB + (weights_gib or 0.0))
+    requests = {"cpu": CPU_ONLY_CPU_REQUEST, "memory": CPU_ONLY_MEMORY_REQUEST}
+    return requests, {"cpu": CPU_ONLY_CPU_LIMIT, "memory": memory}, "CPU-only pool: small requests"
+
+
+def pod_resources(spec: DistillationJobSpec) -> PodResources:
+    """The resources of every pod kind of a job (the module's rules)."""
+    pool = spec.student.pool
+    student_weights = _weights_gib(spec.student.model, 4)
+    if pool.gpus_per_worker > 0:
+        values, why = _gpu_pod(pool.gpus_per_worker, student_weights)
+        worker = _container(values, values, pool.resources, pool.gpus_per_worker, pool.gpu_resource, why)
+        head_values = {"cpu": HEAD_CPU, "memory": _gib(HEAD_MEMORY_GIB)}
+        head = _container(head_values, head_values, None, 0, pool.gpu_resource, "the head's fixed default")
+    else:
+        requests, limits, why = _cpu_only_pod(student_weights)
+        worker = _container(requests, limits, pool.resources, 0, pool.gpu_resource, why)
+        # Ray may place the zero-CPU actors of a CPU-only job on the head: it gets the workers' memory.
+        head = _container(
+            requests, limits, None, 0, pool.gpu_resource, f"{why}; the head may host the actors"
+        )
+    submitter = _container(
+        SUBMITTER_REQUESTS,
+        SUBMITTER_LIMITS,
+        None,
+        0,
+        pool.gpu_resource,
+        "KubeRay's submitter limits",
+        shared_memory=False,
+    )
+    teachers = {}
+    for teacher in spec.teachers:
+        if teacher.placement != Placement.STANDALONE:
+            continue
+        tpool = teacher.pool
+        weights = _weights_gib(teacher.model, 2)
+        if tpool.gpus_per_replica > 0:
+            values, why = _gpu_pod(tpool.gpus_per_replica, weights)
+            teachers[teacher.name] = _container(
+                values, values, tpool.resources, tpool.gpus_per_replica, tpool.gpu_resource, why
+            )
+        else:
+            requests, limits, why = _cpu_only_pod(weights)
+            teachers[teacher.name] = _container(requests, limits, tpool.resources, 0, tpool.gpu_resource, why)
+    return PodResources(head=head, worker=worker, submitter=submitter, teachers=teachers)

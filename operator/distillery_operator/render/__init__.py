@@ -1,0 +1,104 @@
+"""Rendering: a DistillationJob in, the Kubernetes objects the operator owns out. Pure functions, no API calls.
+
+Per job: one ConfigMap with the resolved runtime config (`config_map`), one Deployment + headless Service per
+standalone teacher (`teacher`; external and colocated teachers get no objects), the checkpoint
+PersistentVolumeClaim (`claim`, unless the job names its own or none: `distillery.plan.checkpoint_storage`),
+the trainer pods' ServiceAccount and Role (`identity`), and one KubeRay RayJob running the student
+(`rayjob`). Every pod of them gets its resources, security and placement from one builder (`pod_shape`),
+as KubeRay's `controllers/ray/common/` builds each child in a module of its own. `distillery render FILE`
+prints the same objects the operator creates, the way `helm template` does (`job`).
+"""
+
+from distillery_operator.render.claim import render_checkpoint_claim
+from distillery_operator.render.common import (
+    KUEUE_QUEUE_LABEL,
+    LIVE_FIELDS,
+    RenderContext,
+    owner_reference,
+    queued_by_kueue,
+    spec_hash,
+    trainer_hf_token,
+    user_labels,
+)
+from distillery_operator.render.config_map import render_config_map
+from distillery_operator.render.identity import (
+    RBAC_API_VERSION,
+    render_trainer_identity,
+    trainer_identity_rules,
+    trainer_service_account,
+)
+from distillery_operator.render.job import (
+    pod_templates,
+    render_job,
+    render_manifest_stream,
+    standalone_teachers,
+)
+from distillery_operator.render.pod_shape import (
+    RUNTIME_UID,
+    PodPlacement,
+    container_security_context,
+    pod_security_context,
+    shape_pod,
+)
+from distillery_operator.render.rayjob import (
+    ENTRYPOINT,
+    HEAD_START_PARAMS,
+    PRESTOP_MARGIN_SECONDS,
+    RAY_HEAD_PORTS,
+    RAYJOB_API_VERSION,
+    prestop_command,
+    render_rayjob,
+    submitter_pod_template,
+)
+from distillery_operator.render.teacher import (
+    HEALTH_PATH,
+    STARTUP_PERIOD_SECONDS,
+    TEACHER_MODULE,
+    render_teacher_deployment,
+    render_teacher_service,
+    teacher_command,
+    teacher_pod_spec,
+    teacher_selector,
+)
+
+__all__ = [
+    "ENTRYPOINT",
+    "HEAD_START_PARAMS",
+    "HEALTH_PATH",
+    "KUEUE_QUEUE_LABEL",
+    "LIVE_FIELDS",
+    "PRESTOP_MARGIN_SECONDS",
+    "RAYJOB_API_VERSION",
+    "RAY_HEAD_PORTS",
+    "RBAC_API_VERSION",
+    "RUNTIME_UID",
+    "STARTUP_PERIOD_SECONDS",
+    "TEACHER_MODULE",
+    "PodPlacement",
+    "RenderContext",
+    "container_security_context",
+    "owner_reference",
+    "pod_security_context",
+    "pod_templates",
+    "prestop_command",
+    "queued_by_kueue",
+    "render_checkpoint_claim",
+    "render_config_map",
+    "render_job",
+    "render_manifest_stream",
+    "render_rayjob",
+    "render_teacher_deployment",
+    "render_teacher_service",
+    "render_trainer_identity",
+    "shape_pod",
+    "spec_hash",
+    "standalone_teachers",
+    "submitter_pod_template",
+    "teacher_command",
+    "teacher_pod_spec",
+    "teacher_selector",
+    "trainer_hf_token",
+    "trainer_identity_rules",
+    "trainer_service_account",
+    "user_labels",
+]

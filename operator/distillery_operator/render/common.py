@@ -1,0 +1,123 @@
+"""What every object builder shares: the render context, metadata and owner references, the spec hash, and
+the small volume and env pieces that several pods use."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from distillery import pvc
+from distillery.api import API_VERSION, KIND, DistillationJob, Placement
+from distillery.api.spec import DistillationJobSpec, SecretKeyRef
+from distillery_operator import naming
+
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """What the objects depend on besides the spec."""
+
+    namespace: str
+    owner_uid: str | None = None
+    """The job's uid; None (as in `distillery render`) leaves owner references out."""
+    teachers_scaled_to_zero: bool = False
+    """Suspended or finished jobs keep their teacher Deployments at zero replicas (no GPUs held)."""
+
+
+def queued_by_kueue(job: DistillationJob) -> bool:
+    return KUEUE_QUEUE_LABEL in job.metadata.labels or KUEUE_QUEUE_LABEL in job.spec.labels
+
+
+def user_labels(job: DistillationJob) -> dict[str, str]:
+    return {**job.metadata.labels, **job.spec.labels}
+
+
+def owner_reference(job: DistillationJob, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.metadata.name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def metadata(
+    job: DistillationJob, ctx: RenderContext, name: str, labels: dict[str, str], *, owned: bool = True
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": ctx.namespace, "labels": labels}
+    if ctx.owner_uid and owned:
+        meta["ownerReferences"] = [owner_reference(job, ctx.owner_uid)]
+    return meta
+
+
+# Fields the operator changes on a live object; the spec hash leaves them out so that changing them is
+# not mistaken for drift.
+LIVE_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "Deployment": (("spec", "replicas"),),
+    "RayJob": (("spec", "suspend"),),
+}
+
+
+def spec_hash(obj: Mapping[str, Any]) -> str:
+    """A stable hash of an object's rendered content, without its live fields and metadata bookkeeping."""
+    body = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+    body["labels"] = obj.get("metadata", {}).get("labels", {})
+    for path in LIVE_FIELDS.get(obj.get("kind", ""), ()):
+        body = _without(body, path)
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def _without(body: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    if len(path) == 1:
+        return {k: v for k, v in body.items() if k != path[0]}
+    inner = body.get(path[0])
+    if not isinstance(inner, dict):
+        return body
+    return {**body, path[0]: _without(inner, path[1:])}
+
+
+def stamp(obj: dict[str, Any]) -> dict[str, Any]:
+    # A JSON round trip unshares the dicts the builders reuse (labels, probes): callers may mutate.
+    obj = orjson.loads(orjson.dumps(obj))
+    obj["metadata"].setdefault("annotations", {})[naming.SPEC_HASH_ANNOTATION] = spec_hash(obj)
+    return obj
+
+
+def hf_token_env(secret: SecretKeyRef | None) -> list[dict[str, Any]]:
+    if secret is None:
+        return []
+    # A reference, never the value: the token stays in the Secret.
+    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}]
+
+
+def trainer_hf_token(spec: DistillationJobSpec) -> SecretKeyRef | None:
+    """The Hugging Face token of the trainer pods (one HF_TOKEN): the student's, else that of the first
+    colocated teacher that has one (a colocated teacher runs inside the trainer)."""
+    colocated = [
+        t.inference.hf_token_secret
+        for t in spec.teachers
+        if t.placement == Placement.COLOCATED and t.inference.hf_token_secret
+    ]
+    return spec.student.hf_token_secret or (colocated[0] if colocated else None)
+
+
+def claim_volumes(
+    claims: list[str], checkpoint_claim: str | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Read-only volumes and mounts for the claims of pvc:// locations, at `pvc.MOUNT_ROOT/CLAIM`. The
+    checkpoint claim is already a volume of the pod: it is mounted a second time, read-only."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for claim in claims:
+        name = "checkpoints" if claim == checkpoint_claim else pvc.volume_name(claim)
+        if claim != checkpoint_claim:
+            volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": name, "mountPath": f"{pvc.MOUNT_ROOT}/{claim}", "readOnly": True})
+    return volumes, mounts

@@ -1,0 +1,63 @@
+"""Every child of a job in creation order, and `distillery render`'s YAML stream of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from distillery.api import DistillationJob, Placement, Teacher
+from distillery.validation import load_jobs
+from distillery_operator.render.claim import render_checkpoint_claim
+from distillery_operator.render.common import RenderContext
+from distillery_operator.render.config_map import render_config_map
+from distillery_operator.render.identity import render_trainer_identity
+from distillery_operator.render.rayjob import render_rayjob
+from distillery_operator.render.teacher import render_teacher_deployment, render_teacher_service
+
+
+def standalone_teachers(job: DistillationJob) -> list[Teacher]:
+    return [t for t in job.spec.teachers if t.placement == Placement.STANDALONE]
+
+
+def render_job(job: DistillationJob, ctx: RenderContext) -> list[dict[str, Any]]:
+    """Every child of a job, in creation order (config first: the trainer and teachers read it; the
+    checkpoint claim before the trainer, whose pods mount it)."""
+    objects = [render_config_map(job, ctx)]
+    for teacher in standalone_teachers(job):
+        objects.append(render_teacher_service(job, teacher, ctx))
+        objects.append(render_teacher_deployment(job, teacher, ctx))
+    claim = render_checkpoint_claim(job, ctx)
+    if claim is not None:
+        objects.append(claim)
+    objects.append(render_rayjob(job, ctx))
+    return objects
+
+
+def render_manifest_stream(path: str | Path, namespace: str = "default") -> str:
+    """`distillery render`: the objects of every job in a file as one YAML stream (InvalidManifest if bad)."""
+    chunks: list[str] = []
+    for job in load_jobs(path):
+        ctx = RenderContext(namespace=namespace)
+        for obj in [*render_trainer_identity(job, ctx), *render_job(job, ctx)]:
+            header = f"# Source: {job.metadata.name} -> {obj['kind']}/{obj['metadata']['name']}\n"
+            chunks.append("---\n" + header + yaml.safe_dump(obj, sort_keys=False, width=120))
+    return "".join(chunks)
+
+
+def pod_templates(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Every pod template among rendered objects, named `Kind/name:part` (a teacher Deployment's template;
+    a RayJob's head, each worker group and the submitter): what a cluster will make pods of."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for obj in objects:
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        if obj["kind"] == "Deployment":
+            out.append((f"{where}:pod", obj["spec"]["template"]))
+        elif obj["kind"] == "RayJob":
+            cluster = obj["spec"]["rayClusterSpec"]
+            out.append((f"{where}:head", cluster["headGroupSpec"]["template"]))
+            for group in cluster["workerGroupSpecs"]:
+                out.append((f"{where}:worker-{group['groupName']}", group["template"]))
+            out.append((f"{where}:submitter", obj["spec"]["submitterPodTemplate"]))
+    return out

@@ -1,0 +1,183 @@
+"""The student's KubeRay RayJob: the Ray head (which runs the driver), the worker group, and the submitter.
+
+Every pod of it (head, workers, KubeRay's submitter through `submitterPodTemplate`) goes through the one
+pod-shape builder: the plan's resources, the restricted security context, and the student pool's
+placement, so that on GPU nodes tainted `nvidia.com/gpu:NoSchedule` the head and submitter are placed
+with the workers rather than Pending forever.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distillery import pvc
+from distillery.api import DistillationJob, Placement
+from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.plan.pod_resources import ContainerResources, pod_resources
+from distillery.runtime_config import CONFIG_KEY, CONFIG_MOUNT_DIR, RUNTIME_METRICS_PORT
+from distillery_operator import naming
+from distillery_operator.render.common import (
+    RenderContext,
+    claim_volumes,
+    hf_token_env,
+    metadata,
+    queued_by_kueue,
+    stamp,
+    trainer_hf_token,
+    user_labels,
+)
+from distillery_operator.render.identity import trainer_service_account
+from distillery_operator.render.pod_shape import PodPlacement, shape_pod
+
+RAYJOB_API_VERSION = "ray.io/v1"
+ENTRYPOINT = f"distillery run {CONFIG_MOUNT_DIR}/{CONFIG_KEY}"
+RAY_HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), ("metrics", 8080))
+"""The head's ports under KubeRay's names (its defaults for a head container that declares none)."""
+SUBMITTER_CONTAINER = "ray-job-submitter"
+"""KubeRay's name for the submitter container; KubeRay fills in its command and environment."""
+PRESTOP_MARGIN_SECONDS = 10
+"""Of the grace period, what the hook leaves for stopping Ray after the driver is gone."""
+HEAD_START_PARAMS = {"dashboard-host": "0.0.0.0", "num-cpus": "0", "num-gpus": "0"}
+"""The head runs the driver (`distillery run`), which is not a Ray task, and no Ray work: it advertises no
+CPUs and no GPUs, so Ray schedules nothing on it that reserves either. (The runtime's actors reserve a CPU
+only with a GPU, `distillery_runtime.workers.actor_options`; on CPU-only jobs they reserve none, and Ray
+may still place those on the head: its memory default allows for that.)"""
+
+
+def _locations(job: DistillationJob) -> list[str | None]:
+    """Every model and data location the Ray pods may open (the driver checks standalone teachers'
+    tokenizers too, so their models count)."""
+    spec = job.spec
+    models = [t.model for t in spec.teachers if t.placement != Placement.EXTERNAL]
+    data = [spec.data.train.path, spec.data.eval.path if spec.data.eval else None]
+    return [spec.student.model, spec.student.tokenizer, *models, *data]
+
+
+def prestop_command(job: DistillationJob) -> list[str]:
+    """The head's preStop hook: stop the driver (it checkpoints) within the grace period, then Ray."""
+    timeout = job.spec.termination_grace_period_seconds - PRESTOP_MARGIN_SECONDS
+    return ["python", "-m", "distillery_runtime.prestop", "--timeout", str(timeout)]
+
+
+def _placement(job: DistillationJob) -> PodPlacement:
+    pool = job.spec.student.pool
+    return PodPlacement(pool.node_selector, pool.tolerations)
+
+
+def _ray_pod_template(
+    job: DistillationJob, container_name: str, resources: ContainerResources, *, worker: bool
+) -> dict[str, Any]:
+    spec = job.spec
+    mounts = [{"name": "distillery-config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True}]
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": "distillery-config",
+            "configMap": {
+                "name": naming.config_map_name(job.metadata.name),
+                "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}],
+            },
+        },
+    ]
+    mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint.path})
+    checkpoint_claim = checkpoint_storage(job.metadata.name, spec).claim
+    if checkpoint_claim:
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": checkpoint_claim}})
+    else:
+        # checkpoint.ephemeral: writable by the image's user, and it outlives a container restart. Not a
+        # retry (a new pod): an ephemeral job cannot promise retries (the spec's backoffLimit rule).
+        volumes.append({"name": "checkpoints", "emptyDir": {}})
+    more_volumes, more_mounts = claim_volumes(pvc.claims(_locations(job)), checkpoint_claim=checkpoint_claim)
+    volumes.extend(more_volumes)
+    mounts.extend(more_mounts)
+    env: list[dict[str, Any]] = [
+        {"name": "DISTILLERY_CONFIG", "value": f"{CONFIG_MOUNT_DIR}/{CONFIG_KEY}"},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+    env.extend(hf_token_env(trainer_hf_token(spec)))
+    container: dict[str, Any] = {
+        "name": container_name,
+        "image": spec.image,
+        "env": env,
+        "volumeMounts": mounts,
+    }
+    if not worker:
+        # The driver (`distillery run`) serves the runtime's Prometheus metrics; the chart's PodMonitor
+        # scrapes this port by name.
+        # KubeRay adds Ray's own ports only to a head container that declares none; declaring ours alone
+        # left the head without "dashboard", and the RayJob never submitted ("dashboard port is not found",
+        # found on a real node). So Ray's are declared too, by KubeRay's names and defaults.
+        container["ports"] = [
+            *({"name": name, "containerPort": port} for name, port in RAY_HEAD_PORTS),
+            {"name": "runtime-metrics", "containerPort": RUNTIME_METRICS_PORT},
+        ]
+        # The kubelet's SIGTERM reaches only PID 1 (KubeRay's bash wrapper, which ignores it as PID 1):
+        # the hook stops the driver, which saves a checkpoint first, within the grace period.
+        container["lifecycle"] = {"preStop": {"exec": {"command": prestop_command(job)}}}
+    pod: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "serviceAccountName": trainer_service_account(job),
+        # Workers too: rank 0 writes the checkpoint, so they must outlive the driver's last step.
+        "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
+    }
+    labels = naming.child_labels(job.metadata.name, "trainer", user_labels(job))
+    return {"metadata": {"labels": labels}, "spec": shape_pod(pod, resources, _placement(job))}
+
+
+def submitter_pod_template(job: DistillationJob) -> dict[str, Any]:
+    """KubeRay's submitter pod (`ray job submit`, then `ray job logs --follow`), ours only for its shape:
+    KubeRay fills in the container's command and environment, as it does for its default template. The
+    image is the head's, as KubeRay's default is (the Ray CLI must match the cluster's version)."""
+    container = {"name": SUBMITTER_CONTAINER, "image": job.spec.image}
+    # Kubernetes Jobs allow Never or OnFailure; KubeRay's default is Never (the Job's backoff retries).
+    pod: dict[str, Any] = {"containers": [container], "restartPolicy": "Never"}
+    resources = pod_resources(job.spec).submitter
+    # Not "trainer": selectors of the trainer pods (the chart's PodMonitor) must not pick the submitter.
+    labels = naming.child_labels(job.metadata.name, "submitter", user_labels(job))
+    return {
+        "metadata": {"labels": labels},
+        "spec": shape_pod(pod, resources, _placement(job)),
+    }
+
+
+def render_rayjob(job: DistillationJob, ctx: RenderContext) -> dict[str, Any]:
+    spec = job.spec
+    pool = spec.student.pool
+    resources = pod_resources(spec)
+    labels = naming.child_labels(job.metadata.name, "trainer", user_labels(job), keep_kueue=True)
+    rayjob_spec: dict[str, Any] = {
+        "entrypoint": ENTRYPOINT,
+        "submissionMode": "K8sJobMode",
+        # Kueue refuses RayJobs that keep their cluster after the job; we want the GPUs back too.
+        "shutdownAfterJobFinishes": True,
+        # Queued jobs start suspended and Kueue unsuspends them on admission.
+        "suspend": spec.suspend or queued_by_kueue(job),
+        "backoffLimit": spec.backoff_limit,
+        "submitterPodTemplate": submitter_pod_template(job),
+        "rayClusterSpec": {
+            "headGroupSpec": {
+                "rayStartParams": dict(HEAD_START_PARAMS),
+                "template": _ray_pod_template(job, "ray-head", resources.head, worker=False),
+            },
+            "workerGroupSpecs": [
+                {
+                    "groupName": "student",
+                    "replicas": pool.workers,
+                    "minReplicas": pool.workers,
+                    "maxReplicas": pool.workers,
+                    "rayStartParams": {},
+                    "template": _ray_pod_template(job, "ray-worker", resources.worker, worker=True),
+                }
+            ],
+        },
+    }
+    if spec.active_deadline_seconds is not None:
+        rayjob_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
+    return stamp(
+        {
+            "apiVersion": RAYJOB_API_VERSION,
+            "kind": "RayJob",
+            "metadata": metadata(job, ctx, naming.rayjob_name(job.metadata.name), labels),
+            "spec": rayjob_spec,
+        }
+    )

@@ -1,0 +1,125 @@
+"""A standalone teacher's objects: a Deployment of vLLM replicas and the headless Service in front of it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from distillery import pvc
+from distillery.api import DistillationJob, Teacher
+from distillery.plan import resolve
+from distillery.plan.pod_resources import pod_resources
+from distillery.plan.vllm_env import cpu_kv_cache_env
+from distillery.runtime_config import TEACHER_PORT
+from distillery_operator import naming
+from distillery_operator.render.common import (
+    RenderContext,
+    claim_volumes,
+    hf_token_env,
+    metadata,
+    stamp,
+    user_labels,
+)
+from distillery_operator.render.pod_shape import PodPlacement, shape_pod
+
+TEACHER_MODULE = "distillery_runtime.teachers.server"
+HEALTH_PATH = "/health"
+STARTUP_PERIOD_SECONDS = 10
+
+
+def teacher_command(job: DistillationJob, teacher: Teacher) -> list[str]:
+    """The teacher server's command: the model at its mounted path, the Service's port, the plan's engine."""
+    model = pvc.mounted_path(teacher.model) if pvc.is_pvc(teacher.model) else teacher.model
+    address = ["--model", model, "--host", "0.0.0.0", "--port", str(TEACHER_PORT)]
+    return ["python", "-m", TEACHER_MODULE, *address, *resolve(job.spec).engines[teacher.name].server_args()]
+
+
+def teacher_selector(job: DistillationJob, teacher: Teacher) -> dict[str, str]:
+    return {
+        naming.INSTANCE_LABEL: naming.label_value(job.metadata.name),
+        naming.COMPONENT_LABEL: "teacher",
+        naming.TEACHER_LABEL: teacher.name,
+    }
+
+
+def _labels(job: DistillationJob, teacher: Teacher) -> dict[str, str]:
+    return naming.child_labels(
+        job.metadata.name, "teacher", user_labels(job), extra={naming.TEACHER_LABEL: teacher.name}
+    )
+
+
+def teacher_pod_spec(job: DistillationJob, teacher: Teacher) -> dict[str, Any]:
+    """The pod of one replica of a standalone teacher."""
+    pool = teacher.pool
+    probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
+    volumes, mounts = claim_volumes(pvc.claims([teacher.model]))
+    startup_failures = max(1, math.ceil(job.spec.teacher_ready_timeout_seconds / STARTUP_PERIOD_SECONDS))
+    container: dict[str, Any] = {
+        "name": "teacher",
+        "image": job.spec.image,
+        "command": teacher_command(job, teacher),
+        "ports": [{"name": "http", "containerPort": TEACHER_PORT, "protocol": "TCP"}],
+        "volumeMounts": mounts,
+        # Loading a large model takes minutes: the startup probe allows the job's teacher timeout,
+        # and liveness only starts counting once the server has come up.
+        "startupProbe": {
+            **probe,
+            "periodSeconds": STARTUP_PERIOD_SECONDS,
+            "failureThreshold": startup_failures,
+            "timeoutSeconds": 5,
+        },
+        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5},
+        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
+    }
+    env = hf_token_env(teacher.inference.hf_token_secret)
+    if pool.gpus_per_replica == 0:
+        # Found on a real node: without it vLLM's CPU worker wanted 90% of the node's memory and exited.
+        env += [{"name": name, "value": value} for name, value in cpu_kv_cache_env().items()]
+    if env:
+        container["env"] = env
+    pod: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "automountServiceAccountToken": False,
+    }
+    resources = pod_resources(job.spec).teachers[teacher.name]
+    return shape_pod(pod, resources, PodPlacement(pool.node_selector, pool.tolerations))
+
+
+def render_teacher_deployment(job: DistillationJob, teacher: Teacher, ctx: RenderContext) -> dict[str, Any]:
+    name = naming.teacher_name(job.metadata.name, teacher.name)
+    labels = _labels(job, teacher)
+    replicas = 0 if ctx.teachers_scaled_to_zero else teacher.replicas
+    return stamp(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": metadata(job, ctx, name, labels),
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": teacher_selector(job, teacher)},
+                # No surge: a replica holds whole GPUs, and a rollout must not need spare ones.
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+                "progressDeadlineSeconds": max(job.spec.teacher_ready_timeout_seconds, 60),
+                "template": {"metadata": {"labels": labels}, "spec": teacher_pod_spec(job, teacher)},
+            },
+        }
+    )
+
+
+def render_teacher_service(job: DistillationJob, teacher: Teacher, ctx: RenderContext) -> dict[str, Any]:
+    name = naming.teacher_name(job.metadata.name, teacher.name)
+    return stamp(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(job, ctx, name, _labels(job, teacher)),
+            "spec": {
+                # Headless: DNS answers with every ready replica, and the runtime spreads its scoring
+                # requests over them itself (one long-lived connection per replica, no kube-proxy hop).
+                "clusterIP": "None",
+                "selector": teacher_selector(job, teacher),
+                "ports": [{"name": "http", "port": TEACHER_PORT, "targetPort": "http", "protocol": "TCP"}],
+            },
+        }
+    )
