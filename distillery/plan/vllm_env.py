@@ -19,9 +19,14 @@ def cpu_kv_cache_env(environ: Mapping[str, str] | None = None) -> dict[str, str]
     return {CPU_KV_CACHE_VAR: (environ or {}).get(CPU_KV_CACHE_VAR, str(CPU_KV_CACHE_GIB))}
 
 
+NO_TRACKING_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+"""vLLM reports usage statistics to its maintainers unless told not to: a training cluster's pods must not
+phone home (and often cannot: egress is closed), so every engine, in a pod or a process of ours, gets these."""
+
+
 def vllm_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables a vLLM engine's process gets: its CPU KV cache, and no usage statistics or tracking."""
-    return {**cpu_kv_cache_env(environ), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    return {**cpu_kv_cache_env(environ), **NO_TRACKING_ENV}
 
 
 CPU_THREADS_BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"

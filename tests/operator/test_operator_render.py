@@ -154,9 +154,11 @@ def test_standalone_teacher_deployment_and_service() -> None:
     assert flag("--served-model-name") == "qwen-7b"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     # The token is a reference to the Secret, never its value.
-    assert container["env"] == [
-        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
-    ]
+    assert container["env"][0] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+    }
+    assert all("value" in e and e["name"] != "HF_TOKEN" for e in container["env"][1:])
     # 16 GiB a GPU and 1.25 x the 7B teacher's bfloat16 weights; /dev/shm half of it (plan.pod_resources).
     assert (
         container["resources"]["limits"]["memory"] == container["resources"]["requests"]["memory"] == "50Gi"
@@ -179,6 +181,18 @@ def test_a_cpu_teacher_sizes_its_kv_cache_instead_of_a_memory_fraction() -> None
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert "--gpu-memory-utilization" not in container["command"]
     assert {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"} in container["env"]
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_a_teacher_never_reports_usage_statistics(gpus: int) -> None:
+    """vLLM sends usage statistics to its maintainers unless told not to; the runtime's own engines turn
+    it off, and the teacher pods must too (a cluster's egress is often closed, and it is the user's data)."""
+    doc = yaml.safe_load((ROOT / "examples" / "standalone-teacher.yaml").read_text())
+    doc["spec"]["teachers"][0]["pool"] = {"gpusPerReplica": gpus}
+    (deployment,) = by_kind(render_job(DistillationJob.model_validate(doc), CTX), "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["VLLM_NO_USAGE_STATS"] == "1" and env["DO_NOT_TRACK"] == "1"
+    assert ("VLLM_CPU_KVCACHE_SPACE" in env) == (gpus == 0)
 
 
 def test_extra_args_node_selector_and_tolerations_pass_through() -> None:

@@ -9,7 +9,7 @@ from distillery import pvc
 from distillery.api import DistillationJob, Teacher
 from distillery.plan import resolve
 from distillery.plan.pod_resources import pod_resources
-from distillery.plan.vllm_env import cpu_kv_cache_env
+from distillery.plan.vllm_env import NO_TRACKING_ENV, cpu_kv_cache_env
 from distillery.runtime_config import TEACHER_PORT
 from distillery_operator import naming
 from distillery_operator.render.common import (
@@ -72,11 +72,12 @@ def teacher_pod_spec(job: DistillationJob, teacher: Teacher) -> dict[str, Any]:
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
     }
     env = hf_token_env(teacher.inference.hf_token_secret)
+    variables = dict(NO_TRACKING_ENV)
     if pool.gpus_per_replica == 0:
         # Found on a real node: without it vLLM's CPU worker wanted 90% of the node's memory and exited.
-        env += [{"name": name, "value": value} for name, value in cpu_kv_cache_env().items()]
-    if env:
-        container["env"] = env
+        variables.update(cpu_kv_cache_env())
+    env += [{"name": name, "value": value} for name, value in variables.items()]
+    container["env"] = env
     pod: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,
