@@ -205,9 +205,16 @@ class Trainer:
         self.compute_dtype = resolve_precision(settings.precision, self.device)
         self.fsdp = settings.sharding == Sharding.FSDP
         torch.manual_seed(settings.seed)
+        from_rank0 = False
         if model is None:
             assert model_dir is not None, "a model_dir or a model"
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            if settings.sharded_load and self.fsdp and world_size > 1:
+                from distillery_runtime.sharded_load import meta_model
+
+                model = meta_model(model_dir)  # None: the checkpoint's names need from_pretrained
+                from_rank0 = model is not None
+            if model is None:
+                model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.logits_to_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
         """The model computes logits at given positions only (every transformers causal LM of today; a
         remote-code model may not, and then gets every position's)."""
@@ -224,7 +231,12 @@ class Trainer:
                 cpu_offload=settings.cpu_offload,
                 offload_pinned=settings.offload_pinned,
                 activation_checkpointing=settings.activation_checkpointing,
+                random_init=not from_rank0,
             )
+            if from_rank0:
+                from distillery_runtime.sharded_load import load_from_rank0
+
+                load_from_rank0(self.model, model_dir)  # type: ignore[arg-type]
         else:
             if settings.activation_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
