@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -515,8 +516,11 @@ class Trainer:
         logp = torch.log_softmax(logits[0, p - 1 : -1], dim=-1)
         return logp.gather(-1, torch.tensor(response_ids, device=self.device)[:, None])[:, 0].tolist()
 
-    def trainer_state(self) -> dict[str, Any]:
-        """Optimizer, schedule and version (FSDP: the optimizer state gathered whole, a collective)."""
+    def trainer_state(self, *, with_optimizer: bool = True) -> dict[str, Any]:
+        """Optimizer, schedule and version (FSDP: the optimizer state gathered whole, a collective);
+        without the optimizer where it is saved in shards (`save_optimizer_shards`)."""
+        if not with_optimizer:
+            return {"scheduler": self.scheduler.state_dict(), "version": self.version}
         if self.fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -530,8 +534,28 @@ class Trainer:
             "version": self.version,
         }
 
+    def save_optimizer_shards(self, path: str | Path) -> None:
+        """Every rank writes its own shards of the AdamW state with torch.distributed.checkpoint (a
+        collective): nothing is gathered, and a resume onto another number of ranks reshards them."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}, checkpoint_id=str(path))
+
+    def load_optimizer_shards(self, path: str | Path) -> None:
+        """The AdamW state `save_optimizer_shards` wrote, at any number of ranks: DCP reads each rank's
+        part of every tensor into the state this rank's shards hold (a collective)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        # The state's layout (initialised by a zero-lr step of zero gradients), then the saved values.
+        state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
+        dcp.load(state, checkpoint_id=str(path))
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+
     def load_trainer_state(self, state: dict[str, Any]) -> None:
-        if self.fsdp:
+        """Optimizer (unless it was saved in shards: `load_optimizer_shards`), schedule and version."""
+        if "optimizer" in state and self.fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
             set_optimizer_state_dict(
@@ -540,7 +564,7 @@ class Trainer:
                 state["optimizer"],
                 options=StateDictOptions(full_state_dict=True),
             )
-        else:
+        elif "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])

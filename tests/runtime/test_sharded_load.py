@@ -30,7 +30,7 @@ from distillery_runtime.trainer import step_normalizer
 
 from distillery.api.spec import LossMode, Precision, Sharding
 from distillery.plan.loss import LossConfig
-from distillery.plan.training import TrainerSettings, sharded_load
+from distillery.plan.training import TrainerSettings, sharded_state
 from tests.runtime.helpers import make_samples
 
 VOCAB = 64
@@ -175,4 +175,4 @@ def test_a_checkpoint_with_other_names_keeps_from_pretrained(
 def test_the_plan_loads_from_rank0_only_onto_several_fsdp_ranks(
     sharding: Sharding, ranks: int, expected: bool
 ) -> None:
-    assert sharded_load(sharding, ranks) is expected
+    assert sharded_state(sharding, ranks) is expected
