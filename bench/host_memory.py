@@ -12,7 +12,12 @@ VmHWM after resetting it (writing 5 to /proc/self/clear_refs), the file-backed p
 safetensors included. `load_peak_ratio` is the largest over ranks of that, divided by the full float32 model
 size. Each rank also checksums its local shards, so the two paths are checked to load the same weights.
 
-Checkpoints (issue 27's `checkpoint_peak_ratio`, `resume_reshard_exact`) are not measured here yet.
+Then each rank takes one step (AdamW's state exists from there) and all save a checkpoint (`TrainerWorker.
+save_checkpoint`, the loop's call): `checkpoint_peak_ratio` the same way. Today's path gathers the whole
+optimizer state on rank 0 into trainer.pt; the sharded one writes each rank's optimizer shards with
+torch.distributed.checkpoint. Both still gather the whole float32 weights for master/ and model/ (a streamed
+export is not built yet). A resume onto another rank count (`resume_reshard_exact`) is checked by
+tests/runtime/test_sharded_checkpoint.py, not measured here.
 
     python bench/host_memory.py --quick     # 2 and 4 ranks
     python bench/host_memory.py --ranks 2 4 8
@@ -37,7 +42,7 @@ import torch.multiprocessing as mp
 
 LAYERS, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB = 18, 1024, 2816, 16, 4, 1024
 PATHS = {"before": False, "after": True}
-"""The two load paths: today's (sharded_load False) and the sharded load."""
+"""The two paths: today's (sharded_load and sharded_checkpoint False) and the sharded ones."""
 BASELINE_MODULES = (
     "distillery_runtime.sharded_load",
     "distillery_runtime.sharding",
@@ -78,12 +83,35 @@ def save_student(directory: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def samples(rank: int, vocab: int) -> list[Any]:
+    """One short synthetic sample a rank (a step's worth of optimizer state is what a checkpoint holds)."""
+    import numpy as np
+    from distillery_runtime.samples import TrainSample
+
+    g = torch.Generator().manual_seed(rank)
+    response = torch.randint(4, vocab, (4,), generator=g)
+    top = torch.log_softmax(torch.randn(4, vocab, generator=g), -1).topk(4, -1)
+    return [
+        TrainSample(
+            prompt_ids=torch.randint(4, vocab, (4,), generator=g).tolist(),
+            response_ids=response.tolist(),
+            old_logprobs=None,
+            topk_ids=top.indices.numpy().astype(np.int32),
+            topk_logprobs=top.values.numpy().astype(np.float32),
+            token_logprobs=top.values[:, 0].numpy().copy(),
+            teacher_mask=np.ones(4, bool),
+        )
+    ]
+
+
 def _rank(rank: int, world: int, init: str, model_dir: str, sharded: bool, out: str) -> None:
     import torch.distributed as dist
-    from distillery_runtime.trainer import Trainer
+    from distillery_runtime.workers import TrainerWorker
     from torch.distributed.tensor import DTensor
 
-    from distillery.api.spec import Precision, Sharding
+    from distillery.api.spec import LossMode, ModelDtype, Precision, Sharding
+    from distillery.plan.export import ExportSettings
+    from distillery.plan.loss import LossConfig
     from distillery.plan.training import TrainerSettings
 
     torch.set_num_threads(1)  # ranks share the host's cores
@@ -99,19 +127,27 @@ def _rank(rank: int, world: int, init: str, model_dir: str, sharded: bool, out: 
         "gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(minutes=10)
     )
     settings = TrainerSettings(
-        lr=1e-4, precision=Precision.FLOAT32, sharding=Sharding.FSDP, sharded_load=sharded
-    )
+        lr=1e-4, precision=Precision.FLOAT32, sharding=Sharding.FSDP, loss=LossConfig(mode=LossMode.FORWARD_KL_TOPK),
+        sharded_load=sharded, sharded_checkpoint=sharded,
+    )  # fmt: skip
+    record: dict[str, Any] = {}
     dist.barrier()
     reset_peak()
-    before = status_kib("VmRSS")
-    trainer = Trainer(model_dir, settings, rank=rank, world_size=world, device="cpu")
-    peak = status_kib("VmHWM")
-    dist.barrier()
-    checksum = sum(
+    record["load_before_kib"] = status_kib("VmRSS")
+    worker = TrainerWorker(model_dir, settings, rank, world)
+    record["load_peak_kib"] = status_kib("VmHWM")
+    trainer = worker.trainer
+    record["checksum"] = sum(
         float((p.to_local() if isinstance(p, DTensor) else p).detach().double().sum())
         for p in trainer.model.parameters()
     )
-    record = {"before_kib": before, "peak_kib": peak, "after_kib": status_kib("VmRSS"), "checksum": checksum}
+    trainer.train_step(samples(rank, VOCAB), float(4 * world))  # AdamW's state exists from here
+    export = ExportSettings(dtype=ModelDtype.BFLOAT16, tokenizer=model_dir)
+    dist.barrier()
+    reset_peak()
+    record["checkpoint_before_kib"] = status_kib("VmRSS")
+    worker.save_checkpoint(f"{out}/ckpt", 1, {"version": 1}, 1, export, False)
+    record["checkpoint_peak_kib"] = status_kib("VmHWM")
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     dist.destroy_process_group()
 
@@ -141,11 +177,13 @@ def main() -> None:
         for world in ranks:
             for name, sharded in PATHS.items():
                 runs[name][str(world)] = measure(world, sharded, scratch / "student", scratch)
+    phases = ("load", "checkpoint")
+
+    def ratio(r: dict[str, Any], phase: str) -> float:
+        return 1024 * (r[f"{phase}_peak_kib"] - r[f"{phase}_before_kib"]) / full_bytes
+
     ratios = {
-        name: {
-            w: max(1024 * (r["peak_kib"] - r["before_kib"]) / full_bytes for r in recs)
-            for w, recs in by.items()
-        }
+        name: {phase: {w: max(ratio(r, phase) for r in recs) for w, recs in by.items()} for phase in phases}
         for name, by in runs.items()
     }
     same = all(
@@ -153,19 +191,23 @@ def main() -> None:
         for w in runs["after"]
     )
     print(f"student: {params / 1e6:.1f}M parameters, float32 {full_bytes / 2**30:.2f} GiB (bf16 on disk)")
-    print(f"{'ranks':>5} {'path':<7} {'load peak / fp32 model, per rank':<40} {'max':>6}")
-    for world in map(str, ranks):
-        for name in PATHS:
-            per_rank = [1024 * (r["peak_kib"] - r["before_kib"]) / full_bytes for r in runs[name][world]]
-            shown = " ".join(f"{x:.3f}" for x in per_rank)
-            print(f"{world:>5} {name:<7} {shown:<40} {ratios[name][world]:>6.3f}")
+    print(f"{'phase':<10} {'ranks':>5} {'path':<7} {'peak / fp32 model, per rank':<40} {'max':>6}")
+    for phase in phases:
+        for world in map(str, ranks):
+            for name in PATHS:
+                shown = " ".join(f"{ratio(r, phase):.3f}" for r in runs[name][world])
+                print(f"{phase:<10} {world:>5} {name:<7} {shown:<40} {ratios[name][phase][world]:>6.3f}")
     print(f"same weights on every rank, both paths: {same}")
     summary = {
-        "load_peak_ratio": ratios["after"],
-        "before": {"load_peak_ratio": ratios["before"]},
+        "load_peak_ratio": ratios["after"]["load"],
+        "checkpoint_peak_ratio": ratios["after"]["checkpoint"],
+        "before": {
+            "load_peak_ratio": ratios["before"]["load"],
+            "checkpoint_peak_ratio": ratios["before"]["checkpoint"],
+        },
         "weights_equal": same,
         "params": params,
-        "not_measured": ["checkpoint_peak_ratio", "resume_reshard_exact"],
+        "not_measured": ["resume_reshard_exact"],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     record = {
