@@ -91,6 +91,18 @@ def compatible_keys(model: nn.Module, shapes: dict[str, tuple[Path, tuple[int, .
     return f"shapes differ: {wrong[:3]}" if wrong else ""
 
 
+def unrebuilt_buffers(model: nn.Module) -> list[str]:
+    """Non-persistent buffers (in no checkpoint) that `sharding.materialize_empty` does not rebuild after
+    `to_empty`: it rebuilds rotary embeddings (`rotary_emb`: Llama, Qwen2, Mistral); any other would be
+    left uninitialised, so such a model keeps from_pretrained."""
+    persistent = set(model.state_dict())
+    return [
+        name
+        for name, _ in model.named_buffers()
+        if name not in persistent and ".rotary_emb." not in f".{name}"
+    ]
+
+
 def meta_model(model_dir: str | Path) -> nn.Module | None:
     """The student built on the meta device from its config, as from_pretrained(dtype=float32) would build
     it (same class, attention implementation and generation config), or None where this path does not
@@ -105,6 +117,8 @@ def meta_model(model_dir: str | Path) -> nn.Module | None:
     with torch.device("meta"):
         model: nn.Module = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     why = compatible_keys(model, checkpoint_shapes(files))
+    if not why and unrebuilt_buffers(model):
+        why = f"buffers no checkpoint holds and no rebuild covers: {unrebuilt_buffers(model)[:3]}"
     if why:
         log.warning("sharded load: %s; loading on every rank", why)
         return None

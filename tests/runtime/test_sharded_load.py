@@ -25,6 +25,7 @@ from distillery_runtime.sharded_load import (
     compatible_keys,
     meta_model,
     safetensors_files,
+    unrebuilt_buffers,
 )
 from distillery_runtime.trainer import step_normalizer
 
@@ -176,3 +177,12 @@ def test_the_plan_loads_from_rank0_only_onto_several_fsdp_ranks(
     sharding: Sharding, ranks: int, expected: bool
 ) -> None:
     assert sharded_state(sharding, ranks) is expected
+
+
+def test_a_buffer_no_rebuild_covers_keeps_from_pretrained(students: dict[str, Path]) -> None:
+    model = meta_model(students["qwen"])
+    assert model is not None and unrebuilt_buffers(model) == []
+    assert any("rotary_emb" in name for name, _ in model.named_buffers())  # rebuilt: not listed
+    layer = model.model.layers[0]  # type: ignore[union-attr,index]
+    layer.register_buffer("scale", torch.ones(2), persistent=False)
+    assert unrebuilt_buffers(model) == ["model.layers.0.scale"]
