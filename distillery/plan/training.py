@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from distillery.api.spec import DistillationJobSpec, Precision, Sharding
 from distillery.plan.loss import LossConfig, resolve_loss
 from distillery.plan.memory_features import resolve_memory_features
+from distillery.plan.rollout import trainer_world_size
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,13 @@ class TrainerSettings:
     takes more host memory: +28% measured at 1.5B)."""
     micro_batch_tokens: int | None = None
     """Token budget of a packed micro-batch; None: micro_batch_size samples, padded."""
+    sharded_load: bool = False
+    """Build the student on the meta device on every rank and fill each rank's FSDP2 shards from rank 0's
+    reading of the safetensors files (`distillery_runtime.sharded_load`): no rank holds a whole float32
+    copy. False: every rank runs from_pretrained on the whole model, then shards it."""
+    sharded_checkpoint: bool = False
+    """Each rank saves its own shards of the optimizer state (torch.distributed.checkpoint, resumable onto
+    another number of ranks) instead of rank 0 gathering the whole state into trainer.pt."""
 
 
 def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSettings:
@@ -61,4 +69,13 @@ def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSett
         activation_checkpointing=features.activation_checkpointing,
         cpu_offload=features.cpu_offload,
         micro_batch_tokens=spec.schedule.micro_batch_tokens,
+        sharded_load=sharded_state(features.sharding, trainer_world_size(spec)),
+        sharded_checkpoint=sharded_state(features.sharding, trainer_world_size(spec)),
     )
+
+
+def sharded_state(sharding: Sharding, ranks: int) -> bool:
+    """Load onto the shards from rank 0, and checkpoint the optimizer in shards, where the state is
+    sharded: FSDP2 over several ranks. A world of one holds the whole model anyway, and the replicated
+    layout a whole copy per rank."""
+    return sharding == Sharding.FSDP and ranks > 1

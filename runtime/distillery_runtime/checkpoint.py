@@ -7,11 +7,15 @@ Layout of one checkpoint, `<root>/step-00000012/`:
   master/           the trainer's exact float32 weights (safetensors + config + the tokenizer the engines
                     loaded): what a resume loads, so it continues bit for bit whatever model/'s dtype
   trainer.pt        optimizer, LR scheduler and RNG states (torch, numpy, python)
+  optimizer/        FSDP2 over several ranks: the optimizer state instead, each rank's shards written by
+                    that rank with torch.distributed.checkpoint (nothing gathered; a resume onto another
+                    number of ranks reshards them); trainer.pt then holds no optimizer
   state.json        step, data position, policy version, the run's identity
   COMPLETE          written last; a directory without it is never loaded
 
-A checkpoint is assembled in `<root>/.tmp-step-00000012-<pid>/`, every file fsync'ed, then renamed into
-place (rename is atomic on one filesystem) and the parent directory fsync'ed. A crash at any moment leaves
+A checkpoint is assembled in `<root>/.tmp-step-00000012-<pid>/` (`staging_dir`: rank 0's pid; the other
+ranks write their optimizer shards there first, so the root is one filesystem all trainer ranks see), every
+file fsync'ed, then renamed into place (rename is atomic on one filesystem) and the parent directory fsync'ed. A crash at any moment leaves
 either no checkpoint for that step or a complete one; temporary directories are swept on the next start.
 
 When a run has taken its last step, that checkpoint's `model/` is also published as `<root>/final/` (hard
@@ -45,6 +49,7 @@ FINAL_DIR = "final"
 FINAL_STATE = "final.json"
 TRAINER_FILE = "trainer.pt"
 STATE_FILE = "state.json"
+OPTIMIZER_DIR = "optimizer"
 
 
 @dataclass(frozen=True)
@@ -195,19 +200,21 @@ def save(
     keep: int,
     state_dict: dict[str, Any] | None = None,
     export: ModelExport | None = None,
+    staged: Path | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically, then delete all but the newest `keep` complete ones.
 
     `tokenizer` is the one the trainer and engines loaded (kept in master/ for a resume); `export` says how
-    model/ is written (default: bfloat16 with that same tokenizer)."""
+    model/ is written (default: bfloat16 with that same tokenizer). `staged`: the `staging_dir` the ranks
+    already wrote their optimizer shards into (completed here, or removed on failure)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
-    tmp = root / f".tmp-{step_dir_name(step)}-{os.getpid()}"
-    if tmp.exists():
+    tmp = staged or staging_dir(root, step)
+    if staged is None and tmp.exists():
         shutil.rmtree(tmp)
     try:
-        tmp.mkdir()
+        tmp.mkdir(exist_ok=staged is not None)
         # A sharded (FSDP2) model saves the whole weights its ranks gathered (`state_dict`).
         model.save_pretrained(tmp / MASTER_DIR, safe_serialization=True, state_dict=state_dict)
         edit_config(tmp / MASTER_DIR / "config.json")
@@ -242,6 +249,12 @@ def save(
     _fsync_dir(root)
     prune(root, keep, run)
     return final
+
+
+def staging_dir(root: str | Path, step: int) -> Path:
+    """Where checkpoint `step` is assembled before its rename (this process's pid: a rerun's leftovers are
+    another's, swept by `sweep_temporary`)."""
+    return Path(root) / f".tmp-{step_dir_name(step)}-{os.getpid()}"
 
 
 def belongs_to(state: dict[str, Any], run: str | None) -> bool:

@@ -53,11 +53,14 @@ def shard_student(
     cpu_offload: bool = False,
     offload_pinned: bool = True,
     activation_checkpointing: bool = False,
+    random_init: bool = True,
 ) -> nn.Module:
     """Apply FSDP2 in place (per decoder layer, then the root); returns the same model, now an FSDPModule.
 
-    The model's float32 parameters may be on CPU or on the meta device (materialise with `to_empty`
-    afterwards); FSDP2 moves them to `device`, or keeps them pinned in host memory with `cpu_offload`.
+    The model's float32 parameters may be on CPU or on the meta device; FSDP2 moves them to `device`, or
+    keeps them pinned in host memory with `cpu_offload`. Meta parameters are materialised as this rank's
+    shards only, random-initialised (`random_init`: benchmarks of real-size shapes) or left for
+    `sharded_load.load_from_rank0` to fill.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -80,7 +83,11 @@ def shard_student(
     if hasattr(model, "set_force_sum_reduction_for_comms"):  # torch >= 2.9
         model.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
     if any(param.is_meta for param in model.parameters()):
-        materialize_random(model, torch.device("cpu") if cpu_offload else device)
+        target = torch.device("cpu") if cpu_offload else device
+        if random_init:
+            materialize_random(model, target)
+        else:
+            materialize_empty(model, target)
     if cpu_offload:
         # Buffers (rotary inverse frequencies) are not offloaded state: they live where compute runs.
         for module in model.modules():
@@ -90,11 +97,26 @@ def shard_student(
 
 
 @torch.no_grad()
-def materialize_random(model: nn.Module, device: torch.device) -> None:
-    """A model built on the meta device (benchmarks of real-size shapes): allocate each rank's shards only,
-    then random-initialise them (normal(0, initializer_range) weights, zero biases, unit norms) and
-    rebuild the rotary embedding's buffers, which `to_empty` leaves uninitialised."""
+def materialize_empty(model: nn.Module, device: torch.device) -> None:
+    """A model built on the meta device: allocate each rank's shards only (uninitialised), rebuild the
+    rotary embedding's buffers, which `to_empty` leaves uninitialised and no checkpoint holds
+    (non-persistent `inv_freq`), and re-tie an LM head tied to the embedding (transformers' tie_weights:
+    a no-op where `to_empty` kept the one shared parameter)."""
     model.to_empty(device=device)
+    for module in model.modules():
+        rotary = getattr(module, "rotary_emb", None)
+        if rotary is not None and hasattr(rotary, "inv_freq"):
+            module.rotary_emb = type(rotary)(config=model.config).to(device)
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):
+        tie()
+
+
+@torch.no_grad()
+def materialize_random(model: nn.Module, device: torch.device) -> None:
+    """A model built on the meta device (benchmarks of real-size shapes): `materialize_empty`, then
+    random-initialise the shards (normal(0, initializer_range) weights, zero biases, unit norms)."""
+    materialize_empty(model, device)
     std = float(getattr(model.config, "initializer_range", 0.02))  # type: ignore[union-attr]
     for name, param in model.named_parameters():
         local = param.to_local() if isinstance(param, DTensor) else param
@@ -104,10 +126,6 @@ def materialize_random(model: nn.Module, device: torch.device) -> None:
             local.zero_()
         else:
             local.normal_(0.0, std)
-    for module in model.modules():
-        rotary = getattr(module, "rotary_emb", None)
-        if rotary is not None and hasattr(rotary, "inv_freq"):
-            module.rotary_emb = type(rotary)(config=model.config).to(device)
 
 
 def local_grad_norm_squared(params: list[nn.Parameter], device: torch.device) -> torch.Tensor:

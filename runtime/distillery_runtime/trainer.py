@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -205,9 +206,16 @@ class Trainer:
         self.compute_dtype = resolve_precision(settings.precision, self.device)
         self.fsdp = settings.sharding == Sharding.FSDP
         torch.manual_seed(settings.seed)
+        from_rank0 = False
         if model is None:
             assert model_dir is not None, "a model_dir or a model"
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            if settings.sharded_load and self.fsdp and world_size > 1:
+                from distillery_runtime.sharded_load import meta_model
+
+                model = meta_model(model_dir)  # None: the checkpoint's names need from_pretrained
+                from_rank0 = model is not None
+            if model is None:
+                model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.logits_to_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
         """The model computes logits at given positions only (every transformers causal LM of today; a
         remote-code model may not, and then gets every position's)."""
@@ -224,7 +232,12 @@ class Trainer:
                 cpu_offload=settings.cpu_offload,
                 offload_pinned=settings.offload_pinned,
                 activation_checkpointing=settings.activation_checkpointing,
+                random_init=not from_rank0,
             )
+            if from_rank0:
+                from distillery_runtime.sharded_load import load_from_rank0
+
+                load_from_rank0(self.model, model_dir)  # type: ignore[arg-type]
         else:
             if settings.activation_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -503,8 +516,11 @@ class Trainer:
         logp = torch.log_softmax(logits[0, p - 1 : -1], dim=-1)
         return logp.gather(-1, torch.tensor(response_ids, device=self.device)[:, None])[:, 0].tolist()
 
-    def trainer_state(self) -> dict[str, Any]:
-        """Optimizer, schedule and version (FSDP: the optimizer state gathered whole, a collective)."""
+    def trainer_state(self, *, with_optimizer: bool = True) -> dict[str, Any]:
+        """Optimizer, schedule and version (FSDP: the optimizer state gathered whole, a collective);
+        without the optimizer where it is saved in shards (`save_optimizer_shards`)."""
+        if not with_optimizer:
+            return {"scheduler": self.scheduler.state_dict(), "version": self.version}
         if self.fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -518,8 +534,28 @@ class Trainer:
             "version": self.version,
         }
 
+    def save_optimizer_shards(self, path: str | Path) -> None:
+        """Every rank writes its own shards of the AdamW state with torch.distributed.checkpoint (a
+        collective): nothing is gathered, and a resume onto another number of ranks reshards them."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}, checkpoint_id=str(path))
+
+    def load_optimizer_shards(self, path: str | Path) -> None:
+        """The AdamW state `save_optimizer_shards` wrote, at any number of ranks: DCP reads each rank's
+        part of every tensor into the state this rank's shards hold (a collective)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        # The state's layout (initialised by a zero-lr step of zero gradients), then the saved values.
+        state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
+        dcp.load(state, checkpoint_id=str(path))
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+
     def load_trainer_state(self, state: dict[str, Any]) -> None:
-        if self.fsdp:
+        """Optimizer (unless it was saved in shards: `load_optimizer_shards`), schedule and version."""
+        if "optimizer" in state and self.fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
             set_optimizer_state_dict(
@@ -528,7 +564,7 @@ class Trainer:
                 state["optimizer"],
                 options=StateDictOptions(full_state_dict=True),
             )
-        else:
+        elif "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])

@@ -131,6 +131,8 @@ class TrainerWorker:
 
         ref = checkpoint.CheckpointRef(0, Path(checkpoint_path))
         state = checkpoint.load_trainer_state(ref)
+        if "optimizer" not in state:  # saved in shards, at whatever number of ranks: resharded on load
+            self.trainer.load_optimizer_shards(ref.path / checkpoint.OPTIMIZER_DIR)
         self.trainer.load_trainer_state(state)
         checkpoint.set_rng_state(state["rng"])
         return self.trainer.version
@@ -143,7 +145,12 @@ class TrainerWorker:
         from distillery_runtime import checkpoint
         from distillery_runtime.export import ModelExport
 
-        trainer_state = {**self.trainer.trainer_state(), "rng": checkpoint.rng_state()}
+        sharded = self.trainer.settings.sharded_checkpoint and self.trainer.fsdp and self.world_size > 1
+        staged = self._save_optimizer_shards(root, step) if sharded else None
+        trainer_state = {
+            **self.trainer.trainer_state(with_optimizer=not sharded),
+            "rng": checkpoint.rng_state(),
+        }
         weights = self.trainer.full_state_dict() if self.trainer.fsdp else None
         if self.rank != 0:
             return "", ""
@@ -157,9 +164,36 @@ class TrainerWorker:
             state=state,
             keep=keep,
             export=ModelExport(dtype=str(export.dtype), tokenizer=self._export_tokenizer(export)),
+            staged=staged,
         )
         published = checkpoint.publish_final(checkpoint.CheckpointRef(step, path)) if final else ""
         return str(path), str(published)
+
+    def _save_optimizer_shards(self, root: str, step: int) -> Path:
+        """Every rank writes its optimizer shards into rank 0's staging folder (its path broadcast); a
+        failed write on any rank fails every rank's save (DCP gathers the errors), and rank 0 removes the
+        partial folder, as `checkpoint.save` does."""
+        import shutil
+
+        import torch.distributed as dist
+
+        from distillery_runtime import checkpoint
+
+        staged = [str(checkpoint.staging_dir(root, step)) if self.rank == 0 else ""]
+        if self.rank == 0:
+            shutil.rmtree(staged[0], ignore_errors=True)
+            Path(staged[0]).mkdir(parents=True)
+        dist.broadcast_object_list(staged, src=0)
+        path = Path(staged[0])
+        try:
+            self.trainer.save_optimizer_shards(path / checkpoint.OPTIMIZER_DIR)
+        except Exception as error:
+            if self.rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+            raise checkpoint.CheckpointWriteError(
+                f"{root}: could not write checkpoint step {step} ({error})"
+            ) from error
+        return path
 
     def _export_tokenizer(self, export: ExportSettings) -> Any:
         """The tokenizer the job used (student.tokenizer, else the student's), loaded once: the trainer's

@@ -57,3 +57,18 @@ def test_a_cpu_job_left_to_the_plan_trains_one_replica_without_checkpointing(
     )
     assert settings.precision == Precision.AUTO and settings.micro_batch_tokens is None
     assert settings.loss.mode == LossMode.FORWARD_KL_TOPK and settings.loss.objective == Objective.DIRECT
+
+
+def test_fsdp_over_several_ranks_loads_and_checkpoints_in_shards(base_manifest: dict[str, Any]) -> None:
+    doc = copy.deepcopy(base_manifest)
+    doc["spec"]["student"]["pool"] = {"workers": 2, "gpusPerWorker": 0}
+    doc["spec"]["student"]["training"] = {"sharding": "fsdp"}
+    settings = resolve(parse_job(doc).spec).trainer
+    assert (settings.sharding, settings.sharded_load, settings.sharded_checkpoint) == (
+        Sharding.FSDP,
+        True,
+        True,
+    )
+    doc["spec"]["student"]["pool"] = {"workers": 1, "gpusPerWorker": 0}
+    one = resolve(parse_job(doc).spec).trainer
+    assert (one.sharding, one.sharded_load, one.sharded_checkpoint) == (Sharding.FSDP, False, False)
