@@ -70,8 +70,16 @@ def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSett
         cpu_offload=features.cpu_offload,
         micro_batch_tokens=spec.schedule.micro_batch_tokens,
         sharded_load=sharded_state(features.sharding, trainer_world_size(spec)),
-        sharded_checkpoint=sharded_state(features.sharding, trainer_world_size(spec)),
+        sharded_checkpoint=sharded_state(features.sharding, trainer_world_size(spec))
+        and checkpoint_root_shared(spec),
     )
+
+
+def checkpoint_root_shared(spec: DistillationJobSpec) -> bool:
+    """Whether every trainer rank sees the same checkpoint folder, as optimizer shards written by each rank
+    need. A claim (the user's or the operator's, ReadWriteMany) and a local run's folder are; with
+    `checkpoint.ephemeral` each worker pod has its own emptyDir, shared only when one pod holds every rank."""
+    return not spec.checkpoint.ephemeral or spec.student.pool.workers == 1
 
 
 def sharded_state(sharding: Sharding, ranks: int) -> bool:

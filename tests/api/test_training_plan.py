@@ -72,3 +72,16 @@ def test_fsdp_over_several_ranks_loads_and_checkpoints_in_shards(base_manifest: 
     doc["spec"]["student"]["pool"] = {"workers": 1, "gpusPerWorker": 0}
     one = resolve(parse_job(doc).spec).trainer
     assert (one.sharding, one.sharded_load, one.sharded_checkpoint) == (Sharding.FSDP, False, False)
+
+
+def test_ephemeral_checkpoints_over_several_pods_keep_the_optimizer_whole(
+    base_manifest: dict[str, Any],
+) -> None:
+    """Each rank's optimizer shards must land where rank 0 assembles the checkpoint: one emptyDir a worker
+    pod is not that place, so the optimizer is gathered on rank 0 as before (the load stays sharded)."""
+    doc = copy.deepcopy(base_manifest)
+    doc["spec"]["student"]["pool"] = {"workers": 2, "gpusPerWorker": 0}
+    doc["spec"]["student"]["training"] = {"sharding": "fsdp"}
+    doc["spec"]["checkpoint"] = {"ephemeral": True}
+    settings = resolve(parse_job(doc).spec).trainer
+    assert (settings.sharded_load, settings.sharded_checkpoint) == (True, False)
