@@ -24,7 +24,7 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from distillery_operator.render import LIVE_FIELDS
+from distillery_operator.render import without_live_fields
 
 QUANTITY_KEYS = ("resources", "sizeLimit")
 """Where quantities are compared by value: a container's resources and an emptyDir's sizeLimit (the API
@@ -33,24 +33,12 @@ OWNED_PARTS = ("spec", "data")
 """The top-level parts of a child the operator renders, besides its labels (never `status`)."""
 
 
-def without(body: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
-    """`body` without the field at `path` (a copy along the path; the rest is shared)."""
-    if len(path) == 1:
-        return {k: v for k, v in body.items() if k != path[0]}
-    inner = body.get(path[0])
-    if not isinstance(inner, dict):
-        return body
-    return {**body, path[0]: without(inner, path[1:])}
-
-
 def owned_view(obj: Mapping[str, Any]) -> dict[str, Any]:
     """The parts of an object (rendered or live) that drift is judged on: labels, spec or data, without
     the live fields."""
     view: dict[str, Any] = {"labels": dict((obj.get("metadata") or {}).get("labels") or {})}
     view.update({k: obj[k] for k in OWNED_PARTS if k in obj})
-    for path in LIVE_FIELDS.get(str(obj.get("kind", "")), ()):
-        view = without(view, path)
-    return view
+    return without_live_fields(view, str(obj.get("kind", "")))
 
 
 def _zero(value: Any) -> bool:

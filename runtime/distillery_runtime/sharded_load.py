@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from distillery_runtime.packing import pack_in_order
+
 log = logging.getLogger(__name__)
 
 CHUNK_FRACTION = 1 / 16
@@ -129,22 +131,14 @@ def meta_model(model_dir: str | Path) -> nn.Module | None:
     return model
 
 
+def float32_bytes(shape: tuple[int, ...]) -> int:
+    return 4 * int(torch.Size(shape).numel())
+
+
 def chunks(shapes: dict[str, tuple[Path, tuple[int, ...]]], budget: int) -> list[list[str]]:
     """The tensor names in file order, grouped into chunks of at most `budget` float32 bytes (a tensor
     larger than that alone). Every rank computes the same chunks from the same headers."""
-    out: list[list[str]] = []
-    current: list[str] = []
-    used = 0
-    for name, (_, shape) in shapes.items():
-        size = 4 * int(torch.Size(shape).numel())
-        if current and used + size > budget:
-            out.append(current)
-            current, used = [], 0
-        current.append(name)
-        used += size
-    if current:
-        out.append(current)
-    return out
+    return pack_in_order(shapes, lambda name: float32_bytes(shapes[name][1]), budget)
 
 
 def read_chunk(
@@ -171,7 +165,7 @@ def load_from_rank0(model: nn.Module, model_dir: str | Path) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     shapes = checkpoint_shapes(safetensors_files(model_dir))
-    total = sum(4 * int(torch.Size(shape).numel()) for _, shape in shapes.values())
+    total = sum(float32_bytes(shape) for _, shape in shapes.values())
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     for names in chunks(shapes, max(1, int(total * CHUNK_FRACTION))):
         state: dict[str, Any] = dict(read_chunk(names, shapes)) if dist.get_rank() == 0 else {}

@@ -30,6 +30,7 @@ from distillery.api.spec import Precision, Sharding
 from distillery.plan.loss import LossConfig
 from distillery.plan.training import TrainerSettings
 from distillery_runtime.losses import TeacherTargets, counted_tokens, distillation_loss, reduction_units
+from distillery_runtime.packing import pack_in_order
 from distillery_runtime.samples import TrainSample
 from distillery_runtime.schedule import lr_factor
 
@@ -109,19 +110,7 @@ def micro_batches(
     (a sample longer than the budget gets a micro-batch of its own)."""
     if token_budget is None:
         return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
-    out: list[list[TrainSample]] = []
-    current: list[TrainSample] = []
-    used = 0
-    for sample in samples:
-        n = sample_tokens(sample)
-        if current and used + n > token_budget:
-            out.append(current)
-            current, used = [], 0
-        current.append(sample)
-        used += n
-    if current:
-        out.append(current)
-    return out
+    return pack_in_order(samples, sample_tokens, token_budget)
 
 
 def collate(

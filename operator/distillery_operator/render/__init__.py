@@ -19,6 +19,7 @@ from distillery_operator.render.common import (
     spec_hash,
     trainer_hf_token,
     user_labels,
+    without_live_fields,
 )
 from distillery_operator.render.config_map import render_config_map
 from distillery_operator.render.identity import (
@@ -101,4 +102,5 @@ __all__ = [
     "trainer_identity_rules",
     "trainer_service_account",
     "user_labels",
+    "without_live_fields",
 ]

@@ -69,12 +69,20 @@ def spec_hash(obj: Mapping[str, Any]) -> str:
     """A stable hash of an object's rendered content, without its live fields and metadata bookkeeping."""
     body = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
     body["labels"] = obj.get("metadata", {}).get("labels", {})
-    for path in LIVE_FIELDS.get(obj.get("kind", ""), ()):
-        body = _without(body, path)
+    body = without_live_fields(body, str(obj.get("kind", "")))
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
+def without_live_fields(body: dict[str, Any], kind: str) -> dict[str, Any]:
+    """`body` (an object of `kind`, or a view of it) without the LIVE_FIELDS of that kind: what the spec hash
+    and drift both judge."""
+    for path in LIVE_FIELDS.get(kind, ()):
+        body = _without(body, path)
+    return body
+
+
 def _without(body: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    """`body` without the field at `path` (a copy along the path; the rest is shared)."""
     if len(path) == 1:
         return {k: v for k, v in body.items() if k != path[0]}
     inner = body.get(path[0])

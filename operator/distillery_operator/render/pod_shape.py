@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from distillery.api.spec import Toleration
+from distillery.api.spec import StudentPool, TeacherPool, Toleration
 from distillery.plan.pod_resources import ContainerResources
 
 RUNTIME_UID = 1000
@@ -34,6 +34,11 @@ class PodPlacement:
 
     node_selector: Mapping[str, str]
     tolerations: Sequence[Toleration]
+
+    @classmethod
+    def of(cls, pool: StudentPool | TeacherPool) -> PodPlacement:
+        """A pool's placement (the head and the submitter take the student pool's)."""
+        return cls(pool.node_selector, pool.tolerations)
 
 
 def pod_security_context() -> dict[str, Any]:

@@ -59,11 +59,6 @@ def prestop_command(job: DistillationJob) -> list[str]:
     return ["python", "-m", "distillery_runtime.prestop", "--timeout", str(timeout)]
 
 
-def _placement(job: DistillationJob) -> PodPlacement:
-    pool = job.spec.student.pool
-    return PodPlacement(pool.node_selector, pool.tolerations)
-
-
 def _ray_pod_template(
     job: DistillationJob, container_name: str, resources: ContainerResources, *, worker: bool
 ) -> dict[str, Any]:
@@ -121,7 +116,10 @@ def _ray_pod_template(
         "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
     }
     labels = naming.child_labels(job.metadata.name, "trainer", user_labels(job))
-    return {"metadata": {"labels": labels}, "spec": shape_pod(pod, resources, _placement(job))}
+    return {
+        "metadata": {"labels": labels},
+        "spec": shape_pod(pod, resources, PodPlacement.of(job.spec.student.pool)),
+    }
 
 
 def submitter_pod_template(job: DistillationJob) -> dict[str, Any]:
@@ -136,7 +134,7 @@ def submitter_pod_template(job: DistillationJob) -> dict[str, Any]:
     labels = naming.child_labels(job.metadata.name, "submitter", user_labels(job))
     return {
         "metadata": {"labels": labels},
-        "spec": shape_pod(pod, resources, _placement(job)),
+        "spec": shape_pod(pod, resources, PodPlacement.of(job.spec.student.pool)),
     }
 
 

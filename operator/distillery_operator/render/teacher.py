@@ -84,7 +84,7 @@ def teacher_pod_spec(job: DistillationJob, teacher: Teacher) -> dict[str, Any]:
         "automountServiceAccountToken": False,
     }
     resources = pod_resources(job.spec).teachers[teacher.name]
-    return shape_pod(pod, resources, PodPlacement(pool.node_selector, pool.tolerations))
+    return shape_pod(pod, resources, PodPlacement.of(pool))
 
 
 def render_teacher_deployment(job: DistillationJob, teacher: Teacher, ctx: RenderContext) -> dict[str, Any]:
