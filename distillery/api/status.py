@@ -44,6 +44,9 @@ class ConditionType(StrEnum):
     SPEC_APPLIED = "SpecApplied"
     TEACHER_UNAVAILABLE = "TeacherUnavailable"
     """True while the trainer waits for a teacher that stopped answering (status.teacherOutages)."""
+    PODS_SCHEDULED = "PodsScheduled"
+    """False while a pod of the starting job is refused by every node (the scheduler's reason in the
+    message: an untolerated taint, too few GPUs, a selector no node matches)."""
     OUTPUT_KEPT = "OutputKept"
     """True when the checkpoints and the final model outlive the job (on a claim it does not own); False
     when they go with the job (checkpoint.deleteWithJob) or with its pods (checkpoint.ephemeral)."""

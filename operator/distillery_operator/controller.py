@@ -27,6 +27,7 @@ from distillery_operator.identity import identity_actions
 from distillery_operator.kube import ApiError, Kube
 from distillery_operator.observe import CLAIM_KIND, Child, JobKey, assemble
 from distillery_operator.probes import TeacherProber
+from distillery_operator.scheduling import SchedulingWatch
 from distillery_operator.workqueue import Backoff, WorkQueue
 
 log = logging.getLogger("distillery.operator")
@@ -40,6 +41,8 @@ class ControllerSettings:
     """Safety-net reconcile of every job; it reads memory only and writes nothing when nothing drifted."""
     probe_interval: float = 30.0
     probe_timeout: float = 5.0
+    scheduling_interval: float = 10.0
+    """Seconds between two lists of a starting job's pods (why they wait for a node)."""
     backoff_base: float = 0.5
     backoff_cap: float = 60.0
     create_grace_seconds: float = 30.0
@@ -106,6 +109,11 @@ class Controller:
             interval=self.settings.probe_interval,
             timeout=self.settings.probe_timeout,
         )
+        self.scheduling = SchedulingWatch(
+            self.kube.list_pods,
+            lambda key: self.enqueue(key, "PodScheduling"),
+            interval=self.settings.scheduling_interval,
+        )
         self.phases: dict[JobKey, str] = {}
         self._triggers: dict[JobKey, str] = {}
         self._written: dict[JobKey, _Written] = {}
@@ -169,6 +177,7 @@ class Controller:
         self._workers.clear()
         self.queue.close()
         await self.prober.close()
+        await self.scheduling.close()
 
     async def _work(self) -> None:
         while True:
@@ -201,6 +210,7 @@ class Controller:
 
     def _forget(self, key: JobKey) -> None:
         self.prober.forget(key)
+        self.scheduling.forget(key)
         self.queue.drop(key)
         self._set_phase(key, None)
         self._written.pop(key, None)
@@ -239,11 +249,12 @@ class Controller:
         body = self._as_seen(key, body)
         # Every child in the indexes came with a watch event, which already confirmed it (`child_seen`).
         children = list(self.children_of(key))
-        observed = assemble(children, self.prober.health(key))
+        observed = assemble(children, self.prober.health(key), self.scheduling.unscheduled(key))
         decision = decide(body, observed, now_iso())
         # The trainer's identity first: KubeRay's pods need their ServiceAccount when they are made.
         decision.actions[:0] = identity_actions(body, children, terminal=decision.finished)
         self.prober.sync(key, decision.external)
+        self.scheduling.sync(key, decision.starting)
         error = await self._act(key, decision)
         wrote_status = await self._write_status(key, body, decision, error)
         self._set_phase(key, decision.status.phase.value)

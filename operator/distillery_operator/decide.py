@@ -68,6 +68,9 @@ class Decision:
     events: list[EventSpec] = field(default_factory=list)
     external: dict[str, str] = field(default_factory=dict)
     """External teachers to health-check: name -> endpoint."""
+    starting: bool = False
+    """The job's pods are being placed (valid, not suspended or held by Kueue, the trainer not running
+    yet): the operator lists them to say which wait for a node and why (`scheduling.py`)."""
     finished: bool = False
     """The job is in a terminal phase (`status.terminal_phase`)."""
 
@@ -121,6 +124,7 @@ def own_children(observed: Observed, uid: str | None) -> tuple[Observed, list[st
         deployments={n: c for n, c in observed.deployments.items() if mine(c)},
         claim=mine(observed.claim, kept_is_mine=True),
         external=observed.external,
+        unscheduled=observed.unscheduled,
     )
     return own, foreign
 
@@ -194,6 +198,11 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
     )
     if problems and job is None:
         message = "the spec is invalid: " + "; ".join(problems)
+    starting = phase in (Phase.PENDING, Phase.STARTING_TEACHERS) and job is not None and not held_for_kueue
+    unscheduled = observed.unscheduled if starting else ()
+    if unscheduled:
+        others = f" (and {len(unscheduled) - 1} more)" if len(unscheduled) > 1 else ""
+        message = f"waiting for a node: {unscheduled[0].describe()}{others}"
     if foreign:
         message = f"waiting for {', '.join(foreign)} of another job with this name to be deleted"
     storage, output = (
@@ -213,6 +222,7 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         held_for_kueue=held_for_kueue,
         outages=outages,
         output=output,
+        unscheduled=unscheduled,
     )
     generation = meta.generation
     status = DistillationJobStatus(
@@ -232,6 +242,7 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         actions=actions,
         events=transition_events(previous, status),
         external=external,
+        starting=starting,
         finished=terminal is not None,
     )
 

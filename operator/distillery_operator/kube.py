@@ -1,8 +1,10 @@
-"""Writes to the Kubernetes API through the official `kubernetes` client, off the event loop.
+"""Calls to the Kubernetes API through the official `kubernetes` client, off the event loop.
 
-Only writes go through here (reads come from kopf's watches). Every call runs in a small thread pool,
-skips response deserialisation (the watch delivers the result), and turns `ApiException` into `ApiError`
-with the HTTP code, which the metrics count and the status shows.
+Writes go through here; reads come from kopf's watches, but for one list: a starting job's pods, whose
+`PodScheduled` conditions say why they wait (`scheduling.py`). Every call runs in a small thread pool,
+skips the client's deserialisation into its models (a write's result arrives by the watch; the list is read
+as plain JSON), and turns `ApiException` into `ApiError` with the HTTP code, which the metrics count and
+the status shows.
 """
 
 from __future__ import annotations
@@ -73,17 +75,24 @@ class Kube:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
-    async def _call(self, verb: str, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        def run() -> None:
+    async def _call(
+        self, verb: str, kind: str, fn: Callable[..., Any], *args: Any, read: bool = False, **kwargs: Any
+    ) -> Any:
+        """The call's JSON answer where `read`, else None (the body is drained unparsed)."""
+
+        def run() -> Any:
             response = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+            if read:
+                return orjson.loads(response.data)
             # Read the body to its end before the connection goes back to the pool: released unread, its
             # rest (a large object's managedFields) is taken by the next request on it as its response.
             response.drain_conn()
             response.release_conn()
+            return None
 
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._pool, run)
+            answer = await loop.run_in_executor(self._pool, run)
         except ApiException as exc:
             error = _error(exc)
             metrics.API_ERRORS.labels(code=str(error.code)).inc()
@@ -94,6 +103,14 @@ class Kube:
             metrics.API_REQUESTS.labels(verb=verb, kind=kind, code="0").inc()
             raise ApiError(0, "Unreachable", str(exc)) from None
         metrics.API_REQUESTS.labels(verb=verb, kind=kind, code="2xx").inc()
+        return answer
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The pods of `namespace` with the label `selector`, as JSON (metadata, spec, status)."""
+        answer = await self._call(
+            "list", "Pod", self._core.list_namespaced_pod, namespace, read=True, label_selector=selector
+        )
+        return list(answer.get("items") or [])
 
     async def create(self, namespace: str, obj: dict[str, Any]) -> None:
         kind = obj["kind"]
@@ -128,7 +145,7 @@ class Kube:
             raise ValueError(f"the operator does not create {kind}")
 
     async def patch(self, namespace: str, kind: str, name: str, body: dict[str, Any]) -> None:
-        ct = {"_content_type": MERGE_PATCH}
+        ct: dict[str, Any] = {"_content_type": MERGE_PATCH}
         if kind == "ConfigMap":
             await self._call(
                 "patch", kind, self._core.patch_namespaced_config_map, name, namespace, body, **ct

@@ -49,6 +49,19 @@ class Health:
     message: str
 
 
+@dataclass(frozen=True, order=True)
+class Unscheduled:
+    """A pod of the job that no node admits, and the scheduler's reason."""
+
+    pod: str
+    component: str
+    """The pod's `app.kubernetes.io/component` label: teacher, trainer (Ray head and workers), submitter."""
+    message: str
+
+    def describe(self) -> str:
+        return f"pod {self.pod} ({self.component}): {self.message}"
+
+
 @dataclass
 class Observed:
     """Everything the operator knows about one job's children."""
@@ -62,6 +75,8 @@ class Observed:
     a kept one has no owner reference to key it by."""
     external: dict[str, Health] = field(default_factory=dict)
     """Health of each external teacher, by teacher name (absent: not checked yet)."""
+    unscheduled: tuple[Unscheduled, ...] = ()
+    """The job's pods that no node admits, as last listed while the job started (`scheduling.py`)."""
 
 
 def owner_key(body: Mapping[str, Any]) -> tuple[JobKey, str] | None:
@@ -192,9 +207,13 @@ SUMMARIZERS = {
 }
 
 
-def assemble(children: Iterable[Child], external: Mapping[str, Health] | None = None) -> Observed:
+def assemble(
+    children: Iterable[Child],
+    external: Mapping[str, Health] | None = None,
+    unscheduled: Iterable[Unscheduled] = (),
+) -> Observed:
     """Groups a job's children by kind."""
-    observed = Observed(external=dict(external or {}))
+    observed = Observed(external=dict(external or {}), unscheduled=tuple(unscheduled))
     for child in children:
         if child.kind == "ConfigMap":
             observed.config = child

@@ -29,12 +29,14 @@ from distillery.api import (
 from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.runtime_config import teacher_url
 from distillery_operator import naming
-from distillery_operator.observe import Child, Observed
+from distillery_operator.observe import Child, Observed, Unscheduled
 from distillery_operator.render import KUEUE_QUEUE_LABEL
 from distillery_operator.spec_changes import LIVE_FIELDS_DOC
 
 FAILED_DEPLOYMENT_STATES = {"Failed", "ValidationFailed"}
 SUSPENDED_DEPLOYMENT_STATES = {"Suspended", "Suspending"}
+MAX_UNSCHEDULED_LISTED = 4
+"""Pods named in the PodsScheduled message; the rest are counted (a condition's message is bounded)."""
 
 
 @dataclass(frozen=True)
@@ -302,8 +304,10 @@ def derive_conditions(
     held_for_kueue: bool = False,
     outages: Mapping[str, str] | None = None,
     output: Cond | None = None,
+    unscheduled: Sequence[Unscheduled] = (),
 ) -> list[Cond]:
-    """`output`: the OutputKept condition (`storage_status`), for a job with a valid spec."""
+    """`output`: the OutputKept condition (`storage_status`), for a job with a valid spec. `unscheduled`:
+    the job's pods that no node admits (listed while it starts)."""
     conds: list[Cond] = []
     if problems:
         conds.append(Cond(ConditionType.VALID, False, "InvalidSpec", "; ".join(problems)))
@@ -350,6 +354,8 @@ def derive_conditions(
     conds.append(
         Cond(ConditionType.TRAINER_READY, trainer.state == "running", trainer.reason, trainer.message)
     )
+    if terminal is None and not suspend:
+        conds.append(pods_scheduled(unscheduled))
     if outages and terminal is None:
         waiting = "; ".join(f"{name}: {message}" for name, message in sorted(outages.items()))
         conds.append(
@@ -381,6 +387,17 @@ def derive_conditions(
     if terminal == Phase.FAILED:
         conds.append(Cond(ConditionType.FAILED, True, trainer.reason, trainer.message))
     return conds
+
+
+def pods_scheduled(unscheduled: Sequence[Unscheduled]) -> Cond:
+    """PodsScheduled: False, naming each pod no node admits and the scheduler's reason, while one waits."""
+    if not unscheduled:
+        return Cond(ConditionType.PODS_SCHEDULED, True, "NoPodWaiting", "no pod of the job waits for a node")
+    pods = "; ".join(u.describe() for u in unscheduled[:MAX_UNSCHEDULED_LISTED])
+    more = len(unscheduled) - MAX_UNSCHEDULED_LISTED
+    if more > 0:
+        pods += f"; and {more} more"
+    return Cond(ConditionType.PODS_SCHEDULED, False, "Unschedulable", f"no node admits {pods}")
 
 
 def terminal_phase(previous_phase: str | None, trainer: Trainer, *, valid_ever: bool) -> Phase | None:
@@ -462,6 +479,8 @@ def bad_condition(cond: Condition) -> bool:
         return cond.status == "False"
     if cond.type == ConditionType.FAILED:
         return cond.status == "True"
+    if cond.type == ConditionType.PODS_SCHEDULED:
+        return cond.status == "False"
     if cond.type == ConditionType.OUTPUT_KEPT:
         return cond.reason == "Ephemeral"  # the output is lost with the pods: say so once, loudly
     return cond.type == ConditionType.TEACHERS_READY and cond.reason == "TeacherUnavailable"

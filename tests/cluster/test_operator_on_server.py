@@ -526,3 +526,35 @@ def test_delete_cascades_through_the_garbage_collector_and_nothing_is_recreated(
         w for w in c.operator_writes()[:created] if w["verb"] == "create"
     ]
     assert c.names("deployments") == [] and c.names("rayjobs") == []
+
+
+def test_a_pod_no_node_admits_is_named_until_a_node_does(cluster: Cluster) -> None:
+    """The real scheduler finds no node for the teacher's pod (its pool selects a label no node has): the
+    job says which pod waits and the scheduler's reason (PodsScheduled, the phase's message, a Warning
+    Event) instead of waiting in silence; once the node gets the label, the pod is placed and it clears."""
+    c = cluster
+    name, selector = "gkd-jsd", {"distillery.io/test-pool": "a100"}
+    job = example("gkd.yaml")
+    job["spec"]["teachers"][0].setdefault("pool", {})["nodeSelector"] = selector
+    c.apply(job)
+    wait_until(
+        lambda: c.condition(name, "PodsScheduled").get("status") == "False", timeout=60,
+        what="PodsScheduled False",
+    )  # fmt: skip
+    cond = c.condition(name, "PodsScheduled")
+    assert cond["reason"] == "Unschedulable"
+    assert f"pod {name}-teacher-teacher-" in cond["message"] and "(teacher)" in cond["message"]
+    assert "node affinity/selector" in cond["message"], cond["message"]
+    assert c.status(name)["message"].startswith("waiting for a node: pod "), c.status(name)["message"]
+    wait_until(
+        lambda: any(e["reason"] == "Unschedulable" and e["type"] == "Warning" for e in c.events(name)),
+        what="a Warning Event",
+    )
+
+    body = {"metadata": {"labels": selector}}
+    kubernetes.client.CoreV1Api(c.client).patch_node(c.kubelet.node, body)
+    wait_until(
+        lambda: c.condition(name, "PodsScheduled").get("status") == "True", timeout=60,
+        what="PodsScheduled True once a node has the label",
+    )  # fmt: skip
+    assert not c.status(name)["message"].startswith("waiting for a node")

@@ -16,6 +16,7 @@ import yaml
 from distillery_operator.controller import status_body
 from distillery_operator.decide import Decision, decide
 from distillery_operator.observe import SUMMARIZERS, Child, Health, Observed, assemble
+from distillery_operator.scheduling import unscheduled_pods
 from distillery_operator.workqueue import Backoff, WorkQueue
 
 from distillery.api import DistillationJobStatus, Phase
@@ -549,6 +550,7 @@ def test_decide_returns_a_typed_status_serialised_as_the_api_expects() -> None:
             *valid,
             _cond("TeachersReady", "False", "TeachersStarting", "0/1 teachers ready; teacher: Deployment not created yet"),
             _cond("TrainerReady", "False", "TrainerNotCreated", "the RayJob does not exist yet"),
+            _cond("PodsScheduled", "True", "NoPodWaiting", "no pod of the job waits for a node"),
             _cond("TeacherUnavailable", "False", "TeachersAnswering", "no teacher outage reported"),
             _cond("Suspended", "False", "NotSuspended", "not suspended"),
             kept,
@@ -742,3 +744,39 @@ def test_a_claim_the_job_names_is_the_users() -> None:
         "ephemeral": False,
     }
     assert world.condition("OutputKept")["reason"] == "UserClaim"
+
+
+def test_pods_no_node_admits_are_named_while_the_job_starts() -> None:
+    """The scheduler's reason for each unplaced pod reaches the PodsScheduled condition, the phase's message
+    and a Warning Event; once the job runs, the operator stops listing its pods."""
+    world = World(job_body("gkd.yaml"))
+    world.settle(T0)
+    assert world.condition("PodsScheduled")["status"] == "True"
+    assert world.step(T0).starting  # teachers starting: the operator lists the job's pods
+    taint = "0/1 nodes are available: 1 node(s) had untolerated taint {nvidia.com/gpu: present}."
+    unplaced = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": taint}
+    pending = [
+        {
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/component": component}},
+            "spec": {},
+            "status": {"phase": "Pending", "conditions": [unplaced]},
+        }
+        for name, component in (("gkd-jsd-teacher-teacher-abc", "teacher"), ("gkd-jsd-head-xyz", "trainer"))
+    ]
+    bound = {"metadata": {"name": "placed"}, "spec": {"nodeName": "n1"}, "status": pending[0]["status"]}
+    waiting = unscheduled_pods([*pending, bound])
+    assert [u.pod for u in waiting] == ["gkd-jsd-head-xyz", "gkd-jsd-teacher-teacher-abc"]
+
+    children = [SUMMARIZERS[kind](obj) for (kind, _), obj in world.objects.items()]
+    decision = decide(world.body, assemble(children, world.health, waiting), T1)
+    status = status_body(decision.status)
+    cond = next(c for c in status["conditions"] if c["type"] == "PodsScheduled")
+    assert cond["status"] == "False" and cond["reason"] == "Unschedulable"
+    assert "pod gkd-jsd-head-xyz (trainer): 0/1 nodes are available" in cond["message"]
+    assert "untolerated taint {nvidia.com/gpu: present}" in status["message"]
+    assert any(e.type == "Warning" and e.reason == "Unschedulable" for e in decision.events)
+
+    world.play("Deployment", "gkd-jsd-teacher-teacher", {"readyReplicas": 1})
+    world.play("RayJob", "gkd-jsd-trainer", {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"})
+    running = world.settle(T2)
+    assert world.body["status"]["phase"] == "Running" and not running.starting
