@@ -4,7 +4,8 @@ Session: the CPU images built from docker/*.Dockerfile (once, tests/support/imag
 cluster (tests/support/node_cluster.py: control plane, node, CoreDNS, KubeRay's operator), the images
 imported into the node, and the chart installed as a platform team installs it: its CRDs, its RBAC and
 its operator Deployment, whose pod runs the operator image with in-cluster config. Per test: a
-namespace, and hostPath PersistentVolumes bound to the job's claims (no storage provisioner runs here)
+namespace with Pod Security `restricted` enforced, a ResourceQuota on cpu, memory and GPUs and a
+LimitRange (`node_jobs.production_namespace`), and hostPath PersistentVolumes bound to the job's claims (no storage provisioner runs here)
 holding tiny models and data built on this machine.
 
 Without root, the host packages or the node scripts these tests skip with the reason; with `CI=true`
@@ -30,7 +31,7 @@ from control_plane import MissingAssets, assets_dir
 from harness import RELEASE_NAMESPACE, Installation, install, temporary_namespace, wait_until
 from images import BuiltImage, build_images
 from node_cluster import MissingNodeTools, NodeCluster, node_tools
-from node_jobs import Workspace, deployment_available
+from node_jobs import Workspace, deployment_available, production_namespace
 
 IMAGES_DIR = Path(__file__).resolve().parents[2] / ".k8s-assets" / "images"
 
@@ -78,7 +79,9 @@ def installation(
 
 @pytest.fixture
 def namespace(installation: Installation) -> Iterator[str]:
+    """A namespace as a platform team gives one (Pod Security restricted, quota, limits)."""
     with temporary_namespace(installation, "w") as name:
+        production_namespace(installation, name)
         yield name
 
 

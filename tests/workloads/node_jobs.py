@@ -41,6 +41,53 @@ TEACHER_SERVER = (
 """An external teacher's command: the runtime image's server on the `models` claim's teacher."""
 
 
+RESTRICTED = "restricted"
+QUOTA = {
+    "requests.cpu": "16", "limits.cpu": "32", "requests.memory": "48Gi", "limits.memory": "96Gi",
+    "requests.nvidia.com/gpu": "8",
+}  # fmt: skip
+"""A team namespace's ResourceQuota: with it, the API server refuses any pod without cpu and memory
+requests and limits (the LimitRange below gives defaults only to containers that set none)."""
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+"""The taint GPU nodes usually carry (`kubectl taint node N nvidia.com/gpu=present:NoSchedule`)."""
+
+
+def production_namespace(installation: Installation, namespace: str) -> None:
+    """Makes `namespace` what a platform team gives a team: Pod Security `restricted` enforced, a
+    ResourceQuota on cpu, memory and GPUs, and a LimitRange. Every scenario's job runs in one."""
+    installation.admin(
+        "label", "namespace", namespace, f"pod-security.kubernetes.io/enforce={RESTRICTED}",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )  # fmt: skip
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "team", "namespace": namespace},
+        "spec": {"hard": QUOTA},
+    }
+    limits = {
+        "apiVersion": "v1",
+        "kind": "LimitRange",
+        "metadata": {"name": "team", "namespace": namespace},
+        "spec": {
+            "limits": [
+                {
+                    "type": "Container",
+                    "default": {"cpu": "1", "memory": "1Gi"},
+                    "defaultRequest": {"cpu": "100m", "memory": "256Mi"},
+                    "max": {"cpu": "16", "memory": "48Gi"},
+                }
+            ]
+        },
+    }
+    installation.admin("apply", "-f", "-", input=yaml_stream([quota, limits]))
+
+
+def node_name(installation: Installation) -> str:
+    (name,) = installation.admin("get", "nodes", "-o", "name").stdout.split()
+    return name.removeprefix("node/")
+
+
 def deployment_available(installation: Installation, namespace: str, name: str | None = None) -> bool:
     items = json.loads(installation.admin("get", "deployments", "-n", namespace, "-o", "json").stdout)[
         "items"
@@ -116,7 +163,7 @@ class Workspace:
         objects = [
             *_host_path_volume(f"{namespace}-models", MODELS_CLAIM, namespace, models, "ReadOnlyMany"),
             *_host_path_volume(
-                f"{namespace}-ckpt", CHECKPOINT_CLAIM, namespace, checkpoints, "ReadWriteOnce"
+                f"{namespace}-ckpt", CHECKPOINT_CLAIM, namespace, checkpoints, "ReadWriteMany"
             ),
         ]
         installation.admin("apply", "-f", "-", input=yaml_stream(objects))
@@ -128,7 +175,7 @@ class Workspace:
         folder.mkdir(mode=0o777)
         folder.chmod(0o777)
         objects = _host_path_volume(
-            f"{self.namespace}-{claim}", claim, self.namespace, folder, "ReadWriteOnce"
+            f"{self.namespace}-{claim}", claim, self.namespace, folder, "ReadWriteMany"
         )
         self.installation.admin("apply", "-f", "-", input=yaml_stream(objects))
         return folder
@@ -275,11 +322,25 @@ class Workspace:
                     "metadata": {"labels": labels},
                     "spec": {
                         "automountServiceAccountToken": False,
+                        # What the namespace's Pod Security `restricted` asks of every pod.
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "runAsUser": 1000,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
                         "containers": [
                             {
                                 "name": "teacher",
                                 "image": image,
                                 "command": [*TEACHER_SERVER, "--served-model-name", name],
+                                "securityContext": {
+                                    "allowPrivilegeEscalation": False,
+                                    "capabilities": {"drop": ["ALL"]},
+                                },
+                                "resources": {
+                                    "requests": {"cpu": "500m", "memory": "2Gi"},
+                                    "limits": {"cpu": "2", "memory": "4Gi"},
+                                },
                                 "env": [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}],
                                 "ports": [{"name": "http", "containerPort": 8000}],
                                 "readinessProbe": {

@@ -8,13 +8,16 @@ standalone scenario's uninterrupted one."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from distillery_operator import naming
 from harness import RELEASE_NAMESPACE, wait_until
-from node_jobs import MANUAL_CLASS, Workspace, standalone_teacher, tiny_job
+from node_jobs import GPU_TAINT, MANUAL_CLASS, Workspace, node_name, standalone_teacher, tiny_job
 
 from distillery.api.spec import DistillationJobSpec
 
@@ -97,16 +100,55 @@ def test_two_teachers_routed_by_a_data_field(workspace: Workspace) -> None:
     assert set(per_teacher) == {"adder", "subber"} and sum(per_teacher.values()) == 4 * SAMPLES_PER_STEP
 
 
-def test_colocated_teacher(workspace: Workspace) -> None:
-    """The teacher in the trainer's Ray workers. The job names no checkpoint claim: it writes to the one the
-    operator makes (bound to the volume the test pre-binds to its name, as no provisioner runs here), which
-    holds the final model after the job is gone (issue 25)."""
+@contextlib.contextmanager
+def gpu_node(workspace: Workspace) -> Iterator[str]:
+    """The node as a GPU node is: `nvidia.com/gpu` capacity advertised (a status patch; the scheduler and
+    quotas count it, the containers run on the CPU) and tainted `nvidia.com/gpu=present:NoSchedule`.
+    Untainted afterwards, so later scenarios' pods (and a replaced operator pod) place as before."""
+    admin, node = workspace.installation.admin, node_name(workspace.installation)
+    taint = f"{GPU_TAINT['key']}={GPU_TAINT['value']}:{GPU_TAINT['effect']}"
+    gpus = [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "8"}]
+    admin("patch", "node", node, "--subresource=status", "--type=json", "-p", json.dumps(gpus))
+    admin("taint", "node", node, taint, "--overwrite")
+    try:
+        yield node
+    finally:
+        admin("taint", "node", node, f"{GPU_TAINT['key']}:{GPU_TAINT['effect']}-", check=False)
+
+
+def test_colocated_teacher_on_a_tainted_gpu_node(workspace: Workspace) -> None:
+    """The teacher in the trainer's Ray workers, on a node tainted as GPU nodes are, in a namespace with
+    Pod Security restricted and a quota (every scenario's). A job whose student pool tolerates the taint
+    runs to Succeeded: its Ray head and KubeRay's submitter take the pool's tolerations. One that does not
+    waits, and says why (PodsScheduled, from the scheduler's own message).
+
+    The job names no checkpoint claim: it writes to the one the operator makes (bound to the volume the
+    test pre-binds to its name, as no provisioner runs here), which holds the final model after the job is
+    gone (issue 25)."""
     teacher = {"name": "teacher", "model": "pvc://models/teacher", "placement": "colocated"}
     job = tiny_job("colocated", teachers=[teacher], checkpoint={"storageClassName": MANUAL_CLASS})
+    toleration = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}
+    job["spec"]["student"]["pool"]["tolerations"] = [toleration]
     claim, folder = workspace.add_operator_claim_volume(job)
     assert claim == naming.checkpoint_claim("colocated")
-    workspace.apply(job)
-    assert_succeeded(workspace, "colocated", checkpoints=folder)
+    with gpu_node(workspace):
+        untolerated = tiny_job("untolerated", teachers=[teacher], checkpoint={"ephemeral": True})
+        workspace.apply(untolerated)
+        workspace.apply(job)
+
+        def waits() -> dict[str, Any]:
+            conds = workspace.job("untolerated").get("status", {}).get("conditions", [])
+            return next((c for c in conds if c["type"] == "PodsScheduled" and c["status"] == "False"), {})
+
+        wait_until(waits, timeout=300, what="the untolerating job's PodsScheduled False")
+        assert "untolerated taint" in waits()["message"] and "nvidia.com/gpu" in waits()["message"], waits()
+        assert workspace.job("untolerated")["status"]["phase"] == "Pending"
+        workspace.delete_job("untolerated")
+        assert_succeeded(workspace, "colocated", checkpoints=folder)
+    placed = workspace.installation.admin(
+        "get", "pods", "-n", workspace.namespace, "-o", "jsonpath={.items[*].spec.tolerations[*].key}",
+    ).stdout  # fmt: skip
+    assert GPU_TAINT["key"] in placed, placed
     status = workspace.job("colocated")["status"]
     assert status["storage"] == {**status["storage"], "claim": claim, "kept": True, "phase": "Bound"}
     # The runtime names the final model and its claim; its files are on the volume.
