@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from distillery import __version__
 from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.plan.grader import pattern_refusal, resolve_grader
+from distillery.plan.host_memory import host_memory_refusal, plan_host_memory
 from distillery.plan.memory import refusal
 from distillery.plan.memory_features import job_memory_plan, resolve_memory_features
 from distillery.plan.pod_resources import pod_resources
@@ -45,6 +46,11 @@ def _validate(args: argparse.Namespace) -> int:
             if plan is not None and reason:
                 refused = failed = True
                 print(f"{path}: {plan.refused_field}: {reason}")
+            host = plan_host_memory(job.spec)
+            host_refused = host_memory_refusal(job.spec, host) if host is not None else None
+            if host_refused is not None:
+                refused = failed = True
+                print(f"{path}: {host_refused[0]}: {host_refused[1]}")
         if refused:
             continue
         if not args.quiet:
@@ -69,6 +75,14 @@ def _plan(args: argparse.Namespace) -> int:
         print("\n".join(f"  {line}" for line in pod_resources(job.spec).lines()))
         # The memory features the plan chose (student.training: auto) and why, before the table.
         print("\n".join(f"  {line}" for line in resolve_memory_features(job.spec).lines()))
+        # Each worker pod's host memory by phase (load, training, checkpoint), which its memory must hold.
+        host = plan_host_memory(job.spec)
+        if host is not None:
+            print("\n".join(f"  {line}" for line in host.lines()))
+            host_refused = host_memory_refusal(job.spec, host)
+            if host_refused is not None:
+                print(f"  {host_refused[0]}: {host_refused[1]}")
+                fits = False
         if plan is None:
             why = (
                 "runs on CPU (student.pool.gpusPerWorker: 0)"

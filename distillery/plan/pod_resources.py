@@ -19,8 +19,9 @@ Defaults, by pod:
   as the memory plan knows it); an unknown model gets UNKNOWN_MODEL_GIB a GPU instead of the weights term.
   Requests equal limits: a replica holds whole GPUs, and the Guaranteed QoS class keeps it from being the
   first evicted.
-- **GPU student worker**: the same CPU, and `MEMORY_PER_GPU_GIB x gpus + 1.25 x one float32 copy of the
-  student` (loading from the Hub and the rank that gathers a checkpoint both hold one in host memory).
+- **GPU student worker**: the same CPU, and memory from the host-memory plan (`host_memory.py`: the
+  runtime, the load, the offloaded state, the rollout engines asleep and a checkpoint's gathers, by phase)
+  with its headroom; for a student of unknown shape, as a teacher of unknown size.
 - **CPU-only pools** (`gpus... = 0`: tests and tiny jobs): small requests (CPU_ONLY_CPU_REQUEST, memory
   CPU_ONLY_MEMORY_REQUEST) so that a small node schedules the whole job, and limits that let the process
   use what it needs (CPU_ONLY_CPU_LIMIT; memory CPU_ONLY_MEMORY_GIB plus the same weights term). Burstable.
@@ -40,12 +41,13 @@ the pod OOM-killed, with no sign of why.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from distillery.api.spec import DistillationJobSpec, Placement, Resources
 from distillery.model_shapes import resolve_shape
+from distillery.plan.host_memory import HEADROOM, plan_host_memory
+from distillery.plan.quantity import canonical_memory, memory_bytes
 
 GIB = 1024**3
 CPU_PER_GPU = 4
@@ -62,19 +64,6 @@ HEAD_MEMORY_GIB = 8
 SUBMITTER_REQUESTS = {"cpu": "100m", "memory": "200Mi"}
 SUBMITTER_LIMITS = {"cpu": "1", "memory": "1Gi"}
 SHM_FRACTION = 0.5
-
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 10**-3, "": 1}
-_QUANTITY = re.compile(r"^([0-9.]+(?:[eE][-+]?[0-9]+)?)([A-Za-z]*)$")
-
-
-def memory_bytes(quantity: str | int) -> int:
-    """A Kubernetes memory quantity (`8Gi`, `500M`, `1073741824`) in bytes."""
-    match = _QUANTITY.match(str(quantity).strip())
-    if not match or match.group(2) not in {**_BINARY, **_DECIMAL}:
-        raise ValueError(f"not a memory quantity: {quantity!r}")
-    number, suffix = float(match.group(1)), match.group(2)
-    return math.ceil(number * {**_BINARY, **_DECIMAL}[suffix])
 
 
 @dataclass(frozen=True)
@@ -127,15 +116,6 @@ def _weights_gib(model: str, bytes_per_parameter: int) -> float | None:
     return None if shape is None else WEIGHTS_HEADROOM * shape.params * bytes_per_parameter / GIB
 
 
-def canonical_memory(n_bytes: int) -> str:
-    """`n_bytes` as the API server writes it back (the largest binary suffix that divides it: `25Gi`, not
-    `25600Mi`), so that a live object holds the very string the operator rendered."""
-    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
-        if n_bytes % _BINARY[suffix] == 0:
-            return f"{n_bytes // _BINARY[suffix]}{suffix}"
-    return str(n_bytes)
-
-
 def _shm(limits: Mapping[str, str]) -> str:
     mib = max(1, math.floor(memory_bytes(limits["memory"]) * SHM_FRACTION / 2**20))
     return canonical_memory(mib * 2**20)
@@ -186,6 +166,13 @@ def pod_resources(spec: DistillationJobSpec) -> PodResources:
     student_weights = _weights_gib(spec.student.model, 4)
     if pool.gpus_per_worker > 0:
         values, why = _gpu_pod(pool.gpus_per_worker, student_weights)
+        host = plan_host_memory(spec)
+        if host is not None:
+            values["memory"] = f"{host.default_memory_gib}Gi"
+            why = (
+                f"{CPU_PER_GPU} CPUs a GPU; memory: the host-memory plan's {host.peak_phase} peak "
+                f"{host.peak_bytes / GIB:.1f} GiB x {HEADROOM}"
+            )
         worker = _container(values, values, pool.resources, pool.gpus_per_worker, pool.gpu_resource, why)
         head_values = {"cpu": HEAD_CPU, "memory": _gib(HEAD_MEMORY_GIB)}
         head = _container(head_values, head_values, None, 0, pool.gpu_resource, "the head's fixed default")

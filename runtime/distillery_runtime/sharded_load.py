@@ -34,13 +34,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from distillery.plan.host_memory import LOAD_CHUNK_FRACTION
 from distillery_runtime.packing import pack_in_order
 
 log = logging.getLogger(__name__)
 
-CHUNK_FRACTION = 1 / 16
-"""A broadcast chunk's share of the model's float32 size: small against one rank's shard even at 8 ranks
-(1/8), few enough calls (each re-copies the rank's own shards once in torch's load) to cost little."""
+CHUNK_FRACTION = LOAD_CHUNK_FRACTION
+"""A broadcast chunk's share of the model's float32 size (the host-memory plan counts one a rank): small
+against one rank's shard even at 8 ranks (1/8), few enough calls (each re-copies the rank's own shards once
+in torch's load) to cost little."""
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 

@@ -22,7 +22,8 @@ from distillery_operator.render import (
 )
 
 from distillery.api import DistillationJob
-from distillery.plan.pod_resources import ContainerResources, canonical_memory, memory_bytes, pod_resources
+from distillery.plan.pod_resources import ContainerResources, pod_resources
+from distillery.plan.quantity import canonical_memory, memory_bytes
 from distillery.validation import load_jobs
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,156 @@
+"""Host memory of a student worker pod, by phase (pure): what `distillery plan` prints, what `distillery
+validate` holds the pool's memory request to, and where the worker pod's default memory comes from.
+
+A GPU pod's host memory is not the GPUs' memory: with a memory limit (KubeRay's advice, or a namespace's
+LimitRange) a pod that goes over it is OOM-killed, and without one it is the first evicted under node
+pressure. For a worker pod with g trainer ranks (one a GPU) of a job with N ranks, a student of P
+parameters (`model_shapes`), the plan counts:
+
+- **runtime**: RUNTIME_GIB_PER_GPU a GPU, always: a trainer rank's process (Python, torch, CUDA's host-side
+  context, NCCL's buffers; bench/gpu_scale.py measured 1.9 GiB of peak host memory for a 1.5B rank) and a
+  rollout engine's (vLLM's own process, CUDA context, its scheduler), with Ray's worker beside them.
+- **load**: with the sharded load (FSDP2 over several ranks, `TrainerSettings.sharded_load`), the rank
+  that reads the safetensors files maps them (P x the file's bytes a parameter; the page cache counts
+  toward the pod's memory cgroup) and every rank holds one broadcast chunk of LOAD_CHUNK_FRACTION of the
+  float32 model. Otherwise every rank builds the whole student in float32 (4P) before sharding it.
+- **resident while training**: the offloaded state with cpuOffload (float32 weights, gradients and AdamW's
+  moments, 16P/N a rank, PINNED_OVERHEAD more in pinned memory), and each rollout engine asleep on the
+  pod's GPUs (vLLM sleep level 1 keeps its weights in host memory: P x the engine's bytes a parameter over
+  its tensor-parallel GPUs).
+- **checkpoint**: on top of what is resident, every rank gathers the whole float32 weights (4P) for
+  master/ and model/ (FSDP2's full state dict; rank 0 also converts model/ to the kept dtype, 2P for
+  bfloat16); the optimizer state is written in shards (`sharded_checkpoint`, nothing gathered) or
+  gathered whole on rank 0 (12P: float32 moments and step counts, `trainer.pt`).
+
+The peak is the largest phase; the worker pod's default memory request and limit are the peak with
+HEADROOM on top (`pod_resources`), and a pool whose memory the user sets below the peak is refused,
+naming the field and both numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine, Sharding
+from distillery.model_shapes import resolve_shape
+from distillery.plan.memory_features import resolve_memory_features
+from distillery.plan.quantity import memory_bytes
+from distillery.plan.rollout import trainer_world_size
+from distillery.plan.training import checkpoint_root_shared, sharded_state
+
+GIB = 1024**3
+RUNTIME_GIB_PER_GPU = 6
+LOAD_CHUNK_FRACTION = 1 / 16
+"""Of the float32 model, what the sharded load broadcasts at once (`distillery_runtime.sharded_load`)."""
+FILE_BYTES = 2
+"""Bytes a parameter of the student's safetensors files (bfloat16, as models ship)."""
+PINNED_OVERHEAD = 1.3
+"""Pinned host memory of offloaded state over its size (the allocator's rounding; +28% measured at 1.5B)."""
+HEADROOM = 1.15
+"""The default memory request over the plan's peak: the phases' transients are estimates."""
+OPTIMIZER_GATHER_BYTES = 12
+"""Bytes a parameter of AdamW's state gathered whole on rank 0 (two float32 moments and the step)."""
+PHASES = ("load", "training", "checkpoint")
+
+
+@dataclass(frozen=True)
+class HostMemoryPlan:
+    """Host bytes of one student worker pod in each phase, with what each is made of."""
+
+    gpus: int
+    """Trainer ranks (GPUs) of the pod."""
+    parts: dict[str, list[tuple[str, int]]]
+    """By phase (PHASES): (what, bytes) of the pod, the runtime included."""
+
+    def phase_bytes(self, phase: str) -> int:
+        return sum(n for _, n in self.parts[phase])
+
+    @property
+    def peak_phase(self) -> str:
+        return max(PHASES, key=self.phase_bytes)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.phase_bytes(self.peak_phase)
+
+    @property
+    def default_memory_gib(self) -> int:
+        """The worker pod's default memory request and limit."""
+        return math.ceil(self.peak_bytes * HEADROOM / GIB)
+
+    def lines(self) -> list[str]:
+        """One line a phase for `distillery plan`."""
+        out = []
+        for phase in PHASES:
+            parts = ", ".join(f"{what} {n / GIB:.1f}" for what, n in self.parts[phase] if n)
+            peak = " (peak)" if phase == self.peak_phase else ""
+            out.append(
+                f"host memory per worker pod, {phase}: {self.phase_bytes(phase) / GIB:.1f} GiB{peak} ({parts} GiB)"
+            )
+        return out
+
+
+def plan_host_memory(spec: DistillationJobSpec) -> HostMemoryPlan | None:
+    """The host-memory plan of a job's student worker pods; None for a CPU-only pool or a student of
+    unknown shape (as the GPU memory plan)."""
+    pool = spec.student.pool
+    gpus = pool.gpus_per_worker
+    shape = resolve_shape(spec.student.model)
+    if gpus == 0 or shape is None:
+        return None
+    p, ranks = shape.params, trainer_world_size(spec)
+    features = resolve_memory_features(spec)
+    shards = ranks if features.sharding == Sharding.FSDP else 1
+    runtime = ("runtime", RUNTIME_GIB_PER_GPU * GIB * gpus)
+
+    if sharded_state(features.sharding, ranks):
+        load = [
+            ("the safetensors files mapped by the reading rank", FILE_BYTES * p),
+            ("a broadcast chunk a rank", gpus * math.ceil(4 * p * LOAD_CHUNK_FRACTION)),
+        ]
+    else:
+        load = [("the whole float32 student a rank", gpus * 4 * p)]
+
+    resident = []
+    if features.cpu_offload:
+        offloaded = gpus * 16 * p // shards
+        resident.append(("offloaded state (pinned)", math.ceil(offloaded * PINNED_OVERHEAD)))
+    rollout = spec.student.rollout
+    if rollout.engine == RolloutEngine.VLLM:
+        engines = min(rollout.replicas, max(1, gpus // rollout.tensor_parallel))
+        engine_bytes = 4 if spec.student.precision == Precision.FLOAT32 else 2
+        resident.append(("rollout engines asleep (weights in host memory)", engines * engine_bytes * p))
+
+    checkpoint = [("the whole float32 weights a rank (master/, model/)", gpus * 4 * p)]
+    checkpoint.append(("model/ in its kept dtype (rank 0)", 2 * p))
+    if not (sharded_state(features.sharding, ranks) and checkpoint_root_shared(spec)):
+        checkpoint.append(("the whole optimizer state (rank 0)", OPTIMIZER_GATHER_BYTES * p))
+
+    parts = {
+        "load": [runtime, *load],
+        "training": [runtime, *resident],
+        "checkpoint": [runtime, *resident, *checkpoint],
+    }
+    return HostMemoryPlan(gpus, parts)
+
+
+def host_memory_refusal(spec: DistillationJobSpec, plan: HostMemoryPlan) -> tuple[str, str] | None:
+    """(field, one line) when the student pool's memory, as the user set it, cannot hold the plan's peak;
+    None when it can or the user left it to the plan."""
+    resources = spec.student.pool.resources
+    for kind, values in (("limits", resources.limits), ("requests", resources.requests)):
+        if "memory" not in values:
+            continue
+        given = memory_bytes(str(values["memory"]))
+        if given >= plan.peak_bytes:
+            return None
+        phase = plan.peak_phase
+        parts = ", ".join(f"{what} {n / GIB:.1f}" for what, n in plan.parts[phase] if n)
+        field = f"spec.student.pool.resources.{kind}.memory"
+        return field, (
+            f"{values['memory']} cannot hold a worker pod's {plan.peak_bytes / GIB:.1f} GiB of host memory in "
+            f"the {phase} phase ({parts} GiB); ask for at least {plan.default_memory_gib}Gi, or leave it "
+            "unset for the plan's default"
+        )
+    return None
