@@ -19,6 +19,7 @@ from distillery.plan.grader import pattern_refusal, resolve_grader
 from distillery.plan.host_memory import host_memory_refusal, plan_host_memory
 from distillery.plan.memory import refusal
 from distillery.plan.memory_features import job_memory_plan, resolve_memory_features
+from distillery.plan.model_cache import cache_lines
 from distillery.plan.pod_resources import pod_resources
 from distillery.validation import InvalidManifest, load_jobs
 
@@ -71,6 +72,8 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"{job.metadata.name}: student {job.spec.student.model}")
         # Where the checkpoints and the final model go in a cluster (a local run writes to --output).
         print("\n".join(f"  {line}" for line in checkpoint_storage(job.metadata.name, job.spec).lines()))
+        # Where each pod keeps what it downloads (HF_HOME), and how big.
+        print("\n".join(f"  {line}" for line in cache_lines(job.spec)))
         # What each pod of it asks the cluster for (CPU, memory, GPUs) and why.
         print("\n".join(f"  {line}" for line in pod_resources(job.spec).lines()))
         # The memory features the plan chose (student.training: auto) and why, before the table.

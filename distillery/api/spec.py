@@ -830,6 +830,40 @@ MIN_DEFAULT_FRACTION = 0.05
 """The least share a colocated teacher without a fraction may be given."""
 
 
+class ModelCache(ApiModel):
+    """Where the pods keep what they download from the Hugging Face Hub (their `HF_HOME`), so that a
+    restarted container finds the weights instead of downloading them again (a 32B teacher is ~65 GB,
+    longer than a startup probe waits). Unset: each pod that downloads a model (a Hub id; `pvc://` and
+    local folders are not downloaded) gets an emptyDir sized for what it downloads (`distillery plan`
+    prints it), with an `ephemeral-storage` request of that size, so the scheduler places it where the
+    disk is and the kubelet does not evict it for using it."""
+
+    pvc: str | None = Field(default=None, pattern=DNS_LABEL_RE, max_length=MAX_NAME)
+    """A claim of the job's namespace shared by every pod (teachers, Ray head and workers) as their
+    `HF_HOME`: weights downloaded once for every job that names it, and kept across pods. ReadWriteMany,
+    unless all the pods share one node."""
+    size_limit: str | None = Field(default=None, pattern=POSITIVE_QUANTITY_RE, max_length=MAX_QUANTITY)
+    """The emptyDir's size in each pod (`sizeLimit` and the `ephemeral-storage` request), instead of the
+    plan's estimate."""
+    enabled: bool = True
+    """false: no cache volume; downloads go to the container's own filesystem (lost at every restart)."""
+
+    rules = (
+        Rule(
+            check=lambda c: c.pvc is None or c.size_limit is None,
+            cel="!has(self.pvc) || !has(self.sizeLimit)",
+            message="sizeLimit sizes the pods' own emptyDir; a claim has its own size",
+            field="sizeLimit",
+        ),
+        Rule(
+            check=lambda c: c.enabled or (c.pvc is None and c.size_limit is None),
+            cel="self.enabled || (!has(self.pvc) && !has(self.sizeLimit))",
+            message="a disabled cache has no claim or size",
+            field="enabled",
+        ),
+    )
+
+
 class DistillationJobSpec(ApiModel):
     """A distillation job: a student, its teachers, the data, the loss and the schedule."""
 
@@ -840,6 +874,7 @@ class DistillationJobSpec(ApiModel):
     loss: Loss = Field(default_factory=Loss)
     schedule: Schedule = Field(default_factory=Schedule)
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    model_cache: ModelCache = Field(default_factory=ModelCache)
     image: Location = "ghcr.io/distillery-ai/distillery-runtime:0.1.0"
     """Runtime image of the Ray head and workers (and standalone teachers)."""
     service_account_name: Name | None = None

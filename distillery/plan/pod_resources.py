@@ -32,6 +32,9 @@ Defaults, by pod:
 - **Submitter** (KubeRay's `ray job submit` + `ray job logs --follow`): KubeRay's own default limits
   (1 CPU, 1Gi) and a smaller request, since it only waits.
 
+Where a pod's model cache is an emptyDir (`model_cache.py`), its size is also an `ephemeral-storage`
+request (unless the pool's resources set one).
+
 `/dev/shm` of the teachers and Ray pods (a memory-backed emptyDir, whose use counts toward the memory limit) gets a
 `sizeLimit` of SHM_FRACTION of the memory limit: Ray's object store takes 30% of memory by default and
 vLLM/NCCL keep their buffers there; a larger one could let shared memory alone reach the limit and get
@@ -42,11 +45,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from distillery.api.spec import DistillationJobSpec, Placement, Resources
 from distillery.model_shapes import resolve_shape
 from distillery.plan.host_memory import HEADROOM, plan_host_memory
+from distillery.plan.model_cache import TRAINER, CacheVolume, model_cache
 from distillery.plan.quantity import canonical_memory, memory_bytes
 
 GIB = 1024**3
@@ -192,6 +196,8 @@ def pod_resources(spec: DistillationJobSpec) -> PodResources:
         "KubeRay's submitter limits",
         shared_memory=False,
     )
+    caches = model_cache(spec)
+    head, worker = _with_cache(head, caches.get(TRAINER)), _with_cache(worker, caches.get(TRAINER))
     teachers = {}
     for teacher in spec.teachers:
         if teacher.placement != Placement.STANDALONE:
@@ -206,4 +212,14 @@ def pod_resources(spec: DistillationJobSpec) -> PodResources:
         else:
             requests, limits, why = _cpu_only_pod(weights)
             teachers[teacher.name] = _container(requests, limits, tpool.resources, 0, tpool.gpu_resource, why)
+    teachers = {name: _with_cache(r, caches.get(name)) for name, r in teachers.items()}
     return PodResources(head=head, worker=worker, submitter=submitter, teachers=teachers)
+
+
+def _with_cache(resources: ContainerResources, cache: CacheVolume | None) -> ContainerResources:
+    """An `ephemeral-storage` request of the cache's size where the pod's cache is an emptyDir: the
+    scheduler places it where the disk is, and the kubelet does not evict it for using it."""
+    if cache is None or cache.size_limit is None or "ephemeral-storage" in resources.requests:
+        return resources
+    requests = {**resources.requests, "ephemeral-storage": cache.size_limit}
+    return replace(resources, requests=requests)

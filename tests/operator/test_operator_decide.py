@@ -402,7 +402,7 @@ def _defaulted(obj: dict[str, Any]) -> None:
          "spec.template.spec.containers[0]"),
         ("Deployment", lambda o: o["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"].update(
             {"nvidia.com/gpu": "8"}), "spec.template.spec.containers[0]"),
-        ("Deployment", lambda o: o["spec"]["template"]["spec"]["volumes"].pop(), "spec.template.spec.volumes[0]"),
+        ("Deployment", lambda o: o["spec"]["template"]["spec"]["volumes"].pop(), "spec.template.spec.volumes[1]"),
         ("Service", lambda o: o["spec"]["ports"][0].update(port=9000), "spec.ports[0]"),
         ("Service", lambda o: o["spec"].update(selector={"app": "else"}), "spec.selector.app.kubernetes.io/instance"),
         ("ConfigMap", lambda o: o["data"].update({"runtime-config.json": "{}"}), "data.runtime-config.json"),

@@ -87,8 +87,14 @@ def test_the_users_resources_win_key_by_key() -> None:
     # standalone-teacher.yaml: workers request cpu 32 and memory 256Gi and set no limits.
     (job,) = load_jobs(ROOT / "examples" / "standalone-teacher.yaml")
     worker = pod_resources(job.spec).worker
-    assert worker.requests == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "8"}
-    assert worker.limits == worker.requests  # a request without a limit: the limit is the request
+    assert worker.requests == {
+        "cpu": "32",
+        "memory": "256Gi",
+        "nvidia.com/gpu": "8",
+        "ephemeral-storage": "5Gi",
+    }
+    # A request without a limit: the limit is the request (the model cache's disk is requested only).
+    assert worker.limits == {k: v for k, v in worker.requests.items() if k != "ephemeral-storage"}
     doc = yaml.safe_load((ROOT / "examples" / "standalone-teacher.yaml").read_text())
     doc["spec"]["student"]["pool"]["resources"] = {"limits": {"memory": "300Gi"}}
     worker = pod_resources(DistillationJob.model_validate(doc).spec).worker

@@ -13,6 +13,8 @@ import orjson
 from distillery import pvc
 from distillery.api import API_VERSION, KIND, DistillationJob, Placement
 from distillery.api.spec import DistillationJobSpec, SecretKeyRef
+from distillery.plan.model_cache import HF_HOME, CacheVolume
+from distillery.plan.model_cache import VOLUME_NAME as CACHE_VOLUME
 from distillery_operator import naming
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -129,3 +131,15 @@ def claim_volumes(
             volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": name, "mountPath": f"{pvc.MOUNT_ROOT}/{claim}", "readOnly": True})
     return volumes, mounts
+
+
+def mount_model_cache(pod: dict[str, Any], cache: CacheVolume | None) -> dict[str, Any]:
+    """`pod` (one container) with its model cache (`distillery.plan.model_cache`) mounted at HF_HOME and
+    HF_HOME set; unchanged without one. Returns the same dict."""
+    if cache is None:
+        return pod
+    (container,) = pod["containers"]
+    container.setdefault("volumeMounts", []).append({"name": CACHE_VOLUME, "mountPath": HF_HOME})
+    container.setdefault("env", []).append({"name": "HF_HOME", "value": HF_HOME})
+    pod.setdefault("volumes", []).append(cache.volume())
+    return pod

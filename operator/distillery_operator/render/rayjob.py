@@ -13,6 +13,7 @@ from typing import Any
 from distillery import pvc
 from distillery.api import DistillationJob, Placement
 from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.plan.model_cache import TRAINER, model_cache
 from distillery.plan.pod_resources import ContainerResources, pod_resources
 from distillery.runtime_config import CONFIG_KEY, CONFIG_MOUNT_DIR, RUNTIME_METRICS_PORT
 from distillery_operator import naming
@@ -21,6 +22,7 @@ from distillery_operator.render.common import (
     claim_volumes,
     hf_token_env,
     metadata,
+    mount_model_cache,
     queued_by_kueue,
     stamp,
     trainer_hf_token,
@@ -115,6 +117,7 @@ def _ray_pod_template(
         # Workers too: rank 0 writes the checkpoint, so they must outlive the driver's last step.
         "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
     }
+    mount_model_cache(pod, model_cache(spec).get(TRAINER))
     labels = naming.child_labels(job.metadata.name, "trainer", user_labels(job))
     return {
         "metadata": {"labels": labels},

@@ -8,6 +8,7 @@ from typing import Any
 from distillery import pvc
 from distillery.api import DistillationJob, Teacher
 from distillery.plan import resolve
+from distillery.plan.model_cache import model_cache
 from distillery.plan.pod_resources import pod_resources
 from distillery.plan.vllm_env import NO_TRACKING_ENV, cpu_kv_cache_env
 from distillery.runtime_config import TEACHER_PORT
@@ -17,6 +18,7 @@ from distillery_operator.render.common import (
     claim_volumes,
     hf_token_env,
     metadata,
+    mount_model_cache,
     stamp,
     user_labels,
 )
@@ -83,6 +85,7 @@ def teacher_pod_spec(job: DistillationJob, teacher: Teacher) -> dict[str, Any]:
         "volumes": volumes,
         "automountServiceAccountToken": False,
     }
+    mount_model_cache(pod, model_cache(job.spec).get(teacher.name))
     resources = pod_resources(job.spec).teachers[teacher.name]
     return shape_pod(pod, resources, PodPlacement.of(pool))
 
