@@ -21,6 +21,7 @@ from distillery.plan.memory import refusal
 from distillery.plan.memory_features import job_memory_plan, resolve_memory_features
 from distillery.plan.model_cache import cache_lines
 from distillery.plan.pod_resources import pod_resources
+from distillery.plan.rollout import rollout_line
 from distillery.validation import InvalidManifest, load_jobs
 
 
@@ -72,6 +73,8 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"{job.metadata.name}: student {job.spec.student.model}")
         # Where the checkpoints and the final model go in a cluster (a local run writes to --output).
         print("\n".join(f"  {line}" for line in checkpoint_storage(job.metadata.name, job.spec).lines()))
+        # How many rollout engines sample, on which GPUs.
+        print(f"  {rollout_line(job.spec)}")
         # Where each pod keeps what it downloads (HF_HOME), and how big.
         print("\n".join(f"  {line}" for line in cache_lines(job.spec)))
         # What each pod of it asks the cluster for (CPU, memory, GPUs) and why.

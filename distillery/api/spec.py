@@ -198,9 +198,11 @@ class Rollout(ApiModel):
     """Responses sampled per prompt."""
     memory_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     """Fraction of each GPU's memory the rollout engine may take (vLLM gpu_memory_utilization)."""
-    replicas: int = Field(default=1, ge=1, le=1024)
+    replicas: int | None = Field(default=None, ge=1, le=1024)
     """Data-parallel rollout engines, each a whole copy of the student on tensorParallel of the student's
-    GPUs; a step's requests are split among them and one weight sync feeds them all."""
+    GPUs; a step's requests are split among them and one weight sync feeds them all. Unset: one engine per
+    tensorParallel GPUs of the student's (every GPU the job holds samples; `distillery plan` prints it),
+    one on CPU."""
     tensor_parallel: int = Field(default=1, ge=1, le=8)
     """vLLM engine only. GPUs (on CPU: processes) one rollout replica spans, for a student that does not
     fit one GPU: vLLM's tensor parallelism. Each tensor-parallel rank joins the weight sync itself and
@@ -329,9 +331,10 @@ class Student(ApiModel):
                 s.pool.gpus_per_worker == 0
                 or s.pool.workers < 1
                 or s.pool.gpus_per_worker % s.rollout.tensor_parallel != 0
+                or s.rollout.replicas is None
                 or s.rollout.replicas * s.rollout.tensor_parallel <= s.pool.workers * s.pool.gpus_per_worker
             ),
-            cel="self.pool.gpusPerWorker == 0 || self.pool.workers < 1 || self.pool.gpusPerWorker % self.rollout.tensorParallel != 0 || self.rollout.replicas * self.rollout.tensorParallel <= self.pool.workers * self.pool.gpusPerWorker",
+            cel="self.pool.gpusPerWorker == 0 || self.pool.workers < 1 || self.pool.gpusPerWorker % self.rollout.tensorParallel != 0 || !has(self.rollout.replicas) || self.rollout.replicas * self.rollout.tensorParallel <= self.pool.workers * self.pool.gpusPerWorker",
             message="each rollout replica shares rollout.tensorParallel of the student's GPUs: replicas x tensorParallel at most pool.workers x pool.gpusPerWorker",
             field="rollout.replicas",
         ),

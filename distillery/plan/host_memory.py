@@ -36,7 +36,7 @@ from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine, S
 from distillery.model_shapes import resolve_shape
 from distillery.plan.memory_features import resolve_memory_features
 from distillery.plan.quantity import memory_bytes
-from distillery.plan.rollout import trainer_world_size
+from distillery.plan.rollout import rollout_replicas, trainer_world_size
 from distillery.plan.training import checkpoint_root_shared, sharded_state
 
 GIB = 1024**3
@@ -118,7 +118,8 @@ def plan_host_memory(spec: DistillationJobSpec) -> HostMemoryPlan | None:
         resident.append(("offloaded state (pinned)", math.ceil(offloaded * PINNED_OVERHEAD)))
     rollout = spec.student.rollout
     if rollout.engine == RolloutEngine.VLLM:
-        engines = min(rollout.replicas, max(1, gpus // rollout.tensor_parallel))
+        # Replicas fill the pods' GPUs one tensor-parallel group at a time (Ray packs them in order).
+        engines = min(rollout_replicas(spec), max(1, gpus // rollout.tensor_parallel))
         engine_bytes = 4 if spec.student.precision == Precision.FLOAT32 else 2
         resident.append(("rollout engines asleep (weights in host memory)", engines * engine_bytes * p))
 

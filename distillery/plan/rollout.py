@@ -64,10 +64,38 @@ def resolve_rollout(spec: DistillationJobSpec) -> RolloutSettings:
         seed=spec.schedule.seed,
         memory_fraction=rollout.memory_fraction,
         enforce_eager=rollout.enforce_eager,
-        replicas=rollout.replicas,
+        replicas=rollout_replicas(spec),
         tensor_parallel=rollout.tensor_parallel,
         logprobs_every=rollout_logprobs_every(spec),
         sleeps=spec.student.pool.gpus_per_worker > 0,
+    )
+
+
+def rollout_replicas(spec: DistillationJobSpec) -> int:
+    """`rollout.replicas`, else one engine per `tensorParallel` GPUs of the student's: an engine on GPU 0
+    alone would leave the others idle through every rollout, though each already holds the engine's share
+    of its memory (the memory plan reserves it on every trainer GPU). On CPU one: engines there share the
+    same cores, and a second only splits them."""
+    rollout, pool = spec.student.rollout, spec.student.pool
+    if rollout.replicas is not None:
+        return rollout.replicas
+    if pool.gpus_per_worker == 0:
+        return 1
+    return max(1, pool.workers * pool.gpus_per_worker // rollout.tensor_parallel)
+
+
+def rollout_line(spec: DistillationJobSpec) -> str:
+    """The rollout engines and why, for `distillery plan`."""
+    rollout, pool = spec.student.rollout, spec.student.pool
+    replicas = rollout_replicas(spec)
+    if rollout.replicas is not None:
+        why = "student.rollout.replicas"
+    elif pool.gpus_per_worker == 0:
+        why = "auto: one on CPU"
+    else:
+        why = f"auto: one per {rollout.tensor_parallel} of the student's {pool.workers * pool.gpus_per_worker} GPUs"
+    return (
+        f"rollout: {replicas} {rollout.engine} engine(s) x tensorParallel {rollout.tensor_parallel} ({why})"
     )
 
 

@@ -197,3 +197,21 @@ def test_a_run_told_to_stop_early_schedules_its_learning_rate_over_the_steps_it_
     spec = parse_job(base_manifest).spec
     assert resolve(spec).trainer.total_steps == spec.schedule.steps
     assert resolve(spec, steps=3).trainer.total_steps == 3
+
+
+@pytest.mark.parametrize(
+    ("pool", "rollout", "replicas"),
+    [
+        ({"workers": 1, "gpusPerWorker": 8}, {}, 8),  # every GPU the job holds samples
+        ({"workers": 2, "gpusPerWorker": 4}, {"tensorParallel": 2}, 4),  # one per tensor-parallel group
+        ({"workers": 1, "gpusPerWorker": 8}, {"replicas": 2}, 2),  # the user's count wins
+        ({"workers": 2, "gpusPerWorker": 0}, {}, 1),  # CPU: engines would only split the same cores
+    ],
+)
+def test_rollout_replicas_default_to_one_engine_per_gpu_group(
+    base_manifest: dict[str, Any], pool: dict[str, Any], rollout: dict[str, Any], replicas: int
+) -> None:
+    doc = copy.deepcopy(base_manifest)
+    doc["spec"]["student"]["pool"] = pool
+    doc["spec"]["student"].setdefault("rollout", {}).update(rollout)
+    assert resolve(parse_job(doc).spec).rollout.replicas == replicas
