@@ -1,6 +1,8 @@
 """Writes to the Kubernetes API through the official `kubernetes` client, off the event loop.
 
-Only writes go through here (reads come from kopf's watches). Every call runs in a small thread pool,
+Writes go through here; reads come from kopf's watches, but for the claims a job's pods mount that the
+operator does not make (`read_claims`: read once before the trainer is made, not worth a watch of every
+claim). Every call runs in a small thread pool,
 skips response deserialisation (the watch delivers the result), and turns `ApiException` into `ApiError`
 with the HTTP code, which the metrics count and the status shows.
 """
@@ -20,6 +22,7 @@ from urllib3.exceptions import HTTPError
 
 from distillery.api import GROUP, PLURAL, VERSION
 from distillery_operator import metrics
+from distillery_operator.observe import ClaimFacts, claim_facts
 
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT = (5.0, 30.0)
@@ -67,23 +70,31 @@ class Kube:
         self._apps = kubernetes.client.AppsV1Api(self._client)
         self._custom = kubernetes.client.CustomObjectsApi(self._client)
         self._rbac = kubernetes.client.RbacAuthorizationV1Api(self._client)
+        self._policy = kubernetes.client.PolicyV1Api(self._client)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
-    async def _call(self, verb: str, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        def run() -> None:
+    async def _call(
+        self, verb: str, kind: str, fn: Callable[..., Any], *args: Any, read: bool = False, **kwargs: Any
+    ) -> bytes:
+        """Calls `fn`; returns the response's body when `read`, else b"" (a write's result comes back
+        through the watch)."""
+
+        def run() -> bytes:
             response = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+            data: bytes = response.data if read else b""
             # Read the body to its end before the connection goes back to the pool: released unread, its
             # rest (a large object's managedFields) is taken by the next request on it as its response.
             response.drain_conn()
             response.release_conn()
+            return data
 
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._pool, run)
+            data = await loop.run_in_executor(self._pool, run)
         except ApiException as exc:
             error = _error(exc)
             metrics.API_ERRORS.labels(code=str(error.code)).inc()
@@ -94,6 +105,7 @@ class Kube:
             metrics.API_REQUESTS.labels(verb=verb, kind=kind, code="0").inc()
             raise ApiError(0, "Unreachable", str(exc)) from None
         metrics.API_REQUESTS.labels(verb=verb, kind=kind, code="2xx").inc()
+        return data
 
     async def create(self, namespace: str, obj: dict[str, Any]) -> None:
         kind = obj["kind"]
@@ -106,6 +118,10 @@ class Kube:
         elif kind == "PersistentVolumeClaim":
             await self._call(
                 "create", kind, self._core.create_namespaced_persistent_volume_claim, namespace, obj
+            )
+        elif kind == "PodDisruptionBudget":
+            await self._call(
+                "create", kind, self._policy.create_namespaced_pod_disruption_budget, namespace, obj
             )
         elif kind == "ServiceAccount":
             await self._call("create", kind, self._core.create_namespaced_service_account, namespace, obj)
@@ -128,7 +144,7 @@ class Kube:
             raise ValueError(f"the operator does not create {kind}")
 
     async def patch(self, namespace: str, kind: str, name: str, body: dict[str, Any]) -> None:
-        ct = {"_content_type": MERGE_PATCH}
+        ct: dict[str, Any] = {"_content_type": MERGE_PATCH}
         if kind == "ConfigMap":
             await self._call(
                 "patch", kind, self._core.patch_namespaced_config_map, name, namespace, body, **ct
@@ -138,6 +154,16 @@ class Kube:
         elif kind == "Deployment":
             await self._call(
                 "patch", kind, self._apps.patch_namespaced_deployment, name, namespace, body, **ct
+            )
+        elif kind == "PodDisruptionBudget":
+            await self._call(
+                "patch",
+                kind,
+                self._policy.patch_namespaced_pod_disruption_budget,
+                name,
+                namespace,
+                body,
+                **ct,
             )
         elif kind == "ServiceAccount":
             await self._call(
@@ -165,6 +191,27 @@ class Kube:
         else:
             # Nor PersistentVolumeClaims: their spec is immutable but for growing, left to the user.
             raise ValueError(f"the operator does not patch {kind}")
+
+    async def read_claims(self, namespace: str, names: list[str]) -> dict[str, ClaimFacts | None]:
+        """The claims of `namespace` named, by name; None for one the API server does not have (404)."""
+        out: dict[str, ClaimFacts | None] = {}
+        for name in names:
+            try:
+                data = await self._call(
+                    "get",
+                    "PersistentVolumeClaim",
+                    self._core.read_namespaced_persistent_volume_claim,
+                    name,
+                    namespace,
+                    read=True,
+                )
+            except ApiError as error:
+                if error.code != 404:
+                    raise
+                out[name] = None
+            else:
+                out[name] = claim_facts(orjson.loads(data))
+        return out
 
     async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         await self._call(

@@ -21,6 +21,7 @@ JobKey = tuple[str, str]
 ClaimKey = tuple[str, str]
 """(namespace, name) of a PersistentVolumeClaim."""
 CLAIM_KIND = "PersistentVolumeClaim"
+BUDGET_KIND = "PodDisruptionBudget"
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,23 @@ class Child:
 
 
 @dataclass(frozen=True)
+class ClaimFacts:
+    """A PersistentVolumeClaim the job's pods mount, as far as the storage check needs it."""
+
+    name: str
+    access_modes: tuple[str, ...]
+
+
+def claim_facts(body: Mapping[str, Any]) -> ClaimFacts:
+    """From a claim read from the API: spec.accessModes (status.accessModes is empty until it is bound)."""
+    spec = body.get("spec") or {}
+    return ClaimFacts(
+        name=(body.get("metadata") or {}).get("name", ""),
+        access_modes=tuple(spec.get("accessModes") or ()),
+    )
+
+
+@dataclass(frozen=True)
 class Health:
     """The last health check of an external teacher."""
 
@@ -56,12 +74,17 @@ class Observed:
     config: Child | None = None
     services: dict[str, Child] = field(default_factory=dict)
     deployments: dict[str, Child] = field(default_factory=dict)
+    budgets: dict[str, Child] = field(default_factory=dict)
+    """The standalone teachers' PodDisruptionBudgets, by name."""
     rayjob: Child | None = None
     claim: Child | None = None
     """The checkpoint claim the operator makes for the job (`naming.checkpoint_claim`), found by its name:
     a kept one has no owner reference to key it by."""
     external: dict[str, Health] = field(default_factory=dict)
     """Health of each external teacher, by teacher name (absent: not checked yet)."""
+    claims: Mapping[str, ClaimFacts | None] | None = None
+    """The claims the pods mount that the operator does not make, read with a GET for this reconcile (None
+    where the API server answered 404); None: not read (`decide` then asks for them)."""
 
 
 def owner_key(body: Mapping[str, Any]) -> tuple[JobKey, str] | None:
@@ -118,6 +141,11 @@ def summarize_service(body: Mapping[str, Any]) -> Child:
     return Child(kind="Service", name=name, owner_uid=uid, spec_hash=spec_hash, owned=_owned(body))
 
 
+def summarize_budget(body: Mapping[str, Any]) -> Child:
+    name, uid, spec_hash = _base(body)
+    return Child(kind=BUDGET_KIND, name=name, owner_uid=uid, spec_hash=spec_hash, owned=_owned(body))
+
+
 def summarize_config_map(body: Mapping[str, Any]) -> Child:
     """The config map carries the applied spec: the record of what the children were made from."""
     name, uid, spec_hash = _base(body)
@@ -163,6 +191,7 @@ def summarize_claim(body: Mapping[str, Any]) -> Child:
         "requested": requests.get("storage"),
         "capacity": (status.get("capacity") or {}).get("storage"),
         "deleting": bool(meta.get("deletionTimestamp")),
+        "accessModes": list((body.get("spec") or {}).get("accessModes") or []),
     }
     return Child(kind=CLAIM_KIND, name=name, owner_uid=uid, spec_hash=spec_hash, state=state)
 
@@ -185,6 +214,7 @@ IDENTITY_KINDS = ("ServiceAccount", "Role", "RoleBinding")
 SUMMARIZERS = {
     "Deployment": summarize_deployment,
     "Service": summarize_service,
+    BUDGET_KIND: summarize_budget,
     "ConfigMap": summarize_config_map,
     "RayJob": summarize_rayjob,
     CLAIM_KIND: summarize_claim,
@@ -204,6 +234,8 @@ def assemble(children: Iterable[Child], external: Mapping[str, Health] | None = 
             observed.deployments[child.name] = child
         elif child.kind == "Service":
             observed.services[child.name] = child
+        elif child.kind == BUDGET_KIND:
+            observed.budgets[child.name] = child
         elif child.kind == CLAIM_KIND:
             observed.claim = child
     return observed

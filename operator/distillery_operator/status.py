@@ -302,8 +302,10 @@ def derive_conditions(
     held_for_kueue: bool = False,
     outages: Mapping[str, str] | None = None,
     output: Cond | None = None,
+    storage: Cond | None = None,
 ) -> list[Cond]:
-    """`output`: the OutputKept condition (`storage_status`), for a job with a valid spec."""
+    """`output`: the OutputKept condition (`storage_status`), for a job with a valid spec; `storage`: the
+    StorageReady condition (`storage.StorageCheck`), once the claims were checked."""
     conds: list[Cond] = []
     if problems:
         conds.append(Cond(ConditionType.VALID, False, "InvalidSpec", "; ".join(problems)))
@@ -376,6 +378,8 @@ def derive_conditions(
     )
     if output is not None:
         conds.append(output)
+    if storage is not None:
+        conds.append(storage)
     if terminal == Phase.SUCCEEDED:
         conds.append(Cond(ConditionType.COMPLETE, True, trainer.reason, trainer.message))
     if terminal == Phase.FAILED:
@@ -464,4 +468,6 @@ def bad_condition(cond: Condition) -> bool:
         return cond.status == "True"
     if cond.type == ConditionType.OUTPUT_KEPT:
         return cond.reason == "Ephemeral"  # the output is lost with the pods: say so once, loudly
+    if cond.type == ConditionType.STORAGE_READY:
+        return cond.status == "False"  # a claim missing, or one its pods cannot mount
     return cond.type == ConditionType.TEACHERS_READY and cond.reason == "TeacherUnavailable"

@@ -431,9 +431,11 @@ def test_render_cli_prints_a_yaml_stream() -> None:
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     identity = ["ServiceAccount", "Role", "RoleBinding"]  # the trainer's, made by the operator
     claim = ["PersistentVolumeClaim"]  # the checkpoints': the example names none
-    assert [d["kind"] for d in docs] == identity + ["ConfigMap"] + ["Service", "Deployment"] * 3 + claim + [
-        "RayJob"
-    ]
+    assert [d["kind"] for d in docs] == identity + ["ConfigMap"] + [
+        "Service",
+        "Deployment",
+        "PodDisruptionBudget",
+    ] * 3 + claim + ["RayJob"]
     assert all(d["metadata"]["namespace"] == "ml" for d in docs)
     assert "&id" not in result.stdout  # no YAML anchors: kubectl users read this
 
