@@ -115,8 +115,10 @@ class Workspace:
         checkpoints.chmod(0o777)
         objects = [
             *_host_path_volume(f"{namespace}-models", MODELS_CLAIM, namespace, models, "ReadOnlyMany"),
+            # ReadWriteMany: the Ray head and worker are two pods, and the operator refuses a claim only one
+            # node may mount for them (a hostPath volume on the one node serves either mode).
             *_host_path_volume(
-                f"{namespace}-ckpt", CHECKPOINT_CLAIM, namespace, checkpoints, "ReadWriteOnce"
+                f"{namespace}-ckpt", CHECKPOINT_CLAIM, namespace, checkpoints, "ReadWriteMany"
             ),
         ]
         installation.admin("apply", "-f", "-", input=yaml_stream(objects))
@@ -128,7 +130,7 @@ class Workspace:
         folder.mkdir(mode=0o777)
         folder.chmod(0o777)
         objects = _host_path_volume(
-            f"{self.namespace}-{claim}", claim, self.namespace, folder, "ReadWriteOnce"
+            f"{self.namespace}-{claim}", claim, self.namespace, folder, "ReadWriteMany"
         )
         self.installation.admin("apply", "-f", "-", input=yaml_stream(objects))
         return folder
