@@ -4,6 +4,10 @@ Pure: no API calls, no clock (the time is an argument). The status is a typed `D
 the controller executes the actions, serialises the status and writes it when it differs, and posts the
 events. Running it twice on the same input gives the same output,
 and on its own output (children created, status written) it asks for nothing more.
+
+Before the trainer is made, the claims its pods (and the teachers') mount are checked (`storage`): a
+decision made without them asks for them (`Decision.read_claims`), and the controller reads them and
+decides again; a claim missing or unable to serve its pods holds every create back (`Decision.held`).
 """
 
 from __future__ import annotations
