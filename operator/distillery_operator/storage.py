@@ -25,14 +25,12 @@ from dataclasses import dataclass
 
 from distillery import pvc
 from distillery.api import ConditionType, DistillationJob, Placement
-from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.plan.checkpoint_storage import READ_WRITE_MANY, READ_WRITE_ONCE, checkpoint_storage
 from distillery_operator.observe import ClaimFacts
 from distillery_operator.render.rayjob import trainer_locations
 from distillery_operator.status import Cond
 
-READ_WRITE_MANY = "ReadWriteMany"
 READ_ONLY_MANY = "ReadOnlyMany"
-READ_WRITE_ONCE = "ReadWriteOnce"
 READ_WRITE_ONCE_POD = "ReadWriteOncePod"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 """The node label whose value in a nodeSelector pins a pod to one node."""
