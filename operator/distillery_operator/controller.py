@@ -243,16 +243,23 @@ class Controller:
         observed = assemble(children, self.prober.health(key))
         now = now_iso()
         decision = decide(body, observed, now)
+        read_error: tuple[str, ApiError] | None = None
         if decision.read_claims:
             # The trainer is about to be made: the claims its pods (and the teachers') mount are read
             # first, and the job decided again with them (`storage`).
-            observed.claims = await self.kube.read_claims(key[0], decision.read_claims)
-            decision = decide(body, observed, now)
+            try:
+                observed.claims = await self.kube.read_claims(key[0], decision.read_claims)
+            except ApiError as exc:
+                # Unchecked, nothing is made: the error goes to status.message and the job is retried.
+                read_error = (f"get PersistentVolumeClaim {', '.join(decision.read_claims)}", exc)
+                decision.actions, decision.held = [], True
+            else:
+                decision = decide(body, observed, now)
         if not decision.held:
             # The trainer's identity first: KubeRay's pods need their ServiceAccount when they are made.
             decision.actions[:0] = identity_actions(body, children, terminal=decision.finished)
         self.prober.sync(key, decision.external)
-        error = await self._act(key, decision)
+        error = await self._act(key, decision) or read_error
         wrote_status = await self._write_status(key, body, decision, error)
         self._set_phase(key, decision.status.phase.value)
         if error is not None:
