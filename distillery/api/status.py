@@ -50,6 +50,10 @@ class ConditionType(StrEnum):
     OUTPUT_KEPT = "OutputKept"
     """True when the checkpoints and the final model outlive the job (on a claim it does not own); False
     when they go with the job (checkpoint.deleteWithJob) or with its pods (checkpoint.ephemeral)."""
+    STORAGE_READY = "StorageReady"
+    """True when every PersistentVolumeClaim the job's pods mount exists and allows how they mount it
+    (checked before the trainer and the teachers are made); False: a claim is missing (the job waits) or
+    its access mode cannot serve the pods (the job is refused)."""
 
 
 class Condition(ApiModel):

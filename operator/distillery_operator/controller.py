@@ -198,7 +198,8 @@ class Controller:
                 log.exception("reconcile of %s/%s crashed; retrying in %.1fs", *key, delay)
                 result = "error"
             else:
-                self.queue.forget(key)
+                if result != "waiting":  # its backoff goes on growing while it waits
+                    self.queue.forget(key)
                 if key in self.jobs:
                     self.queue.add_after(key, self.settings.resync_seconds)
             finally:
@@ -250,16 +251,36 @@ class Controller:
         # Every child in the indexes came with a watch event, which already confirmed it (`child_seen`).
         children = list(self.children_of(key))
         observed = assemble(children, self.prober.health(key), self.scheduling.unscheduled(key))
-        decision = decide(body, observed, now_iso())
-        # The trainer's identity first: KubeRay's pods need their ServiceAccount when they are made.
-        decision.actions[:0] = identity_actions(body, children, terminal=decision.finished)
+        now = now_iso()
+        decision = decide(body, observed, now)
+        read_error: tuple[str, ApiError] | None = None
+        if decision.read_claims:
+            # The trainer is about to be made: the claims its pods (and the teachers') mount are read
+            # first, and the job decided again with them (`storage`).
+            try:
+                observed.claims = await self.kube.read_claims(key[0], decision.read_claims)
+            except ApiError as exc:
+                # Unchecked, nothing is made: the error goes to status.message and the job is retried.
+                read_error = (f"get PersistentVolumeClaim {', '.join(decision.read_claims)}", exc)
+                decision.actions, decision.held = [], True
+            else:
+                decision = decide(body, observed, now)
+        if not decision.held:
+            # The trainer's identity first: KubeRay's pods need their ServiceAccount when they are made.
+            decision.actions[:0] = identity_actions(body, children, terminal=decision.finished)
         self.prober.sync(key, decision.external)
         self.scheduling.sync(key, decision.starting)
-        error = await self._act(key, decision)
+        error = await self._act(key, decision) or read_error
         wrote_status = await self._write_status(key, body, decision, error)
         self._set_phase(key, decision.status.phase.value)
         if error is not None:
             raise error[1]
+        if decision.wait:
+            # A claim is missing: no watch tells when it appears (the operator watches only its own
+            # claims), so look again, backing off up to backoff_cap.
+            delay = self.queue.add_rate_limited(key)
+            log.info("%s/%s: waiting for a claim; looking again in %.1fs", *key, delay)
+            return "waiting"
         if decision.status.phase == Phase.INVALID:
             return "invalid"
         return "changed" if decision.actions or wrote_status else "unchanged"

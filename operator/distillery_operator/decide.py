@@ -4,6 +4,10 @@ Pure: no API calls, no clock (the time is an argument). The status is a typed `D
 the controller executes the actions, serialises the status and writes it when it differs, and posts the
 events. Running it twice on the same input gives the same output,
 and on its own output (children created, status written) it asks for nothing more.
+
+Before the trainer is made, the claims its pods (and the teachers') mount are checked (`storage`): a
+decision made without them asks for them (`Decision.read_claims`), and the controller reads them and
+decides again; a claim missing or unable to serve its pods holds every create back (`Decision.held`).
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.validation import InvalidManifest, parse_spec
 from distillery_operator import naming
 from distillery_operator.drift import drifted
-from distillery_operator.observe import CLAIM_KIND, Child, Observed
+from distillery_operator.observe import BUDGET_KIND, CLAIM_KIND, Child, ClaimFacts, Observed
 from distillery_operator.render import KUEUE_QUEUE_LABEL, RenderContext, queued_by_kueue, render_job
 from distillery_operator.spec_changes import effective_spec, refused_changes
 from distillery_operator.status import (
+    Cond,
     bad_condition,
     derive_conditions,
     derive_phase,
@@ -40,6 +45,7 @@ from distillery_operator.status import (
     terminal_phase,
     trainer_state,
 )
+from distillery_operator.storage import StorageCheck, check_storage, claim_uses, claims_to_read, mountable
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,12 @@ class Decision:
     yet): the operator lists them to say which wait for a node and why (`scheduling.py`)."""
     finished: bool = False
     """The job is in a terminal phase (`status.terminal_phase`)."""
+    read_claims: list[str] = field(default_factory=list)
+    """Claims to read (GET) and decide again with (`Observed.claims`): the trainer is about to be made."""
+    held: bool = False
+    """The storage check failed: nothing is created (the trainer's identity neither)."""
+    wait: bool = False
+    """A claim is missing: decide again later (with backoff), it may be being made."""
 
 
 def job_metadata(body: Mapping[str, Any]) -> ObjectMeta:
@@ -122,9 +134,11 @@ def own_children(observed: Observed, uid: str | None) -> tuple[Observed, list[st
         rayjob=mine(observed.rayjob),
         services={n: c for n, c in observed.services.items() if mine(c)},
         deployments={n: c for n, c in observed.deployments.items() if mine(c)},
+        budgets={n: c for n, c in observed.budgets.items() if mine(c)},
         claim=mine(observed.claim, kept_is_mine=True),
         external=observed.external,
         unscheduled=observed.unscheduled,
+        claims=observed.claims,
     )
     return own, foreign
 
@@ -167,6 +181,9 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
     failing: set[str] = set()
     actions: list[Action] = []
     external: dict[str, str] = {}
+    read_claims: list[str] = []
+    storage_check: StorageCheck | None = None
+    storage_cond: Cond | None = None
     outages = {} if scaled_to_zero else runtime_outages(previous)
     if job is not None:
         teachers, failing = teacher_statuses(
@@ -182,6 +199,17 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         )
         blocked = set(foreign)
         actions = plan_actions(job, render_job(job, ctx), observed, blocked, terminal is not None)
+        if terminal is None and observed.rayjob is None:
+            # The trainer is about to be made: its claims (and the teachers') are checked first.
+            read_claims = claims_to_read(job) if observed.claims is None else []
+            if not read_claims:
+                storage_check = check_storage(job, observed.claims or {}, _operators_claim(observed.claim))
+                storage_cond = storage_check.condition()
+                if not storage_check.ok:
+                    # Nothing new is made: a job is made whole or not at all.
+                    actions = [a for a in actions if a.verb != "create"]
+        else:
+            storage_cond = mountable(tuple(use.claim for use in claim_uses(job)))
         external = {
             t.name: t.endpoint or ""
             for t in job.spec.teachers
@@ -205,6 +233,13 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         message = f"waiting for a node: {unscheduled[0].describe()}{others}"
     if foreign:
         message = f"waiting for {', '.join(foreign)} of another job with this name to be deleted"
+    held = storage_check is not None and not storage_check.ok
+    conflicting = storage_check is not None and bool(storage_check.conflicts)
+    if held and storage_cond is not None:
+        # A claim that cannot serve the pods is the spec's problem in this cluster: refused, as an invalid
+        # spec is, until the spec or the claim changes. A missing one is waited for.
+        phase = Phase.INVALID if conflicting else Phase.PENDING
+        message = storage_cond.message
     storage, output = (
         storage_status(job, observed.claim, finished=terminal is not None)
         if job is not None
@@ -223,6 +258,7 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         outages=outages,
         output=output,
         unscheduled=unscheduled,
+        storage=storage_cond,
     )
     generation = meta.generation
     status = DistillationJobStatus(
@@ -244,7 +280,17 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
         external=external,
         starting=starting,
         finished=terminal is not None,
+        read_claims=read_claims,
+        held=held,
+        wait=held and not conflicting,
     )
+
+
+def _operators_claim(claim: Child | None) -> ClaimFacts | None:
+    """The operator's checkpoint claim as its watch has it (None: not made yet)."""
+    if claim is None:
+        return None
+    return ClaimFacts(claim.name, tuple(claim.state.get("accessModes") or ()))
 
 
 HELD_FOR_KUEUE = "held at zero replicas until Kueue admits the trainer"
@@ -362,6 +408,8 @@ def _observed_child(observed: Observed, kind: str, name: str) -> Child | None:
         return observed.rayjob if observed.rayjob and observed.rayjob.name == name else None
     if kind == "Deployment":
         return observed.deployments.get(name)
+    if kind == BUDGET_KIND:
+        return observed.budgets.get(name)
     if kind == CLAIM_KIND:
         return observed.claim if observed.claim and observed.claim.name == name else None
     return observed.services.get(name)

@@ -1,10 +1,11 @@
 """Calls to the Kubernetes API through the official `kubernetes` client, off the event loop.
 
-Writes go through here; reads come from kopf's watches, but for one list: a starting job's pods, whose
-`PodScheduled` conditions say why they wait (`scheduling.py`). Every call runs in a small thread pool,
-skips the client's deserialisation into its models (a write's result arrives by the watch; the list is read
-as plain JSON), and turns `ApiException` into `ApiError` with the HTTP code, which the metrics count and
-the status shows.
+Writes go through here; reads come from kopf's watches, but for the claims a job's pods mount that the
+operator does not make (`read_claims`: read once before the trainer is made, not worth a watch of every
+claim) and a starting job's pods, whose `PodScheduled` conditions say why they wait (`scheduling.py`,
+listed by the job's label). Every call runs in a small thread pool, skips the client's deserialisation
+into its models (a write's result comes back through the watch; reads are parsed as plain JSON), and
+turns `ApiException` into `ApiError` with the HTTP code, which the metrics count and the status shows.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from urllib3.exceptions import HTTPError
 
 from distillery.api import GROUP, PLURAL, VERSION
 from distillery_operator import metrics
+from distillery_operator.observe import ClaimFacts, claim_facts
 
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT = (5.0, 30.0)
@@ -69,6 +71,7 @@ class Kube:
         self._apps = kubernetes.client.AppsV1Api(self._client)
         self._custom = kubernetes.client.CustomObjectsApi(self._client)
         self._rbac = kubernetes.client.RbacAuthorizationV1Api(self._client)
+        self._policy = kubernetes.client.PolicyV1Api(self._client)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
 
     def close(self) -> None:
@@ -77,22 +80,22 @@ class Kube:
 
     async def _call(
         self, verb: str, kind: str, fn: Callable[..., Any], *args: Any, read: bool = False, **kwargs: Any
-    ) -> Any:
-        """The call's JSON answer where `read`, else None (the body is drained unparsed)."""
+    ) -> bytes:
+        """Calls `fn`; returns the response's body when `read`, else b"" (a write's result comes back
+        through the watch)."""
 
-        def run() -> Any:
+        def run() -> bytes:
             response = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
-            if read:
-                return orjson.loads(response.data)
+            data: bytes = response.data if read else b""
             # Read the body to its end before the connection goes back to the pool: released unread, its
             # rest (a large object's managedFields) is taken by the next request on it as its response.
             response.drain_conn()
             response.release_conn()
-            return None
+            return data
 
         loop = asyncio.get_running_loop()
         try:
-            answer = await loop.run_in_executor(self._pool, run)
+            data = await loop.run_in_executor(self._pool, run)
         except ApiException as exc:
             error = _error(exc)
             metrics.API_ERRORS.labels(code=str(error.code)).inc()
@@ -103,14 +106,14 @@ class Kube:
             metrics.API_REQUESTS.labels(verb=verb, kind=kind, code="0").inc()
             raise ApiError(0, "Unreachable", str(exc)) from None
         metrics.API_REQUESTS.labels(verb=verb, kind=kind, code="2xx").inc()
-        return answer
+        return data
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """The pods of `namespace` with the label `selector`, as JSON (metadata, spec, status)."""
-        answer = await self._call(
+        data = await self._call(
             "list", "Pod", self._core.list_namespaced_pod, namespace, read=True, label_selector=selector
         )
-        return list(answer.get("items") or [])
+        return list(orjson.loads(data).get("items") or [])
 
     async def create(self, namespace: str, obj: dict[str, Any]) -> None:
         kind = obj["kind"]
@@ -123,6 +126,10 @@ class Kube:
         elif kind == "PersistentVolumeClaim":
             await self._call(
                 "create", kind, self._core.create_namespaced_persistent_volume_claim, namespace, obj
+            )
+        elif kind == "PodDisruptionBudget":
+            await self._call(
+                "create", kind, self._policy.create_namespaced_pod_disruption_budget, namespace, obj
             )
         elif kind == "ServiceAccount":
             await self._call("create", kind, self._core.create_namespaced_service_account, namespace, obj)
@@ -156,6 +163,16 @@ class Kube:
             await self._call(
                 "patch", kind, self._apps.patch_namespaced_deployment, name, namespace, body, **ct
             )
+        elif kind == "PodDisruptionBudget":
+            await self._call(
+                "patch",
+                kind,
+                self._policy.patch_namespaced_pod_disruption_budget,
+                name,
+                namespace,
+                body,
+                **ct,
+            )
         elif kind == "ServiceAccount":
             await self._call(
                 "patch", kind, self._core.patch_namespaced_service_account, name, namespace, body, **ct
@@ -182,6 +199,27 @@ class Kube:
         else:
             # Nor PersistentVolumeClaims: their spec is immutable but for growing, left to the user.
             raise ValueError(f"the operator does not patch {kind}")
+
+    async def read_claims(self, namespace: str, names: list[str]) -> dict[str, ClaimFacts | None]:
+        """The claims of `namespace` named, by name; None for one the API server does not have (404)."""
+        out: dict[str, ClaimFacts | None] = {}
+        for name in names:
+            try:
+                data = await self._call(
+                    "get",
+                    "PersistentVolumeClaim",
+                    self._core.read_namespaced_persistent_volume_claim,
+                    name,
+                    namespace,
+                    read=True,
+                )
+            except ApiError as error:
+                if error.code != 404:
+                    raise
+                out[name] = None
+            else:
+                out[name] = claim_facts(orjson.loads(data))
+        return out
 
     async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         await self._call(

@@ -26,7 +26,7 @@ PREFIX = "distillery_operator_"
 RECONCILES = Counter(
     PREFIX + "reconciles",
     "Reconciles of DistillationJobs, by the kind of object whose change triggered them and the result "
-    "(unchanged, changed, invalid, error).",
+    "(unchanged, changed, invalid, waiting (for a claim), error, deleted).",
     ["kind", "result"],
     registry=REGISTRY,
 )
@@ -47,7 +47,8 @@ API_ERRORS = Counter(
 )
 API_REQUESTS = Counter(
     PREFIX + "api_requests",
-    "Kubernetes API writes made by the operator, by verb, kind and result code.",
+    "Kubernetes API requests made by the operator (its writes, and the reads of the claims a job names), "
+    "by verb, kind and result code.",
     ["verb", "kind", "code"],
     registry=REGISTRY,
 )

@@ -21,6 +21,7 @@ JobKey = tuple[str, str]
 ClaimKey = tuple[str, str]
 """(namespace, name) of a PersistentVolumeClaim."""
 CLAIM_KIND = "PersistentVolumeClaim"
+BUDGET_KIND = "PodDisruptionBudget"
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,23 @@ class Child:
 
     def owned_view(self) -> dict[str, Any] | None:
         return orjson.loads(self.owned) if self.owned else None
+
+
+@dataclass(frozen=True)
+class ClaimFacts:
+    """A PersistentVolumeClaim the job's pods mount, as far as the storage check needs it."""
+
+    name: str
+    access_modes: tuple[str, ...]
+
+
+def claim_facts(body: Mapping[str, Any]) -> ClaimFacts:
+    """From a claim read from the API: spec.accessModes (status.accessModes is empty until it is bound)."""
+    spec = body.get("spec") or {}
+    return ClaimFacts(
+        name=(body.get("metadata") or {}).get("name", ""),
+        access_modes=tuple(spec.get("accessModes") or ()),
+    )
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,8 @@ class Observed:
     config: Child | None = None
     services: dict[str, Child] = field(default_factory=dict)
     deployments: dict[str, Child] = field(default_factory=dict)
+    budgets: dict[str, Child] = field(default_factory=dict)
+    """The standalone teachers' PodDisruptionBudgets, by name."""
     rayjob: Child | None = None
     claim: Child | None = None
     """The checkpoint claim the operator makes for the job (`naming.checkpoint_claim`), found by its name:
@@ -77,6 +97,9 @@ class Observed:
     """Health of each external teacher, by teacher name (absent: not checked yet)."""
     unscheduled: tuple[Unscheduled, ...] = ()
     """The job's pods that no node admits, as last listed while the job started (`scheduling.py`)."""
+    claims: Mapping[str, ClaimFacts | None] | None = None
+    """The claims the pods mount that the operator does not make, read with a GET for this reconcile (None
+    where the API server answered 404); None: not read (`decide` then asks for them)."""
 
 
 def owner_key(body: Mapping[str, Any]) -> tuple[JobKey, str] | None:
@@ -133,6 +156,11 @@ def summarize_service(body: Mapping[str, Any]) -> Child:
     return Child(kind="Service", name=name, owner_uid=uid, spec_hash=spec_hash, owned=_owned(body))
 
 
+def summarize_budget(body: Mapping[str, Any]) -> Child:
+    name, uid, spec_hash = _base(body)
+    return Child(kind=BUDGET_KIND, name=name, owner_uid=uid, spec_hash=spec_hash, owned=_owned(body))
+
+
 def summarize_config_map(body: Mapping[str, Any]) -> Child:
     """The config map carries the applied spec: the record of what the children were made from."""
     name, uid, spec_hash = _base(body)
@@ -178,6 +206,7 @@ def summarize_claim(body: Mapping[str, Any]) -> Child:
         "requested": requests.get("storage"),
         "capacity": (status.get("capacity") or {}).get("storage"),
         "deleting": bool(meta.get("deletionTimestamp")),
+        "accessModes": list((body.get("spec") or {}).get("accessModes") or []),
     }
     return Child(kind=CLAIM_KIND, name=name, owner_uid=uid, spec_hash=spec_hash, state=state)
 
@@ -200,6 +229,7 @@ IDENTITY_KINDS = ("ServiceAccount", "Role", "RoleBinding")
 SUMMARIZERS = {
     "Deployment": summarize_deployment,
     "Service": summarize_service,
+    BUDGET_KIND: summarize_budget,
     "ConfigMap": summarize_config_map,
     "RayJob": summarize_rayjob,
     CLAIM_KIND: summarize_claim,
@@ -223,6 +253,8 @@ def assemble(
             observed.deployments[child.name] = child
         elif child.kind == "Service":
             observed.services[child.name] = child
+        elif child.kind == BUDGET_KIND:
+            observed.budgets[child.name] = child
         elif child.kind == CLAIM_KIND:
             observed.claim = child
     return observed

@@ -305,9 +305,11 @@ def derive_conditions(
     outages: Mapping[str, str] | None = None,
     output: Cond | None = None,
     unscheduled: Sequence[Unscheduled] = (),
+    storage: Cond | None = None,
 ) -> list[Cond]:
-    """`output`: the OutputKept condition (`storage_status`), for a job with a valid spec. `unscheduled`:
-    the job's pods that no node admits (listed while it starts)."""
+    """`output`: the OutputKept condition (`storage_status`), for a job with a valid spec; `storage`: the
+    StorageReady condition (`storage.StorageCheck`), once the claims were checked. `unscheduled`: the job's
+    pods that no node admits (listed while it starts)."""
     conds: list[Cond] = []
     if problems:
         conds.append(Cond(ConditionType.VALID, False, "InvalidSpec", "; ".join(problems)))
@@ -382,6 +384,8 @@ def derive_conditions(
     )
     if output is not None:
         conds.append(output)
+    if storage is not None:
+        conds.append(storage)
     if terminal == Phase.SUCCEEDED:
         conds.append(Cond(ConditionType.COMPLETE, True, trainer.reason, trainer.message))
     if terminal == Phase.FAILED:
@@ -483,4 +487,6 @@ def bad_condition(cond: Condition) -> bool:
         return cond.status == "False"
     if cond.type == ConditionType.OUTPUT_KEPT:
         return cond.reason == "Ephemeral"  # the output is lost with the pods: say so once, loudly
+    if cond.type == ConditionType.STORAGE_READY:
+        return cond.status == "False"  # a claim missing, or one its pods cannot mount
     return cond.type == ConditionType.TEACHERS_READY and cond.reason == "TeacherUnavailable"

@@ -1,8 +1,9 @@
 """Fixtures of the real-control-plane tests (the envtest way).
 
 One control plane per test session (`control_plane`), the chart installed on it once (`installation`),
-and a fresh namespace per test (`namespace`). The binaries come from `KUBEBUILDER_ASSETS`; without it
-these tests skip with that reason, except in CI (`CI=true`), where a missing control plane fails the run.
+and a fresh namespace per test (`namespace`, with the claims the examples name). The binaries come from
+`KUBEBUILDER_ASSETS`; without it these tests skip with that reason, except in CI (`CI=true`), where a
+missing control plane fails the run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from control_plane import ControlPlane, MissingAssets, assets_dir
-from harness import Installation, install, temporary_namespace
+from harness import Installation, add_example_claims, install, temporary_namespace
 
 
 @pytest.fixture(scope="session")
@@ -45,4 +46,5 @@ def installation(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathF
 @pytest.fixture
 def namespace(installation: Installation) -> Iterator[str]:
     with temporary_namespace(installation, "t") as name:
+        add_example_claims(installation, name)
         yield name

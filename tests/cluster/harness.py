@@ -135,6 +135,29 @@ def temporary_namespace(installation: Installation, prefix: str) -> Iterator[str
         installation.admin("delete", "namespace", name, "--wait=false", check=False)
 
 
+EXAMPLE_CLAIMS = ("datasets", "distill-checkpoints")
+"""The users' claims the examples name (`pvc://datasets/...`, `checkpoint.pvc`). The operator checks that a
+job's claims exist (and serve its pods) before it makes them, so the tests' namespaces have them."""
+
+
+def claim_manifest(name: str, *modes: str) -> dict[str, Any]:
+    """A claim of the user's (no StorageClass binds it here: nothing needs it bound)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "accessModes": list(modes or ["ReadWriteMany"]),
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+
+
+def add_example_claims(installation: Installation, namespace: str) -> None:
+    objects = [claim_manifest(name) for name in EXAMPLE_CLAIMS]
+    installation.admin("apply", "-n", namespace, "-f", "-", input=yaml_stream(objects))
+
+
 def install(plane: ControlPlane, workdir: Path, values: dict[str, Any] | None = None) -> Installation:
     """KubeRay's CRDs, then the chart: its CRDs (waited for until Established), then everything else."""
     workdir.mkdir(parents=True, exist_ok=True)

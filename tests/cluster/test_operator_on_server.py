@@ -182,9 +182,16 @@ def test_lifecycle_with_kubectl(cluster: Cluster) -> None:
     owner = {"apiVersion": API_VERSION, "kind": "DistillationJob", "name": MOPD, "uid": uid,
              "controller": True, "blockOwnerDeletion": True}  # fmt: skip
     children = [("rayjob", f"{MOPD}-trainer"), ("configmap", f"{MOPD}-config")]
-    children += [(kind, n) for kind in ("deployment", "service") for n in MOPD_TEACHERS]
+    children += [
+        (kind, n) for kind in ("deployment", "service", "poddisruptionbudget") for n in MOPD_TEACHERS
+    ]
     for kind, name in children:
         assert c.get(kind, name)["metadata"]["ownerReferences"] == [owner], (kind, name)
+    # Each teacher's PodDisruptionBudget selects its Deployment's pods, one of them evictable at a time.
+    for name in MOPD_TEACHERS:
+        budget = c.get("poddisruptionbudget", name)
+        assert budget["spec"]["selector"] == c.deployment(name)["spec"]["selector"]
+        assert budget["spec"]["maxUnavailable"] == 1
     wait_until(lambda: c.phase(MOPD) == "StartingTeachers", what="StartingTeachers")
     assert c.status(MOPD)["teachersReady"] == "0/3"
     assert c.status(MOPD)["observedGeneration"] == 1
@@ -506,11 +513,12 @@ def test_delete_cascades_through_the_garbage_collector_and_nothing_is_recreated(
     wait_until(lambda: f"{MOPD}-trainer" in c.names("rayjobs"), what="the RayJob")
     wait_until(lambda: c.status(MOPD).get("teachersReady") == "3/3", what="the teachers ready")
     assert len(c.names("pods")) == 3
+    assert c.names("poddisruptionbudgets") == sorted(MOPD_TEACHERS)
 
     created = len(c.operator_writes())
     c.kubectl("delete", "-f", path, "--wait=true")
     assert c.job(MOPD) is None
-    for resource in ("deployments", "replicasets", "pods", "services", "rayjobs"):
+    for resource in ("deployments", "replicasets", "pods", "services", "poddisruptionbudgets", "rayjobs"):
         wait_until(lambda r=resource: c.names(r) == [], what=f"the GC to delete the {resource}")
     wait_until(lambda: f"{MOPD}-config" not in c.names("configmaps"), what="the GC to delete the ConfigMap")
     # The operator saw the job and its children go and made none again. (Which event a deletion's

@@ -2,9 +2,9 @@
 the garbage collector), from its audit log of every request.
 
 - The operator, run with the chart's ServiceAccount token and the Deployment's own arguments, goes through a
-  job's whole life (children created, status written, Events posted, a live spec change, a refused one, a
-  child repaired, suspension, deletion): none of its requests is refused, and the (verb, resource) pairs it
-  used are exactly what the chart grants it (an unused grant fails as a missing one does).
+  job's whole life (its claims read, children created, status written, Events posted, a live spec change, a
+  refused one, children repaired, suspension, deletion): none of its requests is refused, and the (verb,
+  resource) pairs it used are exactly what the chart grants it (an unused grant fails as a missing one does).
 - The mechanism: the same operator with a copy of the ClusterRole lacking one grant is refused (403 in the
   audit log) and the user sees it (no children and the 403 in `status.message`, or no status at all).
 - The trainer's identity: a job without `spec.serviceAccountName` runs its Ray pods as the ServiceAccount
@@ -199,6 +199,7 @@ def events(installation: Installation, namespace: str, name: str) -> list[dict[s
 def children(installation: Installation, namespace: str, job: str) -> dict[str, list[str]]:
     selector = f"{naming.JOB_LABEL}={job}"
     kinds = ("configmaps", "services", "deployments.apps", "rayjobs.ray.io", "persistentvolumeclaims")
+    kinds += ("poddisruptionbudgets.policy",)
     kinds += ("serviceaccounts", "roles.rbac.authorization.k8s.io", "rolebindings.rbac.authorization.k8s.io")
     return {kind: installation.names(kind, namespace, selector) for kind in kinds}
 
@@ -272,6 +273,12 @@ def test_the_operator_uses_exactly_what_the_chart_grants(
                 == ports[0]["port"]
             ),
             what="the Service repaired",
+        )
+        # ... and the teacher's PodDisruptionBudget: put back too.
+        merge_patch(installation, namespace, "pdb", teacher, {"spec": {"maxUnavailable": 2}})
+        wait_until(
+            lambda: installation.get("pdb", teacher, namespace)["spec"]["maxUnavailable"] == 1,
+            what="the PodDisruptionBudget repaired",
         )
         # Someone widens the trainer's Role and edits its ServiceAccount and RoleBinding: all put back.
         identity = naming.trainer_identity_name(name)

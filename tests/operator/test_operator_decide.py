@@ -15,7 +15,7 @@ import pytest
 import yaml
 from distillery_operator.controller import status_body
 from distillery_operator.decide import Decision, decide
-from distillery_operator.observe import SUMMARIZERS, Child, Health, Observed, assemble
+from distillery_operator.observe import SUMMARIZERS, Child, ClaimFacts, Health, Observed, assemble
 from distillery_operator.scheduling import unscheduled_pods
 from distillery_operator.workqueue import Backoff, WorkQueue
 
@@ -32,6 +32,10 @@ def job_body(example: str, **spec: Any) -> dict[str, Any]:
     return body
 
 
+EXAMPLE_CLAIMS = {name: ClaimFacts(name, ("ReadWriteMany",)) for name in ("datasets", "distill-checkpoints")}
+"""The users' claims the examples name (pvc://datasets, checkpoint.pvc), as a cluster would have them."""
+
+
 class World:
     """A job and its children, advanced by applying the decision's writes (as the API server would)."""
 
@@ -40,13 +44,23 @@ class World:
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.health: dict[str, Health] = {}
         self.events: list[Any] = []
+        self.claims: dict[str, ClaimFacts] = dict(EXAMPLE_CLAIMS)
 
     def observed(self) -> Observed:
         children = [SUMMARIZERS[kind](obj) for (kind, _), obj in self.objects.items()]
         return assemble(children, self.health)
 
+    def decide(self, now: str) -> Decision:
+        """As the controller decides: again with the claims read, when the decision asks for them."""
+        observed = self.observed()
+        decision = decide(self.body, observed, now)
+        if decision.read_claims:
+            observed.claims = {name: self.claims.get(name) for name in decision.read_claims}
+            decision = decide(self.body, observed, now)
+        return decision
+
     def step(self, now: str = T1) -> Decision:
-        decision = decide(self.body, self.observed(), now)
+        decision = self.decide(now)
         for action in decision.actions:
             key = (action.kind, action.name)
             if action.verb == "create":
@@ -61,7 +75,7 @@ class World:
         """Steps until a step asks for nothing (fails if that takes more than a few steps)."""
         for _ in range(4):
             decision = self.step(now)
-            again = decide(self.body, self.observed(), now)
+            again = self.decide(now)
             if not again.actions and not again.events and status_body(again.status) == self.body["status"]:
                 return decision
         raise AssertionError("did not converge")
@@ -88,7 +102,7 @@ def test_standalone_job_from_creation_to_success() -> None:
     first = world.step(T0)
     assert [(a.verb, a.kind) for a in first.actions] == [
         ("create", "ConfigMap"), ("create", "Service"), ("create", "Deployment"),
-        ("create", "PersistentVolumeClaim"), ("create", "RayJob"),
+        ("create", "PodDisruptionBudget"), ("create", "PersistentVolumeClaim"), ("create", "RayJob"),
     ]  # fmt: skip
     world.settle()
     assert world.body["status"]["phase"] == "StartingTeachers"
@@ -156,6 +170,7 @@ def test_a_teacher_the_trainer_cannot_reach_is_shown_until_it_answers_again() ->
 
 def test_failed_rayjob_fails_the_job_with_kuberays_reason_but_retrying_does_not() -> None:
     world = World(job_body("gkd.yaml", backoffLimit=1, checkpoint={"pvc": "ckpt"}))
+    world.claims["ckpt"] = ClaimFacts("ckpt", ("ReadWriteMany",))
     world.settle()
     world.play("RayJob", "gkd-jsd-trainer", {"jobStatus": "FAILED", "jobDeploymentStatus": "Retrying"})
     world.settle()
@@ -541,6 +556,10 @@ def test_decide_returns_a_typed_status_serialised_as_the_api_expects() -> None:
         "/checkpoints in the trainer pods, kept after the job is deleted (kubectl delete pvc "
         "gkd-jsd-checkpoints frees it)",
     )  # fmt: skip
+    mountable = _cond(
+        "StorageReady", "True", "ClaimsMountable",
+        "PersistentVolumeClaim datasets, gkd-jsd-checkpoints: found, with access modes that serve the pods",
+    )  # fmt: skip
     storage = {"claim": "gkd-jsd-checkpoints", "kept": True, "ephemeral": False, "size": "31Gi"}
     assert status_body(decision.status) == {
         "phase": "StartingTeachers",
@@ -554,6 +573,7 @@ def test_decide_returns_a_typed_status_serialised_as_the_api_expects() -> None:
             _cond("TeacherUnavailable", "False", "TeachersAnswering", "no teacher outage reported"),
             _cond("Suspended", "False", "NotSuspended", "not suspended"),
             kept,
+            mountable,
         ],
         "teachers": [teacher],
         "teachersReady": "0/1",
@@ -578,6 +598,7 @@ def test_decide_returns_a_typed_status_serialised_as_the_api_expects() -> None:
             _cond("TrainerReady", "False", "RayJobFailed", failed, T2),
             _cond("Suspended", "False", "NotSuspended", "not suspended"),
             kept,
+            mountable,
             _cond("Failed", "True", "RayJobFailed", failed, T2),
         ],
         "teachers": [{**teacher, "replicas": 0, "readyReplicas": 1, "message": "scaled to zero"}],

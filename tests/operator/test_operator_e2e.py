@@ -163,6 +163,38 @@ async def test_api_errors_are_retried_and_shown(operator: Cluster) -> None:
     assert c.emulator.faults[("create", "apps/v1/deployments")] == []
 
 
+async def test_a_failed_claim_read_makes_nothing_and_is_retried(operator: Cluster) -> None:
+    """Emulator: the claims a job names are read before anything is made; a read that fails (500) holds
+    every create back, shows in the status, and is retried."""
+    c = operator
+    c.emulator.faults[("fetch", "v1/persistentvolumeclaims")] = [500, 500]
+    await c.create(load_example("gkd.yaml"))
+
+    def messages() -> list[str]:
+        job = c.emulator.objects[kmock.resource(DJ), c.namespace, "gkd-jsd"]
+        return [str((v.get("status") or {}).get("message") or "") for v in job.history if v is not None]
+
+    errors = await wait_for(lambda: [m for m in messages() if "API error" in m], what="the error shown")
+    assert "get PersistentVolumeClaim datasets" in errors[0]
+    await wait_for(lambda: c.emulator.obj(RAYJOBS, c.namespace, "gkd-jsd-trainer"), what="made once read")
+    assert c.emulator.faults[("fetch", "v1/persistentvolumeclaims")] == []
+
+    # No create went out while the claim was unread: the first create came after the last failed read.
+    def action(r: Any) -> str:
+        return str(getattr(r.action, "value", r.action)).lower()
+
+    operators = [
+        r for r in c.emulator.api_requests() if not r.headers.get("User-Agent", "").startswith("kmock/")
+    ]
+    reads = [
+        i
+        for i, r in enumerate(operators)
+        if action(r) == "fetch" and r.resource.plural == "persistentvolumeclaims"
+    ]
+    creates = [i for i, r in enumerate(operators) if action(r) == "create" and r.resource.plural != "events"]
+    assert len(reads) >= 3 and min(creates) > reads[2]
+
+
 async def test_idle_jobs_cost_no_api_writes(cluster: Cluster) -> None:
     """Emulator: every request is logged, reads included, and the resync is shortened to 0.1 s in
     process. (On a real server: test_an_idle_job_costs_no_writes, from the audit log.)"""

@@ -170,6 +170,11 @@ def test_standalone_teacher_deployment_and_service() -> None:
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     # The queue label goes to the RayJob only (Kueue would otherwise try to admit the Deployment too).
     assert "kueue.x-k8s.io/queue-name" not in deployment["metadata"]["labels"]
+    # Its PodDisruptionBudget: the same pods, evicted one at a time by a drain, owned by the job.
+    (budget,) = by_kind(objects, "PodDisruptionBudget")
+    assert budget["apiVersion"] == "policy/v1" and budget["metadata"]["name"] == name
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": deployment["spec"]["selector"]}
+    assert budget["metadata"]["ownerReferences"] == deployment["metadata"]["ownerReferences"]
 
 
 def test_a_cpu_teacher_sizes_its_kv_cache_instead_of_a_memory_fraction() -> None:
@@ -222,6 +227,7 @@ def test_multi_teacher_gets_one_deployment_and_service_each() -> None:
     names = sorted(o["metadata"]["name"] for o in by_kind(objects, "Deployment"))
     assert names == sorted(f"mopd-math-code-teacher-{t}" for t in ("math", "code", "general"))
     assert len(by_kind(objects, "Service")) == 3
+    assert sorted(o["metadata"]["name"] for o in by_kind(objects, "PodDisruptionBudget")) == names
     (config_map,) = by_kind(objects, "ConfigMap")
     config = RuntimeConfig.model_validate_json(config_map["data"][CONFIG_KEY])
     assert [t.endpoints for t in config.teachers] == [
@@ -431,9 +437,11 @@ def test_render_cli_prints_a_yaml_stream() -> None:
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     identity = ["ServiceAccount", "Role", "RoleBinding"]  # the trainer's, made by the operator
     claim = ["PersistentVolumeClaim"]  # the checkpoints': the example names none
-    assert [d["kind"] for d in docs] == identity + ["ConfigMap"] + ["Service", "Deployment"] * 3 + claim + [
-        "RayJob"
-    ]
+    assert [d["kind"] for d in docs] == identity + ["ConfigMap"] + [
+        "Service",
+        "Deployment",
+        "PodDisruptionBudget",
+    ] * 3 + claim + ["RayJob"]
     assert all(d["metadata"]["namespace"] == "ml" for d in docs)
     assert "&id" not in result.stdout  # no YAML anchors: kubectl users read this
 

@@ -162,6 +162,8 @@ class Workspace:
         checkpoints.chmod(0o777)
         objects = [
             *_host_path_volume(f"{namespace}-models", MODELS_CLAIM, namespace, models, "ReadOnlyMany"),
+            # ReadWriteMany: the Ray head and worker are two pods, and the operator refuses a claim only one
+            # node may mount for them (a hostPath volume on the one node serves either mode).
             *_host_path_volume(
                 f"{namespace}-ckpt", CHECKPOINT_CLAIM, namespace, checkpoints, "ReadWriteMany"
             ),

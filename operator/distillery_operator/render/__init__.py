@@ -1,10 +1,10 @@
 """Rendering: a DistillationJob in, the Kubernetes objects the operator owns out. Pure functions, no API calls.
 
 Per job: one ConfigMap with the resolved runtime config (`config_map`), one Deployment + headless Service per
-standalone teacher (`teacher`; external and colocated teachers get no objects), the checkpoint
-PersistentVolumeClaim (`claim`, unless the job names its own or none: `distillery.plan.checkpoint_storage`),
-the trainer pods' ServiceAccount and Role (`identity`), and one KubeRay RayJob running the student
-(`rayjob`). Every pod of them gets its resources, security and placement from one builder (`pod_shape`),
+standalone teacher (`teacher`) and its PodDisruptionBudget (`disruption_budget`; external and colocated
+teachers get no objects), the checkpoint PersistentVolumeClaim (`claim`, unless the job names its own or
+none: `distillery.plan.checkpoint_storage`), the trainer pods' ServiceAccount and Role (`identity`), and one
+KubeRay RayJob running the student (`rayjob`). Every pod of them gets its resources, security and placement from one builder (`pod_shape`),
 as KubeRay's `controllers/ray/common/` builds each child in a module of its own. `distillery render FILE`
 prints the same objects the operator creates, the way `helm template` does (`job`).
 """
@@ -22,6 +22,7 @@ from distillery_operator.render.common import (
     without_live_fields,
 )
 from distillery_operator.render.config_map import render_config_map
+from distillery_operator.render.disruption_budget import PDB_API_VERSION, render_teacher_disruption_budget
 from distillery_operator.render.identity import (
     RBAC_API_VERSION,
     render_trainer_identity,
@@ -50,6 +51,7 @@ from distillery_operator.render.rayjob import (
     prestop_command,
     render_rayjob,
     submitter_pod_template,
+    trainer_locations,
 )
 from distillery_operator.render.teacher import (
     HEALTH_PATH,
@@ -58,6 +60,7 @@ from distillery_operator.render.teacher import (
     render_teacher_deployment,
     render_teacher_service,
     teacher_command,
+    teacher_labels,
     teacher_pod_spec,
     teacher_selector,
 )
@@ -68,6 +71,7 @@ __all__ = [
     "HEALTH_PATH",
     "KUEUE_QUEUE_LABEL",
     "LIVE_FIELDS",
+    "PDB_API_VERSION",
     "PRESTOP_MARGIN_SECONDS",
     "RAYJOB_API_VERSION",
     "RAY_HEAD_PORTS",
@@ -89,6 +93,7 @@ __all__ = [
     "render_manifest_stream",
     "render_rayjob",
     "render_teacher_deployment",
+    "render_teacher_disruption_budget",
     "render_teacher_service",
     "render_trainer_identity",
     "shape_pod",
@@ -96,10 +101,12 @@ __all__ = [
     "standalone_teachers",
     "submitter_pod_template",
     "teacher_command",
+    "teacher_labels",
     "teacher_pod_spec",
     "teacher_selector",
     "trainer_hf_token",
     "trainer_identity_rules",
+    "trainer_locations",
     "trainer_service_account",
     "user_labels",
     "without_live_fields",

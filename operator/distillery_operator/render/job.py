@@ -12,6 +12,7 @@ from distillery.validation import load_jobs
 from distillery_operator.render.claim import render_checkpoint_claim
 from distillery_operator.render.common import RenderContext
 from distillery_operator.render.config_map import render_config_map
+from distillery_operator.render.disruption_budget import render_teacher_disruption_budget
 from distillery_operator.render.identity import render_trainer_identity
 from distillery_operator.render.rayjob import render_rayjob
 from distillery_operator.render.teacher import render_teacher_deployment, render_teacher_service
@@ -28,6 +29,7 @@ def render_job(job: DistillationJob, ctx: RenderContext) -> list[dict[str, Any]]
     for teacher in standalone_teachers(job):
         objects.append(render_teacher_service(job, teacher, ctx))
         objects.append(render_teacher_deployment(job, teacher, ctx))
+        objects.append(render_teacher_disruption_budget(job, teacher, ctx))
     claim = render_checkpoint_claim(job, ctx)
     if claim is not None:
         objects.append(claim)

@@ -46,7 +46,7 @@ only with a GPU, `distillery_runtime.workers.actor_options`; on CPU-only jobs th
 may still place those on the head: its memory default allows for that.)"""
 
 
-def _locations(job: DistillationJob) -> list[str | None]:
+def trainer_locations(job: DistillationJob) -> list[str | None]:
     """Every model and data location the Ray pods may open (the driver checks standalone teachers'
     tokenizers too, so their models count)."""
     spec = job.spec
@@ -83,7 +83,9 @@ def _ray_pod_template(
         # checkpoint.ephemeral: writable by the image's user, and it outlives a container restart. Not a
         # retry (a new pod): an ephemeral job cannot promise retries (the spec's backoffLimit rule).
         volumes.append({"name": "checkpoints", "emptyDir": {}})
-    more_volumes, more_mounts = claim_volumes(pvc.claims(_locations(job)), checkpoint_claim=checkpoint_claim)
+    more_volumes, more_mounts = claim_volumes(
+        pvc.claims(trainer_locations(job)), checkpoint_claim=checkpoint_claim
+    )
     volumes.extend(more_volumes)
     mounts.extend(more_mounts)
     env: list[dict[str, Any]] = [

@@ -44,7 +44,8 @@ def teacher_selector(job: DistillationJob, teacher: Teacher) -> dict[str, str]:
     }
 
 
-def _labels(job: DistillationJob, teacher: Teacher) -> dict[str, str]:
+def teacher_labels(job: DistillationJob, teacher: Teacher) -> dict[str, str]:
+    """The labels of a standalone teacher's objects and pods."""
     return naming.child_labels(
         job.metadata.name, "teacher", user_labels(job), extra={naming.TEACHER_LABEL: teacher.name}
     )
@@ -92,7 +93,7 @@ def teacher_pod_spec(job: DistillationJob, teacher: Teacher) -> dict[str, Any]:
 
 def render_teacher_deployment(job: DistillationJob, teacher: Teacher, ctx: RenderContext) -> dict[str, Any]:
     name = naming.teacher_name(job.metadata.name, teacher.name)
-    labels = _labels(job, teacher)
+    labels = teacher_labels(job, teacher)
     replicas = 0 if ctx.teachers_scaled_to_zero else teacher.replicas
     return stamp(
         {
@@ -117,7 +118,7 @@ def render_teacher_service(job: DistillationJob, teacher: Teacher, ctx: RenderCo
         {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": metadata(job, ctx, name, _labels(job, teacher)),
+            "metadata": metadata(job, ctx, name, teacher_labels(job, teacher)),
             "spec": {
                 # Headless: DNS answers with every ready replica, and the runtime spreads its scoring
                 # requests over them itself (one long-lived connection per replica, no kube-proxy hop).
