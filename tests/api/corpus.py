@@ -674,13 +674,33 @@ def _string(node: dict[str, Any], length: int) -> str | None:
     return None
 
 
+# Objects whose minimal value must hold more than their required fields to pass their rules: a volume
+# has exactly one source, an env source exactly one reference.
+_MINIMAL_OBJECTS = {
+    ("name", "emptyDir", "configMap", "secret"): {"name": "x", "emptyDir": {}},
+    ("secretKeyRef", "configMapKeyRef", "fieldRef"): {"fieldRef": {"fieldPath": "metadata.name"}},
+}
+
+
 def _minimal(node: dict[str, Any]) -> Any:
     """The smallest valid value of a node (required fields only): used for parents a case creates."""
     kind = node.get("type")
     if kind == "object":
-        return {name: _minimal(node["properties"][name]) for name in node.get("required", [])}
+        properties = node.get("properties", {})
+        for keys, value in _MINIMAL_OBJECTS.items():
+            if set(keys) <= set(properties):
+                return copy.deepcopy(value)
+        return {name: _minimal(properties[name]) for name in node.get("required", [])}
     if kind == "array":
         return []
+    if kind in ("integer", "number"):
+        return node.get("minimum", 1)
+    if kind == "boolean":
+        return False
+    for length in range(max(1, node.get("minLength", 1)), 16):
+        value = _string(node, length)
+        if value is not None:
+            return value
     return "x"
 
 
@@ -714,13 +734,51 @@ def _items(path: str, node: dict[str, Any], count: int) -> list[Any]:
         return [f"v{i}" for i in range(count)]
     if item.get("type") == "number":
         return [0.5] * count
-    return [_minimal(item) for _ in range(count)]
+    items = [_minimal(item) for _ in range(count)]
+    # Items with a name or a mount path must differ in it (uniqueness rules).
+    for i, each in enumerate(items):
+        if isinstance(each, dict) and "name" in each and "mountPath" not in each:
+            each["name"] = f"x{i}"
+        if isinstance(each, dict) and "mountPath" in each:
+            each["mountPath"] = f"/m{i}"
+    return items
 
 
 def _entries(node: dict[str, Any], count: int) -> dict[str, Any]:
     # A map of untyped values (x-kubernetes-preserve-unknown-fields, no additionalProperties) takes strings.
     value: Any = 1 if node.get("additionalProperties", {}).get("x-kubernetes-int-or-string") else "v"
     return {f"k{i}": value for i in range(count)}
+
+
+_ONE_OF = (
+    {"emptyDir", "configMap", "secret", "persistentVolumeClaim", "csi"},
+    {"secretKeyRef", "configMapKeyRef", "fieldRef"},
+)
+"""Fields of which an object holds exactly one (a volume's source, an env variable's reference)."""
+
+
+def _keep_one_of(doc: dict[str, Any], path: str) -> None:
+    """Along `path`, an object that holds one of a `_ONE_OF` set keeps only the member the path goes through."""
+    node: Any = doc
+    parts = split_path(path)
+    for part, following in zip(parts, [*parts[1:], None], strict=True):
+        node = node[part]
+        if isinstance(node, dict):
+            for members in _ONE_OF:
+                if following in members:
+                    for other in members - {following}:
+                        node.pop(other, None)
+
+
+def _declare_mounted_volumes(doc: dict[str, Any], path: str) -> None:
+    """A mount names a volume of its section (a rule): a case that makes mounts declares the volumes."""
+    if ".volumeMounts" not in path:
+        return
+    section: Any = doc
+    for part in split_path(path.split(".volumeMounts")[0]):
+        section = section[part]
+    names = {m.get("name") for m in section.get("volumeMounts") or [] if isinstance(m, dict)}
+    section["volumes"] = [{"name": n, "emptyDir": {}} for n in sorted(n for n in names if isinstance(n, str))]
 
 
 def boundary_cases() -> list[tuple[str, dict[str, Any], str | None]]:
@@ -738,6 +796,8 @@ def boundary_cases() -> list[tuple[str, dict[str, Any], str | None]]:
             _place(doc, schema, path, value)
             if path in _SIBLINGS:
                 set_path(doc, *_SIBLINGS[path])
+            _keep_one_of(doc, path)
+            _declare_mounted_volumes(doc, path)
             cases.append((f"{name}-{label}:{path}", doc, field))
 
     for schema_path, node in _schema_nodes(schema):

@@ -36,9 +36,10 @@ from distillery_operator.render.job import (
 )
 from distillery_operator.render.pod_shape import (
     RUNTIME_UID,
-    PodPlacement,
     container_security_context,
+    pod_metadata,
     pod_security_context,
+    pod_template,
     shape_pod,
 )
 from distillery_operator.render.rayjob import (
@@ -58,7 +59,7 @@ from distillery_operator.render.teacher import (
     render_teacher_deployment,
     render_teacher_service,
     teacher_command,
-    teacher_pod_spec,
+    teacher_pod_template,
     teacher_selector,
 )
 
@@ -75,11 +76,12 @@ __all__ = [
     "RUNTIME_UID",
     "STARTUP_PERIOD_SECONDS",
     "TEACHER_MODULE",
-    "PodPlacement",
     "RenderContext",
     "container_security_context",
     "owner_reference",
+    "pod_metadata",
     "pod_security_context",
+    "pod_template",
     "pod_templates",
     "prestop_command",
     "queued_by_kueue",
@@ -96,7 +98,7 @@ __all__ = [
     "standalone_teachers",
     "submitter_pod_template",
     "teacher_command",
-    "teacher_pod_spec",
+    "teacher_pod_template",
     "teacher_selector",
     "trainer_hf_token",
     "trainer_identity_rules",
