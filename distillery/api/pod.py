@@ -32,7 +32,6 @@ from distillery.api.bounds import (
     DNS_SUBDOMAIN_RE,
     MAX_INT,
     MAX_LABEL_VALUE,
-    MAX_LOCATION,
     MAX_MAP,
     MAX_NAME,
     MAX_QUANTITY,
@@ -48,10 +47,13 @@ MAX_EXPRESSIONS = 16
 MAX_VALUES = 32
 """Values of one match expression."""
 MAX_ENV = 64
+MAX_ENV_NAME = 128
+"""Env names and mount paths are compared pairwise by the uniqueness rules, in each of up to 32 teachers'
+pools: the API server refused the CRD with 253 and 1024 (its estimated rule cost over the budget)."""
 MAX_ENV_VALUE = 4096
 MAX_VOLUMES = 32
 MAX_MOUNTS = 32
-MAX_PATH = MAX_LOCATION
+MAX_PATH = 512
 MAX_ANNOTATION_VALUE = 4096
 """An annotation value: 64 of them stay far below the API server's 256 KiB of annotations a pod."""
 MAX_PULL_SECRETS = 16
@@ -243,7 +245,7 @@ class EnvVarSource(ApiModel):
 class EnvVar(ApiModel):
     """An env variable of the pod's container: a value, or a reference."""
 
-    name: str = Field(min_length=1, max_length=MAX_NAME, pattern=ENV_NAME_RE)
+    name: str = Field(min_length=1, max_length=MAX_ENV_NAME, pattern=ENV_NAME_RE)
     value: str | None = Field(default=None, max_length=MAX_ENV_VALUE)
     value_from: EnvVarSource | None = None
 

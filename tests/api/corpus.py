@@ -435,6 +435,145 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.student.pool.nodeSelector",
         AGREE,
     ),
+    # Pod settings (issue 26): names and paths the operator uses are refused, mounts name a volume.
+    *(
+        (f"{where}-{cid}", {path: {key: value}}, f"{path}.{field}", AGREE)
+        for where, path in (
+            ("pool", "spec.student.pool"),
+            ("head", "spec.student.head"),
+            ("teacher-pool", "spec.teachers[0].pool"),
+        )
+        for cid, key, value, field in (
+            ("env-operators-name", "env", [{"name": "DISTILLERY_CONFIG", "value": "x"}], "env[0].name"),
+            ("env-bad-name", "env", [{"name": "1X", "value": "x"}], "env[0].name"),
+            (
+                "env-value-and-value-from",
+                "env",
+                [{"name": "A", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                "env[0].valueFrom",
+            ),
+            ("env-two-sources", "env", [{"name": "A", "valueFrom": {}}], "env[0].valueFrom"),
+            ("env-duplicate", "env", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}], "env"),
+            (
+                "volume-operators-name",
+                "volumes",
+                [{"name": "checkpoints", "emptyDir": {}}],
+                "volumes[0].name",
+            ),
+            ("volume-claim-prefix", "volumes", [{"name": "pvc-data", "emptyDir": {}}], "volumes[0].name"),
+            ("volume-no-source", "volumes", [{"name": "a"}], "volumes[0]"),
+            (
+                "volume-two-sources",
+                "volumes",
+                [{"name": "a", "emptyDir": {}, "persistentVolumeClaim": {"claimName": "c"}}],
+                "volumes[0]",
+            ),
+            ("volume-hostpath", "volumes", [{"name": "a", "hostPath": {"path": "/"}}], "volumes[0].hostPath"),
+            ("mount-undeclared", "volumeMounts", [{"name": "a", "mountPath": "/a"}], "volumeMounts"),
+            ("pod-labels-operators", "podLabels", {"distillery.io/job": "x"}, "podLabels"),
+            ("pod-labels-kueue", "podLabels", {"kueue.x-k8s.io/queue-name": "q"}, "podLabels"),
+            ("pod-labels-bad-key", "podLabels", {"-team": "x"}, "podLabels"),
+            ("pod-annotations-bad-key", "podAnnotations", {"a b": "x"}, "podAnnotations"),
+            ("priority-class-uppercase", "priorityClassName", "High", "priorityClassName"),
+            (
+                "affinity-operator-unknown",
+                "affinity",
+                {
+                    "nodeAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {
+                                "weight": 1,
+                                "preference": {"matchExpressions": [{"key": "a", "operator": "Near"}]},
+                            }
+                        ]
+                    }
+                },
+                "affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].preference"
+                ".matchExpressions[0].operator",
+            ),
+            (
+                "affinity-weight-zero",
+                "affinity",
+                {
+                    "podAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {"weight": 0, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}
+                        ]
+                    }
+                },
+                "affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight",
+            ),
+            ("affinity-misspelt", "affinity", {"nodeAfinity": {}}, "affinity.nodeAfinity"),
+            (
+                "spread-unsatisfiable-unknown",
+                "topologySpreadConstraints",
+                [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "Maybe"}],
+                "topologySpreadConstraints[0].whenUnsatisfiable",
+            ),
+            (
+                "spread-skew-zero",
+                "topologySpreadConstraints",
+                [{"maxSkew": 0, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}],
+                "topologySpreadConstraints[0].maxSkew",
+            ),
+        )
+    ),
+    (
+        "mount-operators-path",
+        {
+            "spec.student.pool": {
+                "volumes": [{"name": "a", "emptyDir": {}}],
+                "volumeMounts": [{"name": "a", "mountPath": "/dev/shm"}],
+            }
+        },
+        "spec.student.pool.volumeMounts[0].mountPath",
+        AGREE,
+    ),
+    (
+        "mount-relative-path",
+        {
+            "spec.student.pool": {
+                "volumes": [{"name": "a", "emptyDir": {}}],
+                "volumeMounts": [{"name": "a", "mountPath": "cache"}],
+            }
+        },
+        "spec.student.pool.volumeMounts[0].mountPath",
+        AGREE,
+    ),
+    (
+        # A mount names a volume of its own section: the head's mounts do not see the pool's volumes.
+        "head-mount-of-a-pool-volume",
+        {
+            "spec.student.pool": {"volumes": [{"name": "a", "emptyDir": {}}]},
+            "spec.student.head": {"volumeMounts": [{"name": "a", "mountPath": "/a"}]},
+        },
+        "spec.student.head.volumeMounts",
+        AGREE,
+    ),
+    (
+        "head-node-selector-bad-key",
+        {"spec.student.head": {"nodeSelector": {"-gpu": "x"}}},
+        "spec.student.head.nodeSelector",
+        AGREE,
+    ),
+    (
+        "head-resources-not-a-map",
+        {"spec.student.head": {"resources": {"requests": "2"}}},
+        "spec.student.head.resources.requests",
+        AGREE,
+    ),
+    (
+        "image-pull-secret-bad-name",
+        {"spec.imagePullSecrets": ["Team_Registry"]},
+        "spec.imagePullSecrets[0]",
+        AGREE,
+    ),
+    (
+        "image-pull-secrets-objects",
+        {"spec.imagePullSecrets": [{"name": "regcred"}]},
+        "spec.imagePullSecrets[0]",
+        AGREE,
+    ),
     ("unknown-spec-field", {"spec.studnet": {"model": "x"}}, "spec.studnet", AGREE),
     ("unknown-loss-field", {"spec.loss.topk": 8}, "spec.loss.topk", AGREE),
     ("unknown-teacher-field", {"spec.teachers[1].endpont": "http://x"}, "spec.teachers[1].endpont", AGREE),
@@ -524,6 +663,84 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
 ]
 
 ACCEPTED: list[tuple[str, dict[str, Any]]] = [
+    # Pod settings (issue 26): each section with all of them, and the head's own placement.
+    *(
+        (
+            f"pod-settings-{where}",
+            {
+                path: {
+                    "priorityClassName": "training-high",
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {
+                                        "matchExpressions": [
+                                            {"key": "gpu", "operator": "In", "values": ["h100"]}
+                                        ]
+                                    }
+                                ]
+                            }
+                        },
+                        "podAntiAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "weight": 100,
+                                    "podAffinityTerm": {
+                                        "labelSelector": {
+                                            "matchLabels": {"app.kubernetes.io/name": "distillery"}
+                                        },
+                                        "topologyKey": "kubernetes.io/hostname",
+                                    },
+                                }
+                            ]
+                        },
+                    },
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "topology.kubernetes.io/zone",
+                            "whenUnsatisfiable": "ScheduleAnyway",
+                        }
+                    ],
+                    "podLabels": {"team": "ml", "example.com/cost-center": "c42"},
+                    "podAnnotations": {"sidecar.istio.io/inject": "false"},
+                    "env": [
+                        {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+                        {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+                        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                    ],
+                    "volumes": [
+                        {"name": "cache", "emptyDir": {"sizeLimit": "10Gi"}},
+                        {"name": "certs", "secret": {"secretName": "ca", "defaultMode": 292}},
+                        {"name": "store", "csi": {"driver": "secrets-store.csi.k8s.io", "readOnly": True}},
+                    ],
+                    "volumeMounts": [
+                        {"name": "cache", "mountPath": "/cache"},
+                        {"name": "certs", "mountPath": "/etc/ssl/site", "readOnly": True},
+                        {"name": "store", "mountPath": "/mnt/secrets"},
+                    ],
+                }
+            },
+        )
+        for where, path in (
+            ("pool", "spec.student.pool"),
+            ("head", "spec.student.head"),
+            ("teacher-pool", "spec.teachers[0].pool"),
+        )
+    ),
+    (
+        "head-placement-of-its-own",
+        {
+            "spec.student.pool": {"nodeSelector": {"gpu": "h100"}},
+            "spec.student.head": {
+                "nodeSelector": {},
+                "tolerations": [],
+                "resources": {"requests": {"cpu": "2"}},
+            },
+        },
+    ),
+    ("image-pull-secrets", {"spec.imagePullSecrets": ["regcred", "team.registry"]}),
     ("retries-with-checkpoint-claim", {"spec.backoffLimit": 2, "spec.checkpoint": {"pvc": "ckpt"}}),
     # The operator's claim (issue 25): retries resume from it, and its settings next to their edges.
     ("retries-with-the-operators-claim", {"spec.backoffLimit": 2}),

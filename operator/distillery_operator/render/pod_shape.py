@@ -23,12 +23,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from distillery.api.base import ApiModel
 from distillery.plan.pod_resources import ContainerResources
 from distillery.plan.pod_scheduling import PodScheduling
 
 RUNTIME_UID = 1000
 """The user and group of the runtime image (`docker/runtime.Dockerfile`: `USER 1000:1000`)."""
 SHM_VOLUME = "dshm"
+
+
+def _written(model: ApiModel) -> Any:
+    """A user's object as the pod gets it: without the empty lists and maps its defaults fill in (the API
+    server drops them, and a rendered spec is the same whether the job came from the user or from the
+    applied ConfigMap, where every default is written out), but with `emptyDir: {}`, whose emptiness is
+    the value."""
+
+    def compact(value: Any, key: str = "") -> Any:
+        if isinstance(value, dict):
+            kept = {k: compact(v, k) for k, v in value.items()}
+            return {k: v for k, v in kept.items() if v not in ([], {}) or k == "emptyDir"}
+        if isinstance(value, list):
+            return [compact(v) for v in value]
+        return value
+
+    return compact(model.to_yaml_dict())
 
 
 def pod_security_context() -> dict[str, Any]:
@@ -72,19 +90,19 @@ def shape_pod(
         shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": resources.shm_size}}
         pod.setdefault("volumes", []).insert(0, shm)
     if scheduling.env:
-        container.setdefault("env", []).extend(e.to_yaml_dict() for e in scheduling.env)
+        container.setdefault("env", []).extend(_written(e) for e in scheduling.env)
     if scheduling.volume_mounts:
-        container.setdefault("volumeMounts", []).extend(m.to_yaml_dict() for m in scheduling.volume_mounts)
+        container.setdefault("volumeMounts", []).extend(_written(m) for m in scheduling.volume_mounts)
     if scheduling.volumes:
-        pod.setdefault("volumes", []).extend(v.to_yaml_dict() for v in scheduling.volumes)
+        pod.setdefault("volumes", []).extend(_written(v) for v in scheduling.volumes)
     if scheduling.node_selector:
         pod["nodeSelector"] = dict(scheduling.node_selector)
     if scheduling.tolerations:
         pod["tolerations"] = [t.to_yaml_dict() for t in scheduling.tolerations]
     if scheduling.affinity is not None:
-        pod["affinity"] = scheduling.affinity.to_yaml_dict()
+        pod["affinity"] = _written(scheduling.affinity)
     if scheduling.topology_spread_constraints:
-        pod["topologySpreadConstraints"] = [c.to_yaml_dict() for c in scheduling.topology_spread_constraints]
+        pod["topologySpreadConstraints"] = [_written(c) for c in scheduling.topology_spread_constraints]
     if scheduling.priority_class_name:
         pod["priorityClassName"] = scheduling.priority_class_name
     if scheduling.image_pull_secrets:
