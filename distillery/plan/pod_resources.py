@@ -62,6 +62,7 @@ HEAD_MEMORY_GIB = 8
 SUBMITTER_REQUESTS = {"cpu": "100m", "memory": "200Mi"}
 SUBMITTER_LIMITS = {"cpu": "1", "memory": "1Gi"}
 SHM_FRACTION = 0.5
+HEAD_OWNER = "student.head.resources"
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 10**-3, "": 1}
@@ -150,6 +151,7 @@ def _container(
     reason: str,
     *,
     shared_memory: bool = True,
+    owner: str = "the pool's resources",
 ) -> ContainerResources:
     """The user's resources over the defaults (the module's rules), plus the GPUs, which only the pool's
     GPU count sets."""
@@ -163,7 +165,7 @@ def _container(
     if gpus > 0:
         requests[gpu_resource] = limits[gpu_resource] = str(gpus)
     if user_requests or user_limits:
-        reason = f"{reason}; the pool's resources override it key by key"
+        reason = f"{reason}; {owner} override it key by key"
     return ContainerResources(requests, limits, _shm(limits) if shared_memory else None, reason)
 
 
@@ -190,14 +192,26 @@ def pod_resources(spec: DistillationJobSpec) -> PodResources:
         worker = _container(values, values, pool.resources, pool.gpus_per_worker, pool.gpu_resource, why)
         head_values = {"cpu": HEAD_CPU, "memory": _gib(HEAD_MEMORY_GIB)}
         head = _container(
-            head_values, head_values, head_resources, 0, pool.gpu_resource, "the head's fixed default"
+            head_values,
+            head_values,
+            head_resources,
+            0,
+            pool.gpu_resource,
+            "the head's fixed default",
+            owner=HEAD_OWNER,
         )
     else:
         requests, limits, why = _cpu_only_pod(student_weights)
         worker = _container(requests, limits, pool.resources, 0, pool.gpu_resource, why)
         # Ray may place the zero-CPU actors of a CPU-only job on the head: it gets the workers' memory.
         head = _container(
-            requests, limits, head_resources, 0, pool.gpu_resource, f"{why}; the head may host the actors"
+            requests,
+            limits,
+            head_resources,
+            0,
+            pool.gpu_resource,
+            f"{why}; the head may host the actors",
+            owner=HEAD_OWNER,
         )
     submitter = _container(
         SUBMITTER_REQUESTS,

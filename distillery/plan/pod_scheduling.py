@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from distillery.api.pod import Affinity, EnvVar, PodSettings, TopologySpreadConstraint, Volume, VolumeMount
-from distillery.api.spec import DistillationJobSpec, Placement, StudentHead, Toleration
+from distillery.api.spec import DistillationJobSpec, Placement, StudentHead, StudentPool, Toleration
 
 T = TypeVar("T")
 
@@ -58,6 +58,7 @@ class JobScheduling:
 
 
 def _either(own: T | None, default: T) -> T:
+    """The head's own value where it sets one (an empty one included), else the pool's."""
     return default if own is None else own
 
 
@@ -82,24 +83,13 @@ def _of(
     )
 
 
-def _head_settings(head: StudentHead, pool: PodSettings) -> PodSettings:
-    """The head's pod settings: its own where set, the pool's elsewhere (volumes and mounts as a pair)."""
-    own_volumes = head.volumes is not None or head.volume_mounts is not None
-    volumes = (
-        (head.volumes or [], head.volume_mounts or []) if own_volumes else (pool.volumes, pool.volume_mounts)
-    )
-    return PodSettings.model_construct(
-        priority_class_name=_either(head.priority_class_name, pool.priority_class_name),
-        affinity=_either(head.affinity, pool.affinity),
-        topology_spread_constraints=_either(
-            head.topology_spread_constraints, pool.topology_spread_constraints
-        ),
-        pod_labels=_either(head.pod_labels, pool.pod_labels),
-        pod_annotations=_either(head.pod_annotations, pool.pod_annotations),
-        env=_either(head.env, pool.env),
-        volumes=volumes[0],
-        volume_mounts=volumes[1],
-    )
+def _head_settings(head: StudentHead, pool: StudentPool) -> PodSettings:
+    """The head's pod settings: the pool's, with each field the head sets in its place (volumes and mounts
+    as a pair: a mount names a volume of its own section). Every PodSettings field, a new one included."""
+    own = {name: value for name in PodSettings.model_fields if (value := getattr(head, name)) is not None}
+    if "volumes" in own or "volume_mounts" in own:
+        own = {"volumes": [], "volume_mounts": [], **own}
+    return pool.model_copy(update=own)
 
 
 def image_pull_secrets(cluster: Sequence[str], spec: DistillationJobSpec) -> tuple[str, ...]:

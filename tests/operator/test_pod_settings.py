@@ -23,6 +23,7 @@ from distillery.api.pod import (
     OPERATOR_MOUNT_PATHS,
     OPERATOR_VOLUME_PREFIX,
     OPERATOR_VOLUMES,
+    PodSettings,
 )
 from distillery.plan.pod_resources import pod_resources
 from distillery.validation import InvalidManifest, load_jobs, parse_job
@@ -30,6 +31,17 @@ from distillery.validation import InvalidManifest, load_jobs, parse_job
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [*sorted((ROOT / "examples").glob("*.yaml")), ROOT / "tests" / "golden" / "variants.yaml"]
 JOBS = [job for source in SOURCES for job in load_jobs(source)]
+
+
+def _plain(job: DistillationJob) -> bool:
+    """The job sets no pod setting and no pull secret: every env, volume and label of its pods is ours."""
+    spec = job.spec
+    sections = [spec.student.pool, spec.student.head, *(t.pool for t in spec.teachers)]
+    unset = all(getattr(s, name) is None for s in sections for name in PodSettings.model_fields)
+    return unset and not spec.image_pull_secrets
+
+
+PLAIN = [job for job in JOBS if _plain(job)]
 CTX = RenderContext(namespace="team-a")
 
 
@@ -86,7 +98,9 @@ def test_the_operators_own_env_and_volumes_stay_first_and_unchanged() -> None:
 
 
 def test_no_settings_render_nothing_new() -> None:
-    for job in JOBS:
+    # Jobs that set none of the new fields: their pods are as before (tests/golden pins them too).
+    assert len(PLAIN) >= len(JOBS) - 1
+    for job in PLAIN:
         for where, template in pod_templates(render_job(job, CTX)):
             pod = template["spec"]
             for key in ("priorityClassName", "affinity", "topologySpreadConstraints", "imagePullSecrets"):
@@ -131,8 +145,9 @@ def test_student_head_wins_for_the_head_and_the_submitter() -> None:
     assert resources["requests"]["cpu"] == resources["limits"]["cpu"] == "3"
     assert resources["requests"]["memory"] == resources["limits"]["memory"] == "12Gi"
     # The submitter keeps KubeRay's limits: head.resources is the head's only.
-    spec = DistillationJob.model_validate(doc).spec
-    assert pod_resources(spec).submitter.limits == {"cpu": "1", "memory": "1Gi"}
+    plan = pod_resources(DistillationJob.model_validate(doc).spec)
+    assert plan.submitter.limits == {"cpu": "1", "memory": "1Gi"}
+    assert "student.head.resources override it" in plan.lines()[0]
 
 
 def test_head_placement_alone_moves_the_head_and_the_submitter() -> None:
@@ -150,7 +165,7 @@ def test_head_placement_alone_moves_the_head_and_the_submitter() -> None:
 def test_the_operators_names_are_the_ones_the_spec_refuses() -> None:
     """OPERATOR_ENV, OPERATOR_VOLUMES and the rest name what the renderers set: a new variable, volume or
     label of the operator's that the lists miss fails here, before a user's can shadow it."""
-    for job in JOBS:
+    for job in PLAIN:
         for where, template in pod_templates(render_job(job, CTX)):
             pod = template["spec"]
             for container in pod["containers"]:
