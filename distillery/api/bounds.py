@@ -16,8 +16,6 @@ from distillery.api.base import Rule
 QuantityValue = int | str
 """A Kubernetes quantity ("8Gi", "500m", 2)."""
 
-# Every string, list and map of the spec has a bound: the API server estimates the cost of each CEL rule
-# from the largest value a field may hold, and refuses a CRD whose rules could exceed its budget.
 MAX_LOCATION = 1024
 """A model, tokenizer, dataset or checkpoint location, or an image reference."""
 MAX_NAME = 253

@@ -310,6 +310,12 @@ class ClaimVolume(ApiModel):
     read_only: bool | None = None
 
 
+class SecretReference(ApiModel):
+    """A Secret of the job's namespace, by name."""
+
+    name: ObjectName
+
+
 class CsiVolume(ApiModel):
     """An inline CSI volume (a secrets store, a node-local cache)."""
 
@@ -319,10 +325,8 @@ class CsiVolume(ApiModel):
     volume_attributes: dict[str, Annotated[str, Field(max_length=MAX_ANNOTATION_VALUE)]] = Field(
         default_factory=dict, max_length=MAX_MAP
     )
-    node_publish_secret_ref: dict[str, Annotated[str, Field(max_length=MAX_NAME)]] | None = Field(
-        default=None, max_length=1
-    )
-    """`{name: SECRET}`."""
+    node_publish_secret_ref: SecretReference | None = None
+    """A Secret of the job's namespace passed to the driver when it mounts the volume."""
 
 
 class Volume(ApiModel):

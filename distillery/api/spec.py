@@ -15,11 +15,9 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from distillery import pvc
 from distillery.api.base import ApiModel, Rule
-from distillery.api.bounds import (  # noqa: F401 (re-exported: the spec's bounds are read from here too)
+from distillery.api.bounds import (
     DNS_LABEL_RE,
     DNS_SUBDOMAIN_RE,
-    LABEL_KEY_RE,
-    LABEL_NAME_RE,
     LABEL_VALUE_RE,
     MAX_INT,
     MAX_LABEL_VALUE,
@@ -31,7 +29,6 @@ from distillery.api.bounds import (  # noqa: F401 (re-exported: the spec's bound
     MAX_ROUTE,
     MAX_ROUTES,
     MAX_ROUTES_IN_ALL,
-    MAX_STOP_LENGTH,
     MAX_STOP_STRINGS,
     MAX_TOP_K,
     MIN_INT,
@@ -43,7 +40,6 @@ from distillery.api.bounds import (  # noqa: F401 (re-exported: the spec's bound
     Name,
     QuantityValue,
     StopString,
-    is_label_key,
     label_keys_rule,
 )
 from distillery.api.pod import MAX_PULL_SECRETS, POD_SETTINGS_RULES, PodSettings, PullSecretName
