@@ -15,87 +15,34 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from distillery import pvc
 from distillery.api.base import ApiModel, Rule
-
-QuantityValue = int | str
-"""A Kubernetes quantity ("8Gi", "500m", 2)."""
-
-# Every string, list and map of the spec has a bound: the API server estimates the cost of each CEL rule
-# from the largest value a field may hold, and refuses a CRD whose rules could exceed its budget.
-MAX_LOCATION = 1024
-"""A model, tokenizer, dataset or checkpoint location, or an image reference."""
-MAX_NAME = 253
-"""A Kubernetes object name or a label key (DNS subdomain)."""
-MAX_LABEL_VALUE = 63
-MAX_MAP = 64
-"""Entries of a label, node-selector or resources map."""
-MAX_LIST = 64
-"""Entries of a tolerations list."""
-MAX_ROUTES = 64
-"""Route values of one teacher: the route-uniqueness rule costs teachers^2 x routes^2 string compares."""
-MAX_ROUTE = 128
-MAX_ROUTES_IN_ALL = 512
-"""Route values of all teachers together: the route-uniqueness rule compares every route with every route,
-and the API server stops a rule at about a million such steps (its per-call cost limit, at admission),
-although the CRD's static estimate, bounded by 10 million, passed with 32 teachers x 64 routes."""
-
-MAX_STOP_STRINGS = 16
-"""Stop strings of the rollout: each is matched against the tail of every response as it is decoded."""
-MAX_STOP_LENGTH = 256
-MAX_TOP_K = 1 << 20
-"""Above any vocabulary (the largest are ~256k tokens)."""
-
-MAX_INT = 2**53 - 1
-"""Every integer field is bounded, at most by this: the server decodes JSON integers as int64 (a larger one
-is refused), and a schema bound must itself be an integer that a float64 holds exactly (the server refused
-the CRD with `maximum: 2^63 - 1`, "Maximum boundary value must be of type integer")."""
-MIN_INT = -MAX_INT
-
-WHITESPACE = "\\t\\n\\v\\f\\r "
-"""ASCII whitespace, spelled out: a pattern's \\s is ASCII in Go's RE2 (the API server) but Unicode in
-Python and in Rust (pydantic), and RE2's leaves out \\v."""
-
-Location = Annotated[str, Field(min_length=1, max_length=MAX_LOCATION)]
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
-FieldName = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
-"""A field of the dataset's rows."""
-StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
-
-LABEL_NAME_RE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-LABEL_VALUE_RE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-POSITIVE_QUANTITY_RE = (
-    r"^[+]?(([0-9]*[1-9][0-9]*([.][0-9]*)?)|([0-9]*[.][0-9]*[1-9][0-9]*))"
-    r"(([KMGTPE]i)|[kMGTPE]|([eE][+-]?(([0-9]+([.][0-9]*)?)|([.][0-9]+))))?$"
+from distillery.api.bounds import (
+    DNS_LABEL_RE,
+    DNS_SUBDOMAIN_RE,
+    LABEL_VALUE_RE,
+    MAX_INT,
+    MAX_LABEL_VALUE,
+    MAX_LIST,
+    MAX_LOCATION,
+    MAX_MAP,
+    MAX_NAME,
+    MAX_QUANTITY,
+    MAX_ROUTE,
+    MAX_ROUTES,
+    MAX_ROUTES_IN_ALL,
+    MAX_STOP_STRINGS,
+    MAX_TOP_K,
+    MIN_INT,
+    POSITIVE_QUANTITY_RE,
+    WHITESPACE,
+    FieldName,
+    LabelValue,
+    Location,
+    Name,
+    QuantityValue,
+    StopString,
+    label_keys_rule,
 )
-"""A storage size, a Kubernetes quantity (`100Gi`, `1.5T`, `5e11`) above zero: the API's quantity grammar
-(controller-gen's pattern for resource.Quantity) with a non-zero digit required, no minus sign, and no
-milli, micro or nano suffix (`100m` is a tenth of a byte, never what was meant)."""
-MAX_QUANTITY = 32
-LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE, pattern=LABEL_VALUE_RE)]
-LABEL_KEY_RE = "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-"""A label key, [DNS-subdomain prefix/]name (written without backslashes: it is embedded in CEL)."""
-
-
-def _label_keys_rule(field: str, attr: str) -> Rule:
-    """Every key of a label map is a label key (the API server refuses the child objects otherwise)."""
-    return Rule(
-        check=lambda m: all(_is_label_key(k) for k in getattr(m, attr)),
-        cel=f"!has(self.{field}) || self.{field}.all(k, k.matches('{LABEL_KEY_RE}') && k.indexOf('/') <= {MAX_NAME})",
-        message="keys must be label keys: [prefix/]name, the prefix a DNS subdomain (<= 253), the name <= 63 "
-        "alphanumerics, '-', '_' or '.', starting and ending alphanumeric",
-        field=field,
-    )
-
-
-def _is_label_key(key: str) -> bool:
-    prefix, _, _ = key.rpartition("/")
-    return re.fullmatch(LABEL_KEY_RE, key) is not None and len(prefix) <= MAX_NAME
-
-
-# Every pattern is anchored with ^ and $ and read as Go's RE2 does: `$` is the end of the text (Python's
-# re also matches it before a final newline, so a Python check uses re.fullmatch).
-
+from distillery.api.pod import MAX_PULL_SECRETS, POD_SETTINGS_RULES, PodSettings, PullSecretName
 
 # ---------------------------------------------------------------------------------------------- pools
 
@@ -121,8 +68,9 @@ class Resources(ApiModel):
     limits: dict[str, QuantityValue] = Field(default_factory=dict, max_length=MAX_MAP)
 
 
-class StudentPool(ApiModel):
-    """Where the student trains and rolls out: the Ray worker group of the RayJob."""
+class StudentPool(PodSettings):
+    """Where the student trains and rolls out: the Ray worker group of the RayJob. Its placement and pod
+    settings are the Ray head's and KubeRay's submitter's too, except where `student.head` sets its own."""
 
     workers: int = Field(default=1, ge=1, le=1024)
     """Ray worker pods; each runs one data-parallel trainer rank per GPU."""
@@ -139,10 +87,26 @@ class StudentPool(ApiModel):
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
     """Tolerations of the Ray pods (head and workers) and KubeRay's submitter pod."""
 
-    rules = (_label_keys_rule("nodeSelector", "node_selector"),)
+    rules = (*POD_SETTINGS_RULES, label_keys_rule("nodeSelector", "node_selector"))
 
 
-class TeacherPool(ApiModel):
+class StudentHead(PodSettings):
+    """The Ray head (it runs the driver) and KubeRay's submitter, which follows the head's placement. Each
+    field left unset follows the student pool; one set here wins for the head and the submitter (`{}` or
+    `[]`: none)."""
+
+    resources: Resources | None = None
+    """The head's container resources, over its defaults key by key (docs/operator.md); not the
+    submitter's."""
+    node_selector: dict[str, LabelValue] | None = Field(default=None, max_length=MAX_MAP)
+    """Node labels the head and the submitter must match (unset: the student pool's)."""
+    tolerations: list[Toleration] | None = Field(default=None, max_length=MAX_LIST)
+    """Tolerations of the head and the submitter (unset: the student pool's)."""
+
+    rules = (*POD_SETTINGS_RULES, label_keys_rule("nodeSelector", "node_selector"))
+
+
+class TeacherPool(PodSettings):
     """Where a standalone teacher's vLLM replicas run."""
 
     gpus_per_replica: int = Field(default=1, ge=0, le=16)
@@ -164,7 +128,8 @@ class TeacherPool(ApiModel):
             message="must be a multiple of tensorParallel (one vLLM replica spans gpusPerReplica GPUs)",
             field="gpusPerReplica",
         ),
-        _label_keys_rule("nodeSelector", "node_selector"),
+        *POD_SETTINGS_RULES,
+        label_keys_rule("nodeSelector", "node_selector"),
     )
 
 
@@ -320,6 +285,8 @@ class Student(ApiModel):
     optimizer: Optimizer = Field(default_factory=Optimizer)
     training: Training = Field(default_factory=Training)
     pool: StudentPool = Field(default_factory=StudentPool)
+    head: StudentHead = Field(default_factory=StudentHead)
+    """The Ray head's own resources and placement; unset fields follow `pool`."""
 
     rules = (
         _pvc_rule("model", "model"),
@@ -898,9 +865,12 @@ class DistillationJobSpec(ApiModel):
     checkpoint: the Ray pods' terminationGracePeriodSeconds (the head's preStop hook stops the driver)."""
     labels: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP)
     """Labels added to every child object (metadata.labels of the job are passed through as well)."""
+    image_pull_secrets: list[PullSecretName] = Field(default_factory=list, max_length=MAX_PULL_SECRETS)
+    """Secrets (of the job's namespace) to pull the images of every pod with, after the cluster's own
+    (the chart's `imagePullSecrets`)."""
 
     rules = (
-        _label_keys_rule("labels", "labels"),
+        label_keys_rule("labels", "labels"),
         Rule(
             check=lambda s: len({t.name for t in s.teachers}) == len(s.teachers),
             cel="self.teachers.all(t, self.teachers.exists_one(u, u.name == t.name))",

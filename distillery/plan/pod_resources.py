@@ -25,7 +25,7 @@ Defaults, by pod:
 - **CPU-only pools** (`gpus... = 0`: tests and tiny jobs): small requests (CPU_ONLY_CPU_REQUEST, memory
   CPU_ONLY_MEMORY_REQUEST) so that a small node schedules the whole job, and limits that let the process
   use what it needs (CPU_ONLY_CPU_LIMIT; memory CPU_ONLY_MEMORY_GIB plus the same weights term). Burstable.
-- **Ray head**: it runs the driver (`distillery run`: data, grading, teacher requests), GCS and the
+- **Ray head** (`student.head.resources` wins key by key, as a pool's does): it runs the driver (`distillery run`: data, grading, teacher requests), GCS and the
   dashboard, no GPU work: HEAD_CPU and HEAD_MEMORY_GIB, requests equal to limits. In a CPU-only job the
   runtime's actors reserve no Ray CPUs (`distillery_runtime.workers.actor_options`), so Ray may place them
   on the head: its memory is then the CPU-only worker's.
@@ -68,6 +68,7 @@ HEAD_MEMORY_GIB = 8
 SUBMITTER_REQUESTS = {"cpu": "100m", "memory": "200Mi"}
 SUBMITTER_LIMITS = {"cpu": "1", "memory": "1Gi"}
 SHM_FRACTION = 0.5
+HEAD_OWNER = "student.head.resources"
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ def _container(
     reason: str,
     *,
     shared_memory: bool = True,
+    owner: str = "the pool's resources",
 ) -> ContainerResources:
     """The user's resources over the defaults (the module's rules), plus the GPUs, which only the pool's
     GPU count sets."""
@@ -147,7 +149,7 @@ def _container(
     if gpus > 0:
         requests[gpu_resource] = limits[gpu_resource] = str(gpus)
     if user_requests or user_limits:
-        reason = f"{reason}; the pool's resources override it key by key"
+        reason = f"{reason}; {owner} override it key by key"
     return ContainerResources(requests, limits, _shm(limits) if shared_memory else None, reason)
 
 
@@ -167,6 +169,7 @@ def _cpu_only_pod(weights_gib: float | None) -> tuple[dict[str, str], dict[str, 
 def pod_resources(spec: DistillationJobSpec) -> PodResources:
     """The resources of every pod kind of a job (the module's rules)."""
     pool = spec.student.pool
+    head_resources = spec.student.head.resources
     student_weights = _weights_gib(spec.student.model, 4)
     if pool.gpus_per_worker > 0:
         values, why = _gpu_pod(pool.gpus_per_worker, student_weights)
@@ -179,13 +182,27 @@ def pod_resources(spec: DistillationJobSpec) -> PodResources:
             )
         worker = _container(values, values, pool.resources, pool.gpus_per_worker, pool.gpu_resource, why)
         head_values = {"cpu": HEAD_CPU, "memory": _gib(HEAD_MEMORY_GIB)}
-        head = _container(head_values, head_values, None, 0, pool.gpu_resource, "the head's fixed default")
+        head = _container(
+            head_values,
+            head_values,
+            head_resources,
+            0,
+            pool.gpu_resource,
+            "the head's fixed default",
+            owner=HEAD_OWNER,
+        )
     else:
         requests, limits, why = _cpu_only_pod(student_weights)
         worker = _container(requests, limits, pool.resources, 0, pool.gpu_resource, why)
         # Ray may place the zero-CPU actors of a CPU-only job on the head: it gets the workers' memory.
         head = _container(
-            requests, limits, None, 0, pool.gpu_resource, f"{why}; the head may host the actors"
+            requests,
+            limits,
+            head_resources,
+            0,
+            pool.gpu_resource,
+            f"{why}; the head may host the actors",
+            owner=HEAD_OWNER,
         )
     submitter = _container(
         SUBMITTER_REQUESTS,

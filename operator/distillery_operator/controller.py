@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import datetime
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,16 @@ from distillery_operator.workqueue import Backoff, WorkQueue
 log = logging.getLogger("distillery.operator")
 
 
+PULL_SECRETS_ENV = "DISTILLERY_IMAGE_PULL_SECRETS"
+"""The chart's `imagePullSecrets`, comma-separated names: the one place the operator learns them."""
+
+
+def cluster_pull_secrets(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The cluster's image pull secrets, from PULL_SECRETS_ENV (the chart sets it from its values)."""
+    value = (os.environ if environ is None else environ).get(PULL_SECRETS_ENV, "")
+    return tuple(name.strip() for name in value.split(",") if name.strip())
+
+
 @dataclass
 class ControllerSettings:
     workers: int = 4
@@ -47,6 +58,8 @@ class ControllerSettings:
     backoff_cap: float = 60.0
     create_grace_seconds: float = 30.0
     """A child created this recently and not yet seen by the watch is not created again."""
+    image_pull_secrets: tuple[str, ...] = field(default_factory=cluster_pull_secrets)
+    """Secrets every pod the operator makes is given to pull its image with, before the job's own."""
     conflict_grace_seconds: float = 2.0
     """A create answered 409 (the name is taken) is tried again this much later; a 409 again, with the watch
     still not showing the object as the job's, is an error shown in the status (someone else's object)."""
@@ -252,7 +265,7 @@ class Controller:
         children = list(self.children_of(key))
         observed = assemble(children, self.prober.health(key), self.scheduling.unscheduled(key))
         now = now_iso()
-        decision = decide(body, observed, now)
+        decision = decide(body, observed, now, image_pull_secrets=self.settings.image_pull_secrets)
         read_error: tuple[str, ApiError] | None = None
         if decision.read_claims:
             # The trainer is about to be made: the claims its pods (and the teachers') mount are read
@@ -264,7 +277,7 @@ class Controller:
                 read_error = (f"get PersistentVolumeClaim {', '.join(decision.read_claims)}", exc)
                 decision.actions, decision.held = [], True
             else:
-                decision = decide(body, observed, now)
+                decision = decide(body, observed, now, image_pull_secrets=self.settings.image_pull_secrets)
         if not decision.held:
             # The trainer's identity first: KubeRay's pods need their ServiceAccount when they are made.
             decision.actions[:0] = identity_actions(body, children, terminal=decision.finished)

@@ -143,7 +143,9 @@ def own_children(observed: Observed, uid: str | None) -> tuple[Observed, list[st
     return own, foreign
 
 
-def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
+def decide(
+    body: Mapping[str, Any], observed: Observed, now: str, *, image_pull_secrets: tuple[str, ...] = ()
+) -> Decision:
     meta = job_metadata(body)
     previous: Mapping[str, Any] = body.get("status") or {}
     current, problems = parse_current(body)
@@ -195,7 +197,10 @@ def decide(body: Mapping[str, Any], observed: Observed, now: str) -> Decision:
             outages=outages,
         )
         ctx = RenderContext(
-            namespace=meta.namespace or "", owner_uid=meta.uid, teachers_scaled_to_zero=scaled_to_zero
+            namespace=meta.namespace or "",
+            owner_uid=meta.uid,
+            teachers_scaled_to_zero=scaled_to_zero,
+            image_pull_secrets=image_pull_secrets,
         )
         blocked = set(foreign)
         actions = plan_actions(job, render_job(job, ctx), observed, blocked, terminal is not None)

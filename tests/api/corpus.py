@@ -449,6 +449,145 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.student.pool.nodeSelector",
         AGREE,
     ),
+    # Pod settings (issue 26): names and paths the operator uses are refused, mounts name a volume.
+    *(
+        (f"{where}-{cid}", {path: {key: value}}, f"{path}.{field}", AGREE)
+        for where, path in (
+            ("pool", "spec.student.pool"),
+            ("head", "spec.student.head"),
+            ("teacher-pool", "spec.teachers[0].pool"),
+        )
+        for cid, key, value, field in (
+            ("env-operators-name", "env", [{"name": "DISTILLERY_CONFIG", "value": "x"}], "env[0].name"),
+            ("env-bad-name", "env", [{"name": "1X", "value": "x"}], "env[0].name"),
+            (
+                "env-value-and-value-from",
+                "env",
+                [{"name": "A", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                "env[0].valueFrom",
+            ),
+            ("env-two-sources", "env", [{"name": "A", "valueFrom": {}}], "env[0].valueFrom"),
+            ("env-duplicate", "env", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}], "env"),
+            (
+                "volume-operators-name",
+                "volumes",
+                [{"name": "checkpoints", "emptyDir": {}}],
+                "volumes[0].name",
+            ),
+            ("volume-claim-prefix", "volumes", [{"name": "pvc-data", "emptyDir": {}}], "volumes[0].name"),
+            ("volume-no-source", "volumes", [{"name": "a"}], "volumes[0]"),
+            (
+                "volume-two-sources",
+                "volumes",
+                [{"name": "a", "emptyDir": {}, "persistentVolumeClaim": {"claimName": "c"}}],
+                "volumes[0]",
+            ),
+            ("volume-hostpath", "volumes", [{"name": "a", "hostPath": {"path": "/"}}], "volumes[0].hostPath"),
+            ("mount-undeclared", "volumeMounts", [{"name": "a", "mountPath": "/a"}], "volumeMounts"),
+            ("pod-labels-operators", "podLabels", {"distillery.io/job": "x"}, "podLabels"),
+            ("pod-labels-kueue", "podLabels", {"kueue.x-k8s.io/queue-name": "q"}, "podLabels"),
+            ("pod-labels-bad-key", "podLabels", {"-team": "x"}, "podLabels"),
+            ("pod-annotations-bad-key", "podAnnotations", {"a b": "x"}, "podAnnotations"),
+            ("priority-class-uppercase", "priorityClassName", "High", "priorityClassName"),
+            (
+                "affinity-operator-unknown",
+                "affinity",
+                {
+                    "nodeAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {
+                                "weight": 1,
+                                "preference": {"matchExpressions": [{"key": "a", "operator": "Near"}]},
+                            }
+                        ]
+                    }
+                },
+                "affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].preference"
+                ".matchExpressions[0].operator",
+            ),
+            (
+                "affinity-weight-zero",
+                "affinity",
+                {
+                    "podAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {"weight": 0, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}
+                        ]
+                    }
+                },
+                "affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight",
+            ),
+            ("affinity-misspelt", "affinity", {"nodeAfinity": {}}, "affinity.nodeAfinity"),
+            (
+                "spread-unsatisfiable-unknown",
+                "topologySpreadConstraints",
+                [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "Maybe"}],
+                "topologySpreadConstraints[0].whenUnsatisfiable",
+            ),
+            (
+                "spread-skew-zero",
+                "topologySpreadConstraints",
+                [{"maxSkew": 0, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}],
+                "topologySpreadConstraints[0].maxSkew",
+            ),
+        )
+    ),
+    (
+        "mount-operators-path",
+        {
+            "spec.student.pool": {
+                "volumes": [{"name": "a", "emptyDir": {}}],
+                "volumeMounts": [{"name": "a", "mountPath": "/dev/shm"}],
+            }
+        },
+        "spec.student.pool.volumeMounts[0].mountPath",
+        AGREE,
+    ),
+    (
+        "mount-relative-path",
+        {
+            "spec.student.pool": {
+                "volumes": [{"name": "a", "emptyDir": {}}],
+                "volumeMounts": [{"name": "a", "mountPath": "cache"}],
+            }
+        },
+        "spec.student.pool.volumeMounts[0].mountPath",
+        AGREE,
+    ),
+    (
+        # A mount names a volume of its own section: the head's mounts do not see the pool's volumes.
+        "head-mount-of-a-pool-volume",
+        {
+            "spec.student.pool": {"volumes": [{"name": "a", "emptyDir": {}}]},
+            "spec.student.head": {"volumeMounts": [{"name": "a", "mountPath": "/a"}]},
+        },
+        "spec.student.head.volumeMounts",
+        AGREE,
+    ),
+    (
+        "head-node-selector-bad-key",
+        {"spec.student.head": {"nodeSelector": {"-gpu": "x"}}},
+        "spec.student.head.nodeSelector",
+        AGREE,
+    ),
+    (
+        "head-resources-not-a-map",
+        {"spec.student.head": {"resources": {"requests": "2"}}},
+        "spec.student.head.resources.requests",
+        AGREE,
+    ),
+    (
+        "image-pull-secret-bad-name",
+        {"spec.imagePullSecrets": ["Team_Registry"]},
+        "spec.imagePullSecrets[0]",
+        AGREE,
+    ),
+    (
+        "image-pull-secrets-objects",
+        {"spec.imagePullSecrets": [{"name": "regcred"}]},
+        "spec.imagePullSecrets[0]",
+        AGREE,
+    ),
     ("unknown-spec-field", {"spec.studnet": {"model": "x"}}, "spec.studnet", AGREE),
     ("unknown-loss-field", {"spec.loss.topk": 8}, "spec.loss.topk", AGREE),
     ("unknown-teacher-field", {"spec.teachers[1].endpont": "http://x"}, "spec.teachers[1].endpont", AGREE),
@@ -538,6 +677,84 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
 ]
 
 ACCEPTED: list[tuple[str, dict[str, Any]]] = [
+    # Pod settings (issue 26): each section with all of them, and the head's own placement.
+    *(
+        (
+            f"pod-settings-{where}",
+            {
+                path: {
+                    "priorityClassName": "training-high",
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {
+                                        "matchExpressions": [
+                                            {"key": "gpu", "operator": "In", "values": ["h100"]}
+                                        ]
+                                    }
+                                ]
+                            }
+                        },
+                        "podAntiAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "weight": 100,
+                                    "podAffinityTerm": {
+                                        "labelSelector": {
+                                            "matchLabels": {"app.kubernetes.io/name": "distillery"}
+                                        },
+                                        "topologyKey": "kubernetes.io/hostname",
+                                    },
+                                }
+                            ]
+                        },
+                    },
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "topology.kubernetes.io/zone",
+                            "whenUnsatisfiable": "ScheduleAnyway",
+                        }
+                    ],
+                    "podLabels": {"team": "ml", "example.com/cost-center": "c42"},
+                    "podAnnotations": {"sidecar.istio.io/inject": "false"},
+                    "env": [
+                        {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+                        {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+                        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                    ],
+                    "volumes": [
+                        {"name": "cache", "emptyDir": {"sizeLimit": "10Gi"}},
+                        {"name": "certs", "secret": {"secretName": "ca", "defaultMode": 292}},
+                        {"name": "store", "csi": {"driver": "secrets-store.csi.k8s.io", "readOnly": True}},
+                    ],
+                    "volumeMounts": [
+                        {"name": "cache", "mountPath": "/cache"},
+                        {"name": "certs", "mountPath": "/etc/ssl/site", "readOnly": True},
+                        {"name": "store", "mountPath": "/mnt/secrets"},
+                    ],
+                }
+            },
+        )
+        for where, path in (
+            ("pool", "spec.student.pool"),
+            ("head", "spec.student.head"),
+            ("teacher-pool", "spec.teachers[0].pool"),
+        )
+    ),
+    (
+        "head-placement-of-its-own",
+        {
+            "spec.student.pool": {"nodeSelector": {"gpu": "h100"}},
+            "spec.student.head": {
+                "nodeSelector": {},
+                "tolerations": [],
+                "resources": {"requests": {"cpu": "2"}},
+            },
+        },
+    ),
+    ("image-pull-secrets", {"spec.imagePullSecrets": ["regcred", "team.registry"]}),
     ("retries-with-checkpoint-claim", {"spec.backoffLimit": 2, "spec.checkpoint": {"pvc": "ckpt"}}),
     # The operator's claim (issue 25): retries resume from it, and its settings next to their edges.
     ("retries-with-the-operators-claim", {"spec.backoffLimit": 2}),
@@ -691,13 +908,33 @@ def _string(node: dict[str, Any], length: int) -> str | None:
     return None
 
 
+# Objects whose minimal value must hold more than their required fields to pass their rules: a volume
+# has exactly one source, an env source exactly one reference.
+_MINIMAL_OBJECTS = {
+    ("name", "emptyDir", "configMap", "secret"): {"name": "x", "emptyDir": {}},
+    ("secretKeyRef", "configMapKeyRef", "fieldRef"): {"fieldRef": {"fieldPath": "metadata.name"}},
+}
+
+
 def _minimal(node: dict[str, Any]) -> Any:
     """The smallest valid value of a node (required fields only): used for parents a case creates."""
     kind = node.get("type")
     if kind == "object":
-        return {name: _minimal(node["properties"][name]) for name in node.get("required", [])}
+        properties = node.get("properties", {})
+        for keys, value in _MINIMAL_OBJECTS.items():
+            if set(keys) <= set(properties):
+                return copy.deepcopy(value)
+        return {name: _minimal(properties[name]) for name in node.get("required", [])}
     if kind == "array":
         return []
+    if kind in ("integer", "number"):
+        return node.get("minimum", 1)
+    if kind == "boolean":
+        return False
+    for length in range(max(1, node.get("minLength", 1)), 16):
+        value = _string(node, length)
+        if value is not None:
+            return value
     return "x"
 
 
@@ -731,13 +968,51 @@ def _items(path: str, node: dict[str, Any], count: int) -> list[Any]:
         return [f"v{i}" for i in range(count)]
     if item.get("type") == "number":
         return [0.5] * count
-    return [_minimal(item) for _ in range(count)]
+    items = [_minimal(item) for _ in range(count)]
+    # Items with a name or a mount path must differ in it (uniqueness rules).
+    for i, each in enumerate(items):
+        if isinstance(each, dict) and "name" in each and "mountPath" not in each:
+            each["name"] = f"x{i}"
+        if isinstance(each, dict) and "mountPath" in each:
+            each["mountPath"] = f"/m{i}"
+    return items
 
 
 def _entries(node: dict[str, Any], count: int) -> dict[str, Any]:
     # A map of untyped values (x-kubernetes-preserve-unknown-fields, no additionalProperties) takes strings.
     value: Any = 1 if node.get("additionalProperties", {}).get("x-kubernetes-int-or-string") else "v"
     return {f"k{i}": value for i in range(count)}
+
+
+_ONE_OF = (
+    {"emptyDir", "configMap", "secret", "persistentVolumeClaim", "csi"},
+    {"secretKeyRef", "configMapKeyRef", "fieldRef"},
+)
+"""Fields of which an object holds exactly one (a volume's source, an env variable's reference)."""
+
+
+def _keep_one_of(doc: dict[str, Any], path: str) -> None:
+    """Along `path`, an object that holds one of a `_ONE_OF` set keeps only the member the path goes through."""
+    node: Any = doc
+    parts = split_path(path)
+    for part, following in zip(parts, [*parts[1:], None], strict=True):
+        node = node[part]
+        if isinstance(node, dict):
+            for members in _ONE_OF:
+                if following in members:
+                    for other in members - {following}:
+                        node.pop(other, None)
+
+
+def _declare_mounted_volumes(doc: dict[str, Any], path: str) -> None:
+    """A mount names a volume of its section (a rule): a case that makes mounts declares the volumes."""
+    if ".volumeMounts" not in path:
+        return
+    section: Any = doc
+    for part in split_path(path.split(".volumeMounts")[0]):
+        section = section[part]
+    names = {m.get("name") for m in section.get("volumeMounts") or [] if isinstance(m, dict)}
+    section["volumes"] = [{"name": n, "emptyDir": {}} for n in sorted(n for n in names if isinstance(n, str))]
 
 
 def boundary_cases() -> list[tuple[str, dict[str, Any], str | None]]:
@@ -755,6 +1030,8 @@ def boundary_cases() -> list[tuple[str, dict[str, Any], str | None]]:
             _place(doc, schema, path, value)
             if path in _SIBLINGS:
                 set_path(doc, *_SIBLINGS[path])
+            _keep_one_of(doc, path)
+            _declare_mounted_volumes(doc, path)
             cases.append((f"{name}-{label}:{path}", doc, field))
 
     for schema_path, node in _schema_nodes(schema):

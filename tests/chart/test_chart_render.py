@@ -18,6 +18,7 @@ import yaml
 from chart.helm_chart import CHART, NAMESPACE, ROOT, SCENARIOS, by_kind, render, render_objects
 from cloudcoil.models.prometheus_operator import v1 as monitoring
 from distillery_cli.main import build_parser
+from distillery_operator.controller import PULL_SECRETS_ENV, cluster_pull_secrets
 
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ("1.25", "1.37")
@@ -386,3 +387,18 @@ def test_dashboard_layout_and_data_source(file: str) -> None:
         assert refs and len(set(refs)) == len(refs)
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_operator_is_given_the_charts_pull_secrets(scenario: str) -> None:
+    """The chart's `imagePullSecrets` pull the operator's image and, through the one variable the operator
+    reads (`controller.cluster_pull_secrets`), every pod it makes."""
+    (deployment,) = by_kind(render_objects(SCENARIOS[scenario]), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0].get("env", [])}
+    names = [s["name"] for s in SCENARIOS[scenario].get("imagePullSecrets", [])]
+    assert [s["name"] for s in pod.get("imagePullSecrets", [])] == names
+    if names:
+        assert cluster_pull_secrets(env) == tuple(names)
+    else:
+        assert PULL_SECRETS_ENV not in env

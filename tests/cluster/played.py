@@ -127,7 +127,11 @@ class PlayedKubeRay:
         self._status(name, {"jobDeploymentStatus": "Suspended", **reset})
 
 
-NODE_CAPACITY = {"cpu": "256", "memory": "2Ti", "pods": "110", "nvidia.com/gpu": "64"}
+NODE_CAPACITY = {
+    "cpu": "256", "memory": "2Ti", "ephemeral-storage": "4Ti", "pods": "110", "nvidia.com/gpu": "64",
+}  # fmt: skip
+"""What a GPU node reports; a real kubelet always reports `ephemeral-storage` (its disk), which pods with a
+model cache request."""
 
 
 class PlayedKubelet:

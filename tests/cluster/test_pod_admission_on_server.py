@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from distillery_operator.render import RenderContext, pod_templates, render_job
 from harness import Installation, temporary_namespace, wait_until, yaml_stream
+from support.pod_settings import job_with_settings
 
 from distillery.api import DistillationJob
 from distillery.validation import load_jobs
@@ -78,12 +80,12 @@ def restricted(installation: Installation) -> Iterator[str]:
         yield name
 
 
-def as_pods(job: DistillationJob, namespace: str) -> list[dict[str, Any]]:
+def as_pods(job: DistillationJob, namespace: str, ctx: RenderContext | None = None) -> list[dict[str, Any]]:
     """Each pod template of the job's rendered objects as a Pod of its own name."""
     pods = []
-    for where, template in pod_templates(render_job(job, RenderContext(namespace=namespace))):
+    for where, template in pod_templates(render_job(job, ctx or RenderContext(namespace=namespace))):
         name = re.sub(r"[^a-z0-9-]+", "-", where.lower()).strip("-")[:63].rstrip("-")
-        metadata = {"name": name, "namespace": namespace, "labels": template["metadata"]["labels"]}
+        metadata = {"name": name, "namespace": namespace, **template["metadata"]}
         pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]})
     return pods
 
@@ -139,3 +141,51 @@ def test_a_pod_without_a_security_context_or_resources_is_refused(
     # The same pod as rendered is admitted: the refusals above are the removed fields' doing.
     code, out, err = dry_run(installation, [pod])
     assert code == 0 and out.strip() == f"pod/{pod['metadata']['name']}", err
+
+
+@pytest.fixture
+def priority_class(installation: Installation) -> Iterator[str]:
+    """A PriorityClass (cluster-scoped) of the test's own: the Priority admission plugin refuses a pod that
+    names one that does not exist."""
+    name = f"distillery-test-{uuid.uuid4().hex[:8]}"
+    installation.admin("create", "priorityclass", name, "--value=1000")
+    try:
+        yield name
+    finally:
+        installation.admin("delete", "priorityclass", name, "--wait=false", check=False)
+
+
+def test_pods_with_every_pod_setting_are_admitted(
+    installation: Installation, restricted: str, priority_class: str
+) -> None:
+    """Issue 26: affinity, spread constraints, a priority class, pod labels and annotations, env from a
+    Secret, a ConfigMap and a field, the user's volumes and mounts, and image pull secrets (the cluster's
+    and the job's) on every pod kind, still admitted under `restricted` and the quota; the priority the
+    server resolved from the class shows that the field reached it."""
+    job = DistillationJob.model_validate(job_with_settings(priority_class))
+    ctx = RenderContext(namespace=restricted, image_pull_secrets=("cluster-registry",))
+    pods = as_pods(job, restricted, ctx)
+    assert {p["metadata"]["name"].rsplit("-", 1)[-1] for p in pods} >= {"head", "student", "submitter", "pod"}
+    ensure_service_accounts(installation, restricted, pods)
+    items = []
+    for pod in pods:  # one at a time: kubectl writes several objects as concatenated JSON documents
+        result = installation.admin(
+            "create", "--dry-run=server", "-o", "json", "-f", "-", input=yaml_stream([pod]), check=False
+        )
+        assert result.returncode == 0, result.stderr
+        items.append(json.loads(result.stdout))
+    for pod in items:
+        spec = pod["spec"]
+        assert spec["priorityClassName"] == priority_class and spec["priority"] == 1000, pod["metadata"][
+            "name"
+        ]
+        assert spec["imagePullSecrets"][0] == {"name": "cluster-registry"}
+        assert spec["affinity"]["nodeAffinity"] and spec["topologySpreadConstraints"]
+        assert pod["metadata"]["labels"]["team"] == "ml"
+        assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+
+    # The same pods naming a priority class that does not exist are refused: the field is checked.
+    missing = json.loads(json.dumps(pods[:1]))
+    missing[0]["spec"]["priorityClassName"] = "no-such-class"
+    code, _, err = dry_run(installation, missing)
+    assert code != 0 and "no-such-class" in err, err

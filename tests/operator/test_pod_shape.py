@@ -14,7 +14,6 @@ from distillery_operator.drift import differences
 from distillery_operator.render import (
     HEAD_START_PARAMS,
     RUNTIME_UID,
-    PodPlacement,
     RenderContext,
     pod_templates,
     render_job,
@@ -23,6 +22,7 @@ from distillery_operator.render import (
 
 from distillery.api import DistillationJob
 from distillery.plan.pod_resources import ContainerResources, pod_resources
+from distillery.plan.pod_scheduling import PodScheduling
 from distillery.plan.quantity import canonical_memory, memory_bytes
 from distillery.validation import load_jobs
 
@@ -131,7 +131,7 @@ def test_the_builder_refuses_a_pod_it_cannot_size() -> None:
     resources = ContainerResources({"cpu": "1", "memory": "1Gi"}, {"cpu": "1", "memory": "1Gi"}, "512Mi", "")
     pod = {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "x"}]}
     with pytest.raises(ValueError, match="one container"):
-        shape_pod(pod, resources, PodPlacement({}, []))
+        shape_pod(pod, resources, PodScheduling())
 
 
 def test_memory_quantities_parse() -> None:

@@ -37,9 +37,10 @@ from distillery_operator.render.job import (
 )
 from distillery_operator.render.pod_shape import (
     RUNTIME_UID,
-    PodPlacement,
     container_security_context,
+    pod_metadata,
     pod_security_context,
+    pod_template,
     shape_pod,
 )
 from distillery_operator.render.rayjob import (
@@ -61,7 +62,7 @@ from distillery_operator.render.teacher import (
     render_teacher_service,
     teacher_command,
     teacher_labels,
-    teacher_pod_spec,
+    teacher_pod_template,
     teacher_selector,
 )
 
@@ -79,11 +80,12 @@ __all__ = [
     "RUNTIME_UID",
     "STARTUP_PERIOD_SECONDS",
     "TEACHER_MODULE",
-    "PodPlacement",
     "RenderContext",
     "container_security_context",
     "owner_reference",
+    "pod_metadata",
     "pod_security_context",
+    "pod_template",
     "pod_templates",
     "prestop_command",
     "queued_by_kueue",
@@ -102,7 +104,7 @@ __all__ = [
     "submitter_pod_template",
     "teacher_command",
     "teacher_labels",
-    "teacher_pod_spec",
+    "teacher_pod_template",
     "teacher_selector",
     "trainer_hf_token",
     "trainer_identity_rules",

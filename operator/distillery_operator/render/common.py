@@ -29,6 +29,9 @@ class RenderContext:
     """The job's uid; None (as in `distillery render`) leaves owner references out."""
     teachers_scaled_to_zero: bool = False
     """Suspended or finished jobs keep their teacher Deployments at zero replicas (no GPUs held)."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """The cluster's pull secrets (the chart's `imagePullSecrets`, given to the operator by
+    `DISTILLERY_IMAGE_PULL_SECRETS`): every pod gets them, before the job's own."""
 
 
 def queued_by_kueue(job: DistillationJob) -> bool:

@@ -11,34 +11,42 @@ gets them by calling it and cannot forget one. What it applies:
   makes the claims the pods write (checkpoints) group-writable by that user; `OnRootMismatch` skips the
   recursive ownership change when the volume's root already has the right owner, so a large model claim
   is not walked file by file at every start.
-- **placement**: node selector and tolerations (the pool's).
+- **scheduling** (`distillery.plan.pod_scheduling`, which decides it for each pod kind): node selector,
+  tolerations, affinity, topology spread constraints, priority class and image pull secrets; the user's
+  pod labels and annotations on the template's metadata (the operator's labels win, and the spec refuses
+  keys under its prefixes anyway); the user's env, volumes and mounts after the operator's (the spec
+  refuses names and paths the operator uses, so neither shadows the other).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from distillery.api.spec import StudentPool, TeacherPool, Toleration
+from distillery.api.base import ApiModel
 from distillery.plan.pod_resources import ContainerResources
+from distillery.plan.pod_scheduling import PodScheduling
 
 RUNTIME_UID = 1000
 """The user and group of the runtime image (`docker/runtime.Dockerfile`: `USER 1000:1000`)."""
 SHM_VOLUME = "dshm"
 
 
-@dataclass(frozen=True)
-class PodPlacement:
-    """Where a pod may run."""
+def _written(model: ApiModel) -> Any:
+    """A user's object as the pod gets it: without the empty lists and maps its defaults fill in (the API
+    server drops them, and a rendered spec is the same whether the job came from the user or from the
+    applied ConfigMap, where every default is written out), but with `emptyDir: {}`, whose emptiness is
+    the value."""
 
-    node_selector: Mapping[str, str]
-    tolerations: Sequence[Toleration]
+    def compact(value: Any, key: str = "") -> Any:
+        if isinstance(value, dict):
+            kept = {k: compact(v, k) for k, v in value.items()}
+            return {k: v for k, v in kept.items() if v not in ([], {}) or k == "emptyDir"}
+        if isinstance(value, list):
+            return [compact(v) for v in value]
+        return value
 
-    @classmethod
-    def of(cls, pool: StudentPool | TeacherPool) -> PodPlacement:
-        """A pool's placement (the head and the submitter take the student pool's)."""
-        return cls(pool.node_selector, pool.tolerations)
+    return compact(model.to_yaml_dict())
 
 
 def pod_security_context() -> dict[str, Any]:
@@ -64,9 +72,9 @@ def container_security_context() -> dict[str, Any]:
 def shape_pod(
     pod: dict[str, Any],
     resources: ContainerResources,
-    placement: PodPlacement,
+    scheduling: PodScheduling,
 ) -> dict[str, Any]:
-    """`pod` (a pod spec with one container) with its resources, security and placement applied, and a
+    """`pod` (a pod spec with one container) with its resources, security and scheduling applied, and a
     memory-backed `/dev/shm` where the plan sizes one (vLLM, NCCL and Ray's object store use it; the
     container runtime's default is 64 MiB). Returns the same dict, changed."""
     containers = pod["containers"]
@@ -81,8 +89,38 @@ def shape_pod(
         container.setdefault("volumeMounts", []).insert(0, {"name": SHM_VOLUME, "mountPath": "/dev/shm"})
         shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": resources.shm_size}}
         pod.setdefault("volumes", []).insert(0, shm)
-    if placement.node_selector:
-        pod["nodeSelector"] = dict(placement.node_selector)
-    if placement.tolerations:
-        pod["tolerations"] = [t.to_yaml_dict() for t in placement.tolerations]
+    if scheduling.env:
+        container.setdefault("env", []).extend(_written(e) for e in scheduling.env)
+    if scheduling.volume_mounts:
+        container.setdefault("volumeMounts", []).extend(_written(m) for m in scheduling.volume_mounts)
+    if scheduling.volumes:
+        pod.setdefault("volumes", []).extend(_written(v) for v in scheduling.volumes)
+    if scheduling.node_selector:
+        pod["nodeSelector"] = dict(scheduling.node_selector)
+    if scheduling.tolerations:
+        pod["tolerations"] = [t.to_yaml_dict() for t in scheduling.tolerations]
+    if scheduling.affinity is not None:
+        pod["affinity"] = _written(scheduling.affinity)
+    if scheduling.topology_spread_constraints:
+        pod["topologySpreadConstraints"] = [_written(c) for c in scheduling.topology_spread_constraints]
+    if scheduling.priority_class_name:
+        pod["priorityClassName"] = scheduling.priority_class_name
+    if scheduling.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": name} for name in scheduling.image_pull_secrets]
     return pod
+
+
+def pod_metadata(labels: Mapping[str, str], scheduling: PodScheduling) -> dict[str, Any]:
+    """A pod template's metadata: the user's pod labels under the operator's `labels` (which win), and the
+    user's pod annotations."""
+    metadata: dict[str, Any] = {"labels": {**scheduling.pod_labels, **labels}}
+    if scheduling.pod_annotations:
+        metadata["annotations"] = dict(scheduling.pod_annotations)
+    return metadata
+
+
+def pod_template(
+    labels: Mapping[str, str], pod: dict[str, Any], resources: ContainerResources, scheduling: PodScheduling
+) -> dict[str, Any]:
+    """A pod template (metadata and spec) of `pod` shaped by `shape_pod`: what every renderer returns."""
+    return {"metadata": pod_metadata(labels, scheduling), "spec": shape_pod(pod, resources, scheduling)}

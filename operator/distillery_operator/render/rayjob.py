@@ -15,6 +15,7 @@ from distillery.api import DistillationJob, Placement
 from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.plan.model_cache import TRAINER, model_cache
 from distillery.plan.pod_resources import ContainerResources, pod_resources
+from distillery.plan.pod_scheduling import PodScheduling, pod_scheduling
 from distillery.runtime_config import CONFIG_KEY, CONFIG_MOUNT_DIR, RUNTIME_METRICS_PORT
 from distillery_operator import naming
 from distillery_operator.render.common import (
@@ -29,7 +30,7 @@ from distillery_operator.render.common import (
     user_labels,
 )
 from distillery_operator.render.identity import trainer_service_account
-from distillery_operator.render.pod_shape import PodPlacement, shape_pod
+from distillery_operator.render.pod_shape import pod_template
 
 RAYJOB_API_VERSION = "ray.io/v1"
 ENTRYPOINT = f"distillery run {CONFIG_MOUNT_DIR}/{CONFIG_KEY}"
@@ -62,7 +63,12 @@ def prestop_command(job: DistillationJob) -> list[str]:
 
 
 def _ray_pod_template(
-    job: DistillationJob, container_name: str, resources: ContainerResources, *, worker: bool
+    job: DistillationJob,
+    container_name: str,
+    resources: ContainerResources,
+    scheduling: PodScheduling,
+    *,
+    worker: bool,
 ) -> dict[str, Any]:
     spec = job.spec
     mounts = [{"name": "distillery-config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True}]
@@ -121,13 +127,10 @@ def _ray_pod_template(
     }
     mount_model_cache(pod, model_cache(spec).get(TRAINER))
     labels = naming.child_labels(job.metadata.name, "trainer", user_labels(job))
-    return {
-        "metadata": {"labels": labels},
-        "spec": shape_pod(pod, resources, PodPlacement.of(job.spec.student.pool)),
-    }
+    return pod_template(labels, pod, resources, scheduling)
 
 
-def submitter_pod_template(job: DistillationJob) -> dict[str, Any]:
+def submitter_pod_template(job: DistillationJob, scheduling: PodScheduling) -> dict[str, Any]:
     """KubeRay's submitter pod (`ray job submit`, then `ray job logs --follow`), ours only for its shape:
     KubeRay fills in the container's command and environment, as it does for its default template. The
     image is the head's, as KubeRay's default is (the Ray CLI must match the cluster's version)."""
@@ -137,16 +140,14 @@ def submitter_pod_template(job: DistillationJob) -> dict[str, Any]:
     resources = pod_resources(job.spec).submitter
     # Not "trainer": selectors of the trainer pods (the chart's PodMonitor) must not pick the submitter.
     labels = naming.child_labels(job.metadata.name, "submitter", user_labels(job))
-    return {
-        "metadata": {"labels": labels},
-        "spec": shape_pod(pod, resources, PodPlacement.of(job.spec.student.pool)),
-    }
+    return pod_template(labels, pod, resources, scheduling)
 
 
 def render_rayjob(job: DistillationJob, ctx: RenderContext) -> dict[str, Any]:
     spec = job.spec
     pool = spec.student.pool
     resources = pod_resources(spec)
+    scheduling = pod_scheduling(spec, ctx.image_pull_secrets)
     labels = naming.child_labels(job.metadata.name, "trainer", user_labels(job), keep_kueue=True)
     rayjob_spec: dict[str, Any] = {
         "entrypoint": ENTRYPOINT,
@@ -156,11 +157,11 @@ def render_rayjob(job: DistillationJob, ctx: RenderContext) -> dict[str, Any]:
         # Queued jobs start suspended and Kueue unsuspends them on admission.
         "suspend": spec.suspend or queued_by_kueue(job),
         "backoffLimit": spec.backoff_limit,
-        "submitterPodTemplate": submitter_pod_template(job),
+        "submitterPodTemplate": submitter_pod_template(job, scheduling.submitter),
         "rayClusterSpec": {
             "headGroupSpec": {
                 "rayStartParams": dict(HEAD_START_PARAMS),
-                "template": _ray_pod_template(job, "ray-head", resources.head, worker=False),
+                "template": _ray_pod_template(job, "ray-head", resources.head, scheduling.head, worker=False),
             },
             "workerGroupSpecs": [
                 {
@@ -169,7 +170,9 @@ def render_rayjob(job: DistillationJob, ctx: RenderContext) -> dict[str, Any]:
                     "minReplicas": pool.workers,
                     "maxReplicas": pool.workers,
                     "rayStartParams": {},
-                    "template": _ray_pod_template(job, "ray-worker", resources.worker, worker=True),
+                    "template": _ray_pod_template(
+                        job, "ray-worker", resources.worker, scheduling.worker, worker=True
+                    ),
                 }
             ],
         },

@@ -10,6 +10,7 @@ from distillery.api import DistillationJob, Teacher
 from distillery.plan import resolve
 from distillery.plan.model_cache import model_cache
 from distillery.plan.pod_resources import pod_resources
+from distillery.plan.pod_scheduling import pod_scheduling
 from distillery.plan.vllm_env import NO_TRACKING_ENV, cpu_kv_cache_env
 from distillery.runtime_config import TEACHER_PORT
 from distillery_operator import naming
@@ -22,7 +23,7 @@ from distillery_operator.render.common import (
     stamp,
     user_labels,
 )
-from distillery_operator.render.pod_shape import PodPlacement, shape_pod
+from distillery_operator.render.pod_shape import pod_template
 
 TEACHER_MODULE = "distillery_runtime.teachers.server"
 HEALTH_PATH = "/health"
@@ -51,8 +52,8 @@ def teacher_labels(job: DistillationJob, teacher: Teacher) -> dict[str, str]:
     )
 
 
-def teacher_pod_spec(job: DistillationJob, teacher: Teacher) -> dict[str, Any]:
-    """The pod of one replica of a standalone teacher."""
+def teacher_pod_template(job: DistillationJob, teacher: Teacher, ctx: RenderContext) -> dict[str, Any]:
+    """The pod template of one replica of a standalone teacher."""
     pool = teacher.pool
     probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
     volumes, mounts = claim_volumes(pvc.claims([teacher.model]))
@@ -88,7 +89,8 @@ def teacher_pod_spec(job: DistillationJob, teacher: Teacher) -> dict[str, Any]:
     }
     mount_model_cache(pod, model_cache(job.spec).get(teacher.name))
     resources = pod_resources(job.spec).teachers[teacher.name]
-    return shape_pod(pod, resources, PodPlacement.of(pool))
+    scheduling = pod_scheduling(job.spec, ctx.image_pull_secrets).teachers[teacher.name]
+    return pod_template(teacher_labels(job, teacher), pod, resources, scheduling)
 
 
 def render_teacher_deployment(job: DistillationJob, teacher: Teacher, ctx: RenderContext) -> dict[str, Any]:
@@ -106,7 +108,7 @@ def render_teacher_deployment(job: DistillationJob, teacher: Teacher, ctx: Rende
                 # No surge: a replica holds whole GPUs, and a rollout must not need spare ones.
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
                 "progressDeadlineSeconds": max(job.spec.teacher_ready_timeout_seconds, 60),
-                "template": {"metadata": {"labels": labels}, "spec": teacher_pod_spec(job, teacher)},
+                "template": teacher_pod_template(job, teacher, ctx),
             },
         }
     )
