@@ -111,6 +111,28 @@ class Cluster:
     def rayjob(self, name: str) -> dict[str, Any]:
         return self.kuberay.rayjob(name)
 
+    def pods(self, labels: dict[str, str]) -> list[dict[str, Any]]:
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        items: list[dict[str, Any]] = json.loads(self.kubectl("get", "pods", "-l", selector, "-o", "json"))[
+            "items"
+        ]
+        return items
+
+    def evict(self, pod: str) -> int:
+        """The Eviction API's answer for `pod` (kubectl drain's request): 201 evicted, 429 a budget refused."""
+        eviction = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": self.namespace},
+        }
+        try:
+            kubernetes.client.CoreV1Api(self.client).create_namespaced_pod_eviction(
+                pod, self.namespace, eviction
+            )
+        except kubernetes.client.exceptions.ApiException as error:
+            return int(error.status)
+        return 201
+
     def events(self, name: str) -> list[dict[str, Any]]:
         out = self.kubectl("get", "events", "-o", "json", f"--field-selector=involvedObject.name={name}")
         items: list[dict[str, Any]] = json.loads(out)["items"]
@@ -351,6 +373,18 @@ def test_kueue_admits_the_job_and_the_teachers_wait_for_it(cluster: Cluster) -> 
     c.kuberay.running(rayjob)
     wait_until(lambda: c.phase(name) == "Running", what="Running")
     assert c.rayjob(rayjob)["spec"]["suspend"] is False
+
+    # A node drain evicts through the Eviction API, which honours the teacher's PodDisruptionBudget (the
+    # real disruption controller counts its healthy pods): one replica may go, the second may not until
+    # the first is back, so a drain never takes both of a teacher's replicas at once.
+    wait_until(
+        lambda: c.get("poddisruptionbudget", deployment).get("status", {}).get("disruptionsAllowed") == 1,
+        what="the budget to allow one disruption",
+    )
+    first, second = sorted(p["metadata"]["name"] for p in c.pods(teacher_labels(name, "qwen-7b")))
+    assert c.evict(first) == 201
+    assert c.evict(second) == 429  # TooManyRequests: the budget is spent
+    wait_until(lambda: ready_replicas(c, deployment) == 2, what="the evicted replica replaced and ready")
 
     # Suspending the DistillationJob does force the RayJob's suspend.
     c.patch_job(name, {"suspend": True})
