@@ -491,6 +491,16 @@ class Trainer:
             if p.grad is not None
         }
 
+    def weight_stream(self) -> Any:
+        """The weights as a checkpoint streams them (a `streamed_export.WeightStream`: gathered a tensor at
+        a time, every rank walking it), or None where the model's names need save_pretrained's conversion."""
+        from distillery_runtime.sharded_load import tied_keys
+        from distillery_runtime.streamed_export import WeightStream, streamable
+
+        if not streamable(self.model):
+            return None
+        return WeightStream(self.model.state_dict(), self._full, tied=tied_keys(self.model))
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The student's float32 weights, whole, on CPU (FSDP: a collective; every rank gets them)."""
         return {n: self._full(t.detach()).cpu() for n, t in self.model.state_dict().items()}
