@@ -223,8 +223,8 @@ def save(
         tmp.mkdir(exist_ok=staged is not None)
         export = export or ModelExport(dtype="bfloat16", tokenizer=tokenizer)
         if weights is not None:
-            kept = TORCH_DTYPES[export.dtype]
-            weights.write([Target(tmp / MASTER_DIR, None), Target(tmp / MODEL_DIR, kept)])
+            dtype = TORCH_DTYPES[export.dtype]
+            weights.write([Target(tmp / MASTER_DIR, None), Target(tmp / MODEL_DIR, dtype)])
             write_config(tmp / MASTER_DIR, model, dtype="float32")
         else:
             # A sharded (FSDP2) model saves the whole weights its ranks gathered (`state_dict`).

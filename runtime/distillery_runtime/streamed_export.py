@@ -141,7 +141,7 @@ def write_index(directory: Path, files: Sequence[Sequence[Entry]], dtype: torch.
 def _append(handle: IO[bytes], tensor: torch.Tensor) -> None:
     """A CPU tensor's bytes, written from its own memory (a uint8 view, no copy), little-endian as stored."""
     flat = tensor.contiguous().reshape(-1)
-    handle.write(memoryview(flat.view(torch.uint8).numpy()))
+    handle.write(flat.view(torch.uint8).numpy().data)
 
 
 @dataclass(frozen=True)
