@@ -20,7 +20,7 @@ import inspect
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from distillery_runtime.losses import TeacherTargets, counted_tokens, distillati
 from distillery_runtime.packing import pack_in_order
 from distillery_runtime.samples import TrainSample
 from distillery_runtime.schedule import lr_factor
+
+if TYPE_CHECKING:
+    from distillery_runtime.streamed_export import WeightStream
 
 COUNT_METRICS = frozenset(
     {"distill/tokens", "distill/teacher_pad_tokens", "distill/teacher_topk_out_of_vocab"}
@@ -491,7 +494,7 @@ class Trainer:
             if p.grad is not None
         }
 
-    def weight_stream(self) -> Any:
+    def weight_stream(self) -> WeightStream | None:
         """The weights as a checkpoint streams them (a `streamed_export.WeightStream`: gathered a tensor at
         a time, every rank walking it), or None where the model's names need save_pretrained's conversion."""
         from distillery_runtime.sharded_load import tied_keys
