@@ -46,6 +46,10 @@ class TrainerSettings:
     sharded_checkpoint: bool = False
     """Each rank saves its own shards of the optimizer state (torch.distributed.checkpoint, resumable onto
     another number of ranks) instead of rank 0 gathering the whole state into trainer.pt."""
+    streamed_export: bool = False
+    """Write a checkpoint's master/ and model/ weights a tensor at a time, gathered from the shards and
+    appended to safetensors shard files by rank 0 (`distillery_runtime.streamed_export`): no rank holds the
+    whole state dict. False: every rank gathers the whole float32 state dict, rank 0 save_pretrained's it."""
 
 
 def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSettings:
@@ -72,6 +76,8 @@ def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSett
         sharded_load=sharded_state(features.sharding, trainer_world_size(spec)),
         sharded_checkpoint=sharded_state(features.sharding, trainer_world_size(spec))
         and checkpoint_root_shared(spec),
+        # Every layout: a replicated or single rank also writes without a whole cast copy of the model.
+        streamed_export=True,
     )
 
 

@@ -5,7 +5,9 @@ Layout of one checkpoint, `<root>/step-00000012/`:
                     config, the tokenizer the job used and generation_config.json; `vllm serve` and
                     `from_pretrained` load it as is
   master/           the trainer's exact float32 weights (safetensors + config + the tokenizer the engines
-                    loaded): what a resume loads, so it continues bit for bit whatever model/'s dtype
+                    loaded): what a resume loads, so it continues bit for bit whatever model/'s dtype.
+                    Both folders' weights are streamed from the ranks' shards a tensor at a time
+                    (`streamed_export.py`), in files of at most 4 GiB of float32 with transformers' index
   trainer.pt        optimizer, LR scheduler and RNG states (torch, numpy, python)
   optimizer/        FSDP2 over several ranks: the optimizer state instead, each rank's shards written by
                     that rank with torch.distributed.checkpoint (nothing gathered; a resume onto another
@@ -39,7 +41,8 @@ import orjson
 import torch
 
 from distillery.plan.checkpoint_storage import STATE_BYTES_PER_PARAMETER
-from distillery_runtime.export import ModelExport, edit_config, write_model
+from distillery_runtime.export import TORCH_DTYPES, ModelExport, edit_config, write_config, write_model
+from distillery_runtime.streamed_export import Target, WeightStream
 
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
 MARKER = "COMPLETE"
@@ -201,12 +204,15 @@ def save(
     state_dict: dict[str, Any] | None = None,
     export: ModelExport | None = None,
     staged: Path | None = None,
+    weights: WeightStream | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically, then delete all but the newest `keep` complete ones.
 
     `tokenizer` is the one the trainer and engines loaded (kept in master/ for a resume); `export` says how
     model/ is written (default: bfloat16 with that same tokenizer). `staged`: the `staging_dir` the ranks
-    already wrote their optimizer shards into (completed here, or removed on failure)."""
+    already wrote their optimizer shards into (completed here, or removed on failure). The weights: streamed
+    tensor by tensor into master/ and model/ by `weights` (the other ranks walk the same stream meanwhile),
+    else the whole `state_dict` the ranks gathered (or the model's own) through save_pretrained."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
@@ -215,13 +221,20 @@ def save(
         shutil.rmtree(tmp)
     try:
         tmp.mkdir(exist_ok=staged is not None)
-        # A sharded (FSDP2) model saves the whole weights its ranks gathered (`state_dict`).
-        model.save_pretrained(tmp / MASTER_DIR, safe_serialization=True, state_dict=state_dict)
-        edit_config(tmp / MASTER_DIR / "config.json")
+        export = export or ModelExport(dtype="bfloat16", tokenizer=tokenizer)
+        if weights is not None:
+            dtype = TORCH_DTYPES[export.dtype]
+            weights.write([Target(tmp / MASTER_DIR, None), Target(tmp / MODEL_DIR, dtype)])
+            write_config(tmp / MASTER_DIR, model, dtype="float32")
+        else:
+            # A sharded (FSDP2) model saves the whole weights its ranks gathered (`state_dict`).
+            model.save_pretrained(tmp / MASTER_DIR, safe_serialization=True, state_dict=state_dict)
+            edit_config(tmp / MASTER_DIR / "config.json")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / MASTER_DIR)
-        export = export or ModelExport(dtype="bfloat16", tokenizer=tokenizer)
-        write_model(tmp / MODEL_DIR, model=model, state_dict=state_dict, export=export)
+        write_model(
+            tmp / MODEL_DIR, model=model, state_dict=state_dict, export=export, streamed=weights is not None
+        )
         torch.save(trainer_state, tmp / TRAINER_FILE)
         (tmp / STATE_FILE).write_bytes(orjson.dumps({**state, "step": step, "saved_at": time.time()}))
         (tmp / MARKER).write_text(str(step))

@@ -98,15 +98,44 @@ def edit_config(path: Path, *, dtype: str | None = None) -> None:
     path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
 
 
+def write_config(directory: Path, model: Any, *, dtype: str) -> None:
+    """What save_pretrained writes beside the weights, for a folder whose weights were streamed
+    (`streamed_export.py`): a remote-code model's own code, config.json (its architecture and `dtype`
+    named: `edit_config`) and, for a model that generates, its generation config."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if model.is_remote_code():
+        from transformers.dynamic_module_utils import custom_object_save
+
+        custom_object_save(model, directory, config=model.config)
+    model.config.save_pretrained(directory)
+    if model.can_generate():
+        model.generation_config.save_pretrained(directory)
+    data = orjson.loads((directory / "config.json").read_bytes())
+    # save_pretrained names the class that saved (FSDP2's subclass: `edit_config` strips its prefix).
+    data["architectures"] = [type(model).__name__]
+    (directory / "config.json").write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    edit_config(directory / "config.json", dtype=dtype)
+
+
 def write_model(
-    directory: Path, *, model: Any, state_dict: Mapping[str, torch.Tensor] | None, export: ModelExport
+    directory: Path,
+    *,
+    model: Any,
+    state_dict: Mapping[str, torch.Tensor] | None,
+    export: ModelExport,
+    streamed: bool = False,
 ) -> None:
-    """Write the kept model: weights cast to `export.dtype`, config, tokenizer, generation config."""
-    weights = cast_state_dict(
-        state_dict if state_dict is not None else model.state_dict(), TORCH_DTYPES[export.dtype]
-    )
-    model.save_pretrained(directory, safe_serialization=True, state_dict=weights)
-    edit_config(directory / "config.json", dtype=export.dtype)
+    """Write the kept model: weights cast to `export.dtype`, config, tokenizer, generation config.
+    `streamed`: the weights are already in `directory` (`streamed_export.WeightStream`), the rest is
+    written here."""
+    if streamed:
+        write_config(directory, model, dtype=export.dtype)
+    else:
+        weights = cast_state_dict(
+            state_dict if state_dict is not None else model.state_dict(), TORCH_DTYPES[export.dtype]
+        )
+        model.save_pretrained(directory, safe_serialization=True, state_dict=weights)
+        edit_config(directory / "config.json", dtype=export.dtype)
     tokenizer = export.tokenizer
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)

@@ -20,7 +20,7 @@ import inspect
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from distillery_runtime.losses import TeacherTargets, counted_tokens, distillati
 from distillery_runtime.packing import pack_in_order
 from distillery_runtime.samples import TrainSample
 from distillery_runtime.schedule import lr_factor
+
+if TYPE_CHECKING:
+    from distillery_runtime.streamed_export import WeightStream
 
 COUNT_METRICS = frozenset(
     {"distill/tokens", "distill/teacher_pad_tokens", "distill/teacher_topk_out_of_vocab"}
@@ -490,6 +493,16 @@ class Trainer:
             for n, p in self.model.named_parameters()
             if p.grad is not None
         }
+
+    def weight_stream(self) -> WeightStream | None:
+        """The weights as a checkpoint streams them (a `streamed_export.WeightStream`: gathered a tensor at
+        a time, every rank walking it), or None where the model's names need save_pretrained's conversion."""
+        from distillery_runtime.sharded_load import tied_keys
+        from distillery_runtime.streamed_export import WeightStream, streamable
+
+        if not streamable(self.model):
+            return None
+        return WeightStream(self.model.state_dict(), self._full, tied=tied_keys(self.model))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The student's float32 weights, whole, on CPU (FSDP: a collective; every rank gets them)."""

@@ -141,7 +141,11 @@ class TrainerWorker:
         self, root: str, step: int, state: dict[str, Any], keep: int, export: ExportSettings, final: bool
     ) -> tuple[str, str]:
         """Every rank calls it (FSDP2 gathers the weights and optimizer state); rank 0 writes and returns
-        (the checkpoint's folder, `final/` when `final` else ''); ('', '') elsewhere."""
+        (the checkpoint's folder, `final/` when `final` else ''); ('', '') elsewhere.
+
+        Streamed (`settings.streamed_export`): the weights go a tensor at a time from the shards into rank
+        0's files while every other rank walks the same gathers (`streamed_export.WeightStream`); else
+        every rank gathers the whole float32 state dict first."""
         from distillery_runtime import checkpoint
         from distillery_runtime.export import ModelExport
 
@@ -151,21 +155,29 @@ class TrainerWorker:
             **self.trainer.trainer_state(with_optimizer=not sharded),
             "rng": checkpoint.rng_state(),
         }
-        weights = self.trainer.full_state_dict() if self.trainer.fsdp else None
+        stream = self.trainer.weight_stream() if self.trainer.settings.streamed_export else None
+        weights = self.trainer.full_state_dict() if self.trainer.fsdp and stream is None else None
         if self.rank != 0:
+            if stream is not None and self.trainer.fsdp:
+                stream.finish()  # the gathers rank 0 writes from
             return "", ""
-        path = checkpoint.save(
-            root,
-            step,
-            model=self.trainer.model,
-            state_dict=weights,
-            tokenizer=self.trainer.tokenizer,
-            trainer_state=trainer_state,
-            state=state,
-            keep=keep,
-            export=ModelExport(dtype=str(export.dtype), tokenizer=self._export_tokenizer(export)),
-            staged=staged,
-        )
+        try:
+            path = checkpoint.save(
+                root,
+                step,
+                model=self.trainer.model,
+                state_dict=weights,
+                tokenizer=self.trainer.tokenizer,
+                trainer_state=trainer_state,
+                state=state,
+                keep=keep,
+                export=ModelExport(dtype=str(export.dtype), tokenizer=self._export_tokenizer(export)),
+                staged=staged,
+                weights=stream,
+            )
+        finally:
+            if stream is not None and self.trainer.fsdp:
+                stream.finish()  # a save that failed before the weights: the other ranks wait in the gathers
         published = checkpoint.publish_final(checkpoint.CheckpointRef(step, path)) if final else ""
         return str(path), str(published)
 

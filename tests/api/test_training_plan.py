@@ -38,6 +38,7 @@ def test_the_trainer_settings_are_the_spec_s(base_manifest: dict[str, Any]) -> N
         sharding=Sharding.REPLICATE,
         activation_checkpointing=False,
         micro_batch_tokens=2048,
+        streamed_export=True,  # every layout: a replicated rank 0 writes without a whole cast copy either
     )
     plan = resolve(spec)
     assert plan.trainer == resolve_training(spec, total_steps=40)  # the schedule's steps
@@ -85,3 +86,5 @@ def test_ephemeral_checkpoints_over_several_pods_keep_the_optimizer_whole(
     doc["spec"]["checkpoint"] = {"ephemeral": True}
     settings = resolve(parse_job(doc).spec).trainer
     assert (settings.sharded_load, settings.sharded_checkpoint) == (True, False)
+    # The weights are streamed all the same: gathered a tensor at a time, written by rank 0 alone.
+    assert settings.streamed_export

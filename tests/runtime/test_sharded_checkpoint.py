@@ -32,7 +32,7 @@ SAVED_AT, STEPS = 2, 4
 SETTINGS = TrainerSettings(
     lr=1e-3, weight_decay=0.1, grad_clip=0.5, micro_batch_size=2, precision=Precision.FLOAT32,
     total_steps=STEPS, warmup_steps=1, loss=LossConfig(mode=LossMode.FORWARD_KL_TOPK), sharding=Sharding.FSDP,
-    sharded_load=True, sharded_checkpoint=True,
+    sharded_load=True, sharded_checkpoint=True, streamed_export=True,
 )  # fmt: skip
 
 
