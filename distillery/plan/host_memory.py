@@ -17,10 +17,13 @@ parameters (`model_shapes`), the plan counts:
   moments, 16P/N a rank, PINNED_OVERHEAD more in pinned memory), and each rollout engine asleep on the
   pod's GPUs (vLLM sleep level 1 keeps its weights in host memory: P x the engine's bytes a parameter over
   its tensor-parallel GPUs).
-- **checkpoint**: on top of what is resident, every rank gathers the whole float32 weights (4P) for
-  master/ and model/ (FSDP2's full state dict; rank 0 also converts model/ to the kept dtype, 2P for
-  bfloat16); the optimizer state is written in shards (`sharded_checkpoint`, nothing gathered) or
-  gathered whole on rank 0 (12P: float32 moments and step counts, `trainer.pt`).
+- **checkpoint**: on top of what is resident, master/ and model/ are streamed (`streamed_export`): every
+  rank gathers one float32 tensor at a time (the largest: the embedding or an MLP matrix) and rank 0 also
+  holds its cast to the kept dtype; without the stream, every rank gathers the whole float32 weights (4P)
+  and rank 0 converts them whole (2P). The optimizer state is written in shards (`sharded_checkpoint`,
+  nothing gathered) or gathered whole on rank 0 (12P: float32 moments and step counts, `trainer.pt`).
+  bench/host_memory.py measures the streamed checkpoint at 0.17 of the float32 model at 2 ranks (the
+  whole-gather path: 3.3).
 
 The peak is the largest phase; the worker pod's default memory request and limit are the peak with
 HEADROOM on top (`pod_resources`), and a pool whose memory the user sets below the peak is refused,
@@ -34,10 +37,9 @@ from dataclasses import dataclass
 
 from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine, Sharding
 from distillery.model_shapes import resolve_shape
-from distillery.plan.memory_features import resolve_memory_features
 from distillery.plan.quantity import memory_bytes
 from distillery.plan.rollout import rollout_replicas, trainer_world_size
-from distillery.plan.training import checkpoint_root_shared, sharded_state
+from distillery.plan.training import resolve_training
 
 GIB = 1024**3
 RUNTIME_GIB_PER_GPU = 6
@@ -100,11 +102,11 @@ def plan_host_memory(spec: DistillationJobSpec) -> HostMemoryPlan | None:
     if gpus == 0 or shape is None:
         return None
     p, ranks = shape.params, trainer_world_size(spec)
-    features = resolve_memory_features(spec)
-    shards = ranks if features.sharding == Sharding.FSDP else 1
+    settings = resolve_training(spec, spec.schedule.steps)
+    shards = ranks if settings.sharding == Sharding.FSDP else 1
     runtime = ("runtime", RUNTIME_GIB_PER_GPU * GIB * gpus)
 
-    if sharded_state(features.sharding, ranks):
+    if settings.sharded_load:
         load = [
             ("the safetensors files mapped by the reading rank", FILE_BYTES * p),
             ("a broadcast chunk a rank", gpus * math.ceil(4 * p * LOAD_CHUNK_FRACTION)),
@@ -113,9 +115,10 @@ def plan_host_memory(spec: DistillationJobSpec) -> HostMemoryPlan | None:
         load = [("the whole float32 student a rank", gpus * 4 * p)]
 
     resident = []
-    if features.cpu_offload:
+    if settings.cpu_offload:
         offloaded = gpus * 16 * p // shards
-        resident.append(("offloaded state (pinned)", math.ceil(offloaded * PINNED_OVERHEAD)))
+        overhead = PINNED_OVERHEAD if settings.offload_pinned else 1.0
+        resident.append(("offloaded state (pinned)", math.ceil(offloaded * overhead)))
     rollout = spec.student.rollout
     if rollout.engine == RolloutEngine.VLLM:
         # Replicas fill the pods' GPUs one tensor-parallel group at a time (Ray packs them in order).
@@ -123,9 +126,18 @@ def plan_host_memory(spec: DistillationJobSpec) -> HostMemoryPlan | None:
         engine_bytes = 4 if spec.student.precision == Precision.FLOAT32 else 2
         resident.append(("rollout engines asleep (weights in host memory)", engines * engine_bytes * p))
 
-    checkpoint = [("the whole float32 weights a rank (master/, model/)", gpus * 4 * p)]
-    checkpoint.append(("model/ in its kept dtype (rank 0)", 2 * p))
-    if not (sharded_state(features.sharding, ranks) and checkpoint_root_shared(spec)):
+    if settings.streamed_export:
+        largest = shape.hidden * max(shape.vocab, shape.intermediate)
+        checkpoint = [
+            ("the largest float32 tensor a rank (master/, model/ streamed)", gpus * 4 * largest),
+            ("its cast to the kept dtype (rank 0)", 2 * largest),
+        ]
+    else:
+        checkpoint = [
+            ("the whole float32 weights a rank (master/, model/)", gpus * 4 * p),
+            ("model/ in its kept dtype (rank 0)", 2 * p),
+        ]
+    if not settings.sharded_checkpoint:
         checkpoint.append(("the whole optimizer state (rank 0)", OPTIMIZER_GATHER_BYTES * p))
 
     parts = {
