@@ -39,6 +39,7 @@ import importlib
 import json
 import os
 import tempfile
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,10 @@ def _rank(rank: int, world: int, init: str, model_dir: str, sharded: bool, out: 
     dist.barrier()
     reset_peak()
     record["checkpoint_before_kib"] = status_kib("VmRSS")
+    started = time.perf_counter()
     worker.save_checkpoint(f"{out}/ckpt", 1, {"version": 1}, 1, export, False)
+    dist.barrier()  # the save is done when every rank's part is
+    record["checkpoint_seconds"] = time.perf_counter() - started
     record["checkpoint_peak_kib"] = status_kib("VmHWM")
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     dist.destroy_process_group()
@@ -309,6 +313,11 @@ def main() -> None:
             for name in PATHS:
                 shown = " ".join(f"{ratio(r, phase):.3f}" for r in runs[name][world])
                 print(f"{phase:<10} {world:>5} {name:<7} {shown:<40} {ratios[name][phase][world]:>6.3f}")
+    seconds = {
+        name: {w: round(max(r["checkpoint_seconds"] for r in recs), 3) for w, recs in by.items()}
+        for name, by in runs.items()
+    }
+    print(f"checkpoint write seconds (slowest rank), by ranks: {seconds}")
     print(f"same weights on every rank, both paths: {same}")
     print(f"resume of a 2-rank checkpoint, exact, by ranks resumed onto: {resumes}")
     summary = {
@@ -317,7 +326,9 @@ def main() -> None:
         "before": {
             "load_peak_ratio": ratios["before"]["load"],
             "checkpoint_peak_ratio": ratios["before"]["checkpoint"],
+            "checkpoint_seconds": seconds["before"],
         },
+        "checkpoint_seconds": seconds["after"],
         "weights_equal": same,
         "resume_reshard_exact": all(resumes.values()),
         "resumed_onto": resumes,
