@@ -1,9 +1,10 @@
 """A checkpoint's weights written tensor by tensor from the trainer's shards: master/ and model/ as Hugging
 Face safetensors shards, no process ever holding a whole state dict.
 
-Today's path (`TrainerSettings.streamed_export` False) gathers every tensor of the float32 state dict whole
-on every rank; rank 0's save_pretrained then writes master/ from it and a cast copy of it into model/: a
-whole float32 model (and half of one more) on each rank's host at every checkpoint. Here instead:
+The whole-gather path (`TrainerSettings.streamed_export` False, the one before this module) gathers
+every tensor of the float32 state dict whole on every rank; rank 0's save_pretrained then writes master/
+from it and a cast copy of it into model/: a whole float32 model (and half of one more) on each rank's host
+at every checkpoint. Here instead:
 
   1. every rank plans the same files from the state dict's names, shapes and dtypes alone (`plan_shards`:
      names in state-dict order, a tied duplicate once, grouped by `packing.pack_in_order` into files of at
