@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from distillery import pvc
 from distillery.api import ConditionType, DistillationJob, Placement
 from distillery.plan.checkpoint_storage import READ_WRITE_MANY, READ_WRITE_ONCE, checkpoint_storage
+from distillery.plan.model_cache import TRAINER, model_cache
 from distillery_operator.observe import ClaimFacts
 from distillery_operator.render.rayjob import trainer_locations
 from distillery_operator.status import Cond
@@ -85,7 +86,8 @@ def _plural(count: int, one: str, many: str) -> str:
 def claim_uses(job: DistillationJob) -> list[ClaimUse]:
     """Every claim the job's pods mount, with the pods that mount it (`render.rayjob`, `render.teacher`
     mount them so: the Ray head and workers the checkpoint claim read-write and the claims of every model
-    and dataset read-only; a standalone teacher's replicas its model's claim read-only)."""
+    and dataset read-only; a standalone teacher's replicas its model's claim read-only; every pod with a
+    model cache on `modelCache.pvc` that claim read-write)."""
     spec = job.spec
     pool = spec.student.pool
     ray_node = pool.node_selector.get(HOSTNAME_LABEL)
@@ -102,14 +104,22 @@ def claim_uses(job: DistillationJob) -> list[ClaimUse]:
     for claim in pvc.claims(trainer_locations(job)):
         if claim not in groups:  # the checkpoint claim mounted again read-only counts once
             ray_pods(claim, writes=False)
+    caches = model_cache(spec)
+    cache = caches.get(TRAINER)
+    if cache is not None and cache.claim is not None and cache.claim not in groups:
+        ray_pods(cache.claim, writes=True)  # the model cache (HF_HOME): downloads are written there
     for teacher in spec.teachers:
         if teacher.placement != Placement.STANDALONE:
             continue
         node = teacher.pool.node_selector.get(HOSTNAME_LABEL)
         replicas = _plural(teacher.replicas, "replica", "replicas")
-        for claim in pvc.claims([teacher.model]):
+        mounted = [(claim, False) for claim in pvc.claims([teacher.model])]
+        cache = caches.get(teacher.name)
+        if cache is not None and cache.claim is not None:
+            mounted.append((cache.claim, True))
+        for claim, writes in mounted:
             groups.setdefault(claim, []).append(
-                PodGroup(f"teacher {teacher.name}'s {replicas}", teacher.replicas, node, False)
+                PodGroup(f"teacher {teacher.name}'s {replicas}", teacher.replicas, node, writes)
             )
     operators = checkpoint.operator_claim.name if checkpoint.operator_claim else None
     return [

@@ -129,3 +129,12 @@ def test_decide_waits_for_a_missing_claim_then_makes_everything() -> None:
     decision = world.step()
     assert not decision.wait and ("create", "RayJob") in [(a.verb, a.kind) for a in decision.actions]
     assert world.condition("StorageReady")["status"] == "True"
+
+
+def test_the_model_cache_claim_is_written_by_every_pod_that_downloads() -> None:
+    doc = job_body("standalone-teacher.yaml")
+    doc["spec"]["modelCache"] = {"pvc": "hf-cache"}
+    (use,) = [u for u in claim_uses(parse_job(doc)) if u.claim == "hf-cache"]
+    # The Ray head and worker, and the teacher's 2 replicas: a ReadWriteOnce cache cannot serve them.
+    assert use.writes and use.pods == 1 + 1 + 2
+    assert "hf-cache" in claims_to_read(parse_job(doc))
