@@ -82,6 +82,9 @@ class StudentPool(PodSettings):
     """Memory of one of the pool's GPUs in GiB (80: H100, A100 80GB), for the memory plan that
     `distillery validate` and `distillery plan` check."""
     resources: Resources = Field(default_factory=Resources)
+    shared_memory: str | None = Field(default=None, pattern=POSITIVE_QUANTITY_RE, max_length=MAX_QUANTITY)
+    """`sizeLimit` of the Ray workers's memory-backed `/dev/shm` (vLLM, NCCL and Ray's object store use it; it
+    counts toward the memory limit). Unset: half the pod's memory limit."""
     node_selector: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP)
     """Node labels the Ray pods (head and workers) and KubeRay's submitter pod must match."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
@@ -116,6 +119,9 @@ class TeacherPool(PodSettings):
     gpu_resource: Name = "nvidia.com/gpu"
     """The extended resource name that counts GPUs."""
     resources: Resources = Field(default_factory=Resources)
+    shared_memory: str | None = Field(default=None, pattern=POSITIVE_QUANTITY_RE, max_length=MAX_QUANTITY)
+    """`sizeLimit` of each replica's memory-backed `/dev/shm` (vLLM, NCCL and Ray's object store use it; it
+    counts toward the memory limit). Unset: half the pod's memory limit."""
     node_selector: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP)
     """Node labels the teacher pods must match."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)

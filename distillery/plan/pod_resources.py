@@ -36,7 +36,7 @@ Where a pod's model cache is an emptyDir (`model_cache.py`), its size is also an
 request (unless the pool's resources set one).
 
 `/dev/shm` of the teachers and Ray pods (a memory-backed emptyDir, whose use counts toward the memory limit) gets a
-`sizeLimit` of SHM_FRACTION of the memory limit: Ray's object store takes 30% of memory by default and
+`sizeLimit` of the pool's `sharedMemory`, else SHM_FRACTION of the memory limit: Ray's object store takes 30% of memory by default and
 vLLM/NCCL keep their buffers there; a larger one could let shared memory alone reach the limit and get
 the pod OOM-killed, with no sign of why.
 """
@@ -213,6 +213,8 @@ def pod_resources(spec: DistillationJobSpec) -> PodResources:
         "KubeRay's submitter limits",
         shared_memory=False,
     )
+    if pool.shared_memory is not None:
+        worker = replace(worker, shm_size=pool.shared_memory)
     caches = model_cache(spec)
     head, worker = _with_cache(head, caches.get(TRAINER)), _with_cache(worker, caches.get(TRAINER))
     teachers = {}
@@ -229,6 +231,8 @@ def pod_resources(spec: DistillationJobSpec) -> PodResources:
         else:
             requests, limits, why = _cpu_only_pod(weights)
             teachers[teacher.name] = _container(requests, limits, tpool.resources, 0, tpool.gpu_resource, why)
+        if tpool.shared_memory is not None:
+            teachers[teacher.name] = replace(teachers[teacher.name], shm_size=tpool.shared_memory)
     teachers = {name: _with_cache(r, caches.get(name)) for name, r in teachers.items()}
     return PodResources(head=head, worker=worker, submitter=submitter, teachers=teachers)
 

@@ -279,6 +279,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         AGREE,
     ),
     ("model-cache-size-zero", {"spec.modelCache": {"sizeLimit": "0Gi"}}, "spec.modelCache.sizeLimit", AGREE),
+    (
+        "shared-memory-not-a-quantity",
+        {"spec.student.pool": {"sharedMemory": "lots"}},
+        "spec.student.pool.sharedMemory",
+        AGREE,
+    ),
     ("model-cache-claim-name", {"spec.modelCache": {"pvc": "Not_A_Name"}}, "spec.modelCache.pvc", AGREE),
     ("checkpoint-size-zero", {"spec.checkpoint": {"size": "0Gi"}}, "spec.checkpoint.size", AGREE),
     ("checkpoint-size-negative", {"spec.checkpoint": {"size": "-10Gi"}}, "spec.checkpoint.size", AGREE),
@@ -773,6 +779,7 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("checkpoint-size-fraction", {"spec.checkpoint": {"size": "0.5Gi"}}),
     ("checkpoint-ephemeral", {"spec.checkpoint": {"ephemeral": True}}),
     ("model-cache-claim", {"spec.modelCache": {"pvc": "hf-cache"}}),
+    ("shared-memory-sizes", {"spec.student.pool": {"sharedMemory": "32Gi"}}),
     ("model-cache-size", {"spec.modelCache": {"sizeLimit": "200Gi"}}),
     ("model-cache-off", {"spec.modelCache": {"enabled": False}}),
     (

@@ -24,7 +24,7 @@ from distillery.api import DistillationJob
 from distillery.plan.pod_resources import ContainerResources, pod_resources
 from distillery.plan.pod_scheduling import PodScheduling
 from distillery.plan.quantity import canonical_memory, memory_bytes
-from distillery.validation import load_jobs
+from distillery.validation import load_jobs, parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [*sorted((ROOT / "examples").glob("*.yaml")), ROOT / "tests" / "golden" / "variants.yaml"]
@@ -168,3 +168,13 @@ def test_distillery_plan_prints_each_pods_resources_and_why() -> None:
     assert "the pool's resources override it" in lines[1]
     assert "17.7 GiB of weights" in lines[3] and "/dev/shm 25Gi" in lines[3]
     assert "/dev/shm" not in lines[2]  # the submitter has none
+
+
+def test_a_pools_shared_memory_sizes_its_pods_dev_shm() -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "standalone-teacher.yaml").read_text())
+    assert pod_resources(parse_job(doc).spec).worker.shm_size == "128Gi"  # half the 256Gi limit
+    doc["spec"]["student"]["pool"]["sharedMemory"] = "32Gi"
+    doc["spec"]["teachers"][0]["pool"]["sharedMemory"] = "8Gi"
+    resources = pod_resources(parse_job(doc).spec)
+    assert resources.worker.shm_size == "32Gi" and resources.teachers["qwen-7b"].shm_size == "8Gi"
+    assert resources.head.shm_size == "4Gi"  # the head's own: half its 8Gi
