@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 from control_plane import ControlPlane, kubeconfig
+from support.claims import EXAMPLE_CLAIMS, claim_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "chart"))
@@ -133,24 +134,6 @@ def temporary_namespace(installation: Installation, prefix: str) -> Iterator[str
         yield name
     finally:
         installation.admin("delete", "namespace", name, "--wait=false", check=False)
-
-
-EXAMPLE_CLAIMS = ("datasets", "distill-checkpoints")
-"""The users' claims the examples name (`pvc://datasets/...`, `checkpoint.pvc`). The operator checks that a
-job's claims exist (and serve its pods) before it makes them, so the tests' namespaces have them."""
-
-
-def claim_manifest(name: str, *modes: str) -> dict[str, Any]:
-    """A claim of the user's (no StorageClass binds it here: nothing needs it bound)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "accessModes": list(modes or ["ReadWriteMany"]),
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
 
 
 def add_example_claims(installation: Installation, namespace: str) -> None:

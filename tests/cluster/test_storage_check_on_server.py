@@ -18,7 +18,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import claim_manifest, wait_until
+from harness import wait_until
+from support.claims import claim_manifest
 from test_operator_on_server import OPERATOR_USER, Cluster, cluster, example
 
 __all__ = ["cluster"]  # the fixture, shared with test_operator_on_server

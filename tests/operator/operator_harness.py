@@ -25,6 +25,7 @@ import yaml
 from distillery_operator.controller import ControllerSettings
 from distillery_operator.main import run
 from kube_emulator import DJ, Emulator
+from support.claims import EXAMPLE_CLAIMS, claim_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = ControllerSettings(
@@ -135,23 +136,6 @@ def write_kubeconfig(path: Path, url: str, namespace: str) -> Path:
     return path
 
 
-EXAMPLE_CLAIMS = ("datasets", "distill-checkpoints")
-"""The users' claims the examples name (`pvc://datasets/...`, `checkpoint.pvc`): the operator checks that
-they exist before it makes a job's pods, so every emulated cluster has them (ReadWriteMany)."""
-
-
-def example_claim(name: str, *modes: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "accessModes": list(modes or ["ReadWriteMany"]),
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-
-
 @contextlib.asynccontextmanager
 async def running_cluster(tmp_path: Path, namespace: str = "test", **kwargs: Any) -> AsyncIterator[Cluster]:
     async with Emulator(**kwargs) as emulator, kmock.Server(emulator):
@@ -159,7 +143,7 @@ async def running_cluster(tmp_path: Path, namespace: str = "test", **kwargs: Any
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url, namespace)
         cluster = Cluster(emulator, kubeconfig, namespace)
         for claim in EXAMPLE_CLAIMS:
-            await cluster.create(example_claim(claim), "v1/persistentvolumeclaims")
+            await cluster.create(claim_manifest(claim), "v1/persistentvolumeclaims")
         yield cluster
 
 
