@@ -29,11 +29,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 
 from control_plane import MissingAssets, assets_dir
 from harness import RELEASE_NAMESPACE, Installation, install, temporary_namespace, wait_until
-from images import BuiltImage, build_images
+from images import BuiltImage, build_images, start_build
 from node_cluster import MissingNodeTools, NodeCluster, node_tools
 from node_jobs import Workspace, deployment_available, production_namespace
 
 IMAGES_DIR = Path(__file__).resolve().parents[2] / ".k8s-assets" / "images"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the images' build as soon as the session knows it will run a scenario here, so the tests
+    before them hide it (tests/support/images.py)."""
+    here = Path(__file__).parent
+    if session.config.option.collectonly or not any(here in item.path.parents for item in session.items):
+        return
+    try:
+        node_tools()
+    except MissingNodeTools:
+        return  # the node_cluster fixture reports it, and nothing will need the images
+    start_build(IMAGES_DIR)
 
 
 def _required(error: Exception) -> None:

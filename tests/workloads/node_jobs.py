@@ -171,14 +171,12 @@ class Workspace:
         installation.admin("apply", "-f", "-", input=yaml_stream(objects))
         return cls(installation, namespace, models, checkpoints)
 
-    def add_checkpoint_claim(self, claim: str) -> Path:
+    def add_checkpoint_claim(self, claim: str, mode: str = "ReadWriteMany") -> Path:
         """Another writable claim (a second job's checkpoints, apart from the first's run)."""
         folder = self.checkpoints.parent / claim
         folder.mkdir(mode=0o777)
         folder.chmod(0o777)
-        objects = _host_path_volume(
-            f"{self.namespace}-{claim}", claim, self.namespace, folder, "ReadWriteMany"
-        )
+        objects = _host_path_volume(f"{self.namespace}-{claim}", claim, self.namespace, folder, mode)
         self.installation.admin("apply", "-f", "-", input=yaml_stream(objects))
         return folder
 
@@ -303,6 +301,12 @@ class Workspace:
             "--force",
             "--wait=false",
         )
+
+    def exec(self, pod: str, container: str, script: str, check: bool = True) -> str:
+        """`kubectl exec` of a shell script in the container; its stdout."""
+        return self.installation.admin(
+            "exec", pod, "-n", self.namespace, "-c", container, "--", "sh", "-c", script, check=check
+        ).stdout
 
     def metrics(self, name: str, checkpoints: Path | None = None) -> list[dict[str, Any]]:
         """The run's metrics.jsonl, read from the checkpoint claim (the runtime writes it there in a cluster)."""

@@ -3,7 +3,7 @@ operator, the runtime image's Ray head and worker, and the teachers' vLLM server
 models on a PersistentVolume. Each scenario watches `kubectl get dj -w` and reads the run's metrics from
 the checkpoint claim. A fault is injected into a run of its own scenario where that costs no extra job
 (each job costs about two minutes of start-up on two cores): the operator's pod into the external
-teacher's run, a teacher's pod into the one-step-off run, and the killed head's run is compared with the
+teacher's run, a teacher's container into the one-step-off run, and the killed head's run is compared with the
 standalone scenario's uninterrupted one."""
 
 from __future__ import annotations
@@ -131,10 +131,24 @@ def test_colocated_teacher_on_a_tainted_gpu_node(workspace: Workspace) -> None:
     job["spec"]["student"]["pool"]["tolerations"] = [toleration]
     claim, folder = workspace.add_operator_claim_volume(job)
     assert claim == naming.checkpoint_claim("colocated")
+    # A claim one pod may mount, for a job whose Ray head and worker are two: refused before anything is
+    # made, on the node as on the bare API server (tests/cluster/test_storage_check_on_server.py).
+    workspace.add_checkpoint_claim("one-pod", mode="ReadWriteOncePod")
+    workspace.apply(tiny_job("one-pod", teachers=[teacher], checkpoint={"pvc": "one-pod"}))
     with gpu_node(workspace):
         untolerated = tiny_job("untolerated", teachers=[teacher], checkpoint={"ephemeral": True})
         workspace.apply(untolerated)
         workspace.apply(job)
+        wait_until(
+            lambda: workspace.job("one-pod").get("status", {}).get("phase") == "Invalid",
+            timeout=120,
+            what="the one-pod claim's job to be refused",
+        )
+        refused = workspace.job("one-pod")["status"]
+        storage = next(c for c in refused["conditions"] if c["type"] == "StorageReady")
+        assert storage["reason"] == "AccessModeConflict" and "ReadWriteOncePod" in storage["message"], storage
+        assert not workspace.pods(f"{naming.JOB_LABEL}=one-pod")
+        workspace.delete_job("one-pod")
 
         def waits() -> dict[str, Any]:
             conds = workspace.job("untolerated").get("status", {}).get("conditions", [])
@@ -176,24 +190,31 @@ def test_colocated_teacher_on_a_tainted_gpu_node(workspace: Workspace) -> None:
     assert (final / "config.json").is_file() and any(final.glob("*.safetensors"))
 
 
-def test_one_step_off_and_a_teacher_pod_killed_mid_run(workspace: Workspace) -> None:
-    """Rollout one policy version behind; mid-run the teacher's pod is killed: its Deployment makes a new
-    one, the trainer waits for it (TeacherUnavailable) and no sample is lost."""
+def test_one_step_off_and_a_teacher_container_killed_mid_run(workspace: Workspace) -> None:
+    """Rollout one policy version behind; mid-run the teacher's server is killed: the kubelet restarts its
+    container in the same pod, the trainer waits for it (TeacherUnavailable) and no sample is lost. The
+    restarted container finds what the first one left in its model cache (`HF_HOME`, the pod's volume,
+    not the container's layer): here a file the test writes there, as nothing is downloaded from a hub;
+    a real teacher finds its downloaded weights the same way."""
     schedule = {**SIX_STEPS, "oneStepOff": True}
     workspace.apply(tiny_job("offset", teachers=[standalone_teacher()], schedule=schedule))
     workspace.wait_step("offset", 2, timeout=FINISH)
     (teacher,) = workspace.pods("app.kubernetes.io/component=teacher")
-    workspace.delete_pod(teacher["metadata"]["name"])
-    # Replaced while the job runs (a finished job's teachers go to zero replicas).
-    wait_until(
-        lambda: [
-            p
-            for p in workspace.pods("app.kubernetes.io/component=teacher")
-            if p["metadata"]["name"] != teacher["metadata"]["name"]
-        ],
-        timeout=120,
-        what="the teacher's Deployment to make a new pod",
-    )
+    pod = teacher["metadata"]["name"]
+    marker = "$HF_HOME/downloaded-by-the-first-container"
+    # SIGINT: the server (PID 1 of its container) has a handler for it; the kernel drops the signals a
+    # namespace's first process does not handle, SIGKILL included.
+    workspace.exec(pod, "teacher", f"touch {marker}")
+    # The session ends with the container it runs in: kubectl's exit status says nothing here.
+    workspace.exec(pod, "teacher", "kill -INT 1", check=False)
+
+    def restarted() -> bool:
+        (current,) = workspace.pods("app.kubernetes.io/component=teacher")
+        status = next(c for c in current["status"].get("containerStatuses", []) if c["name"] == "teacher")
+        return current["metadata"]["name"] == pod and status["restartCount"] >= 1 and status["ready"]
+
+    wait_until(restarted, timeout=300, what="the teacher's container to restart and be ready")
+    assert workspace.exec(pod, "teacher", f"test -f {marker} && echo cached").strip() == "cached"
     records = assert_succeeded(workspace, "offset", steps=6)
     assert max(r["staleness"] for r in records) == 1
 
