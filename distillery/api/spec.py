@@ -820,7 +820,8 @@ class ModelCache(ApiModel):
     unless all the pods share one node."""
     size_limit: str | None = Field(default=None, pattern=POSITIVE_QUANTITY_RE, max_length=MAX_QUANTITY)
     """The emptyDir's size in each pod (`sizeLimit` and the `ephemeral-storage` request), instead of the
-    plan's estimate."""
+    plan's estimate; set, every pod (teachers, Ray head and workers) gets one, even a pod whose models
+    are all on claims."""
     enabled: bool = True
     """false: no cache volume; downloads go to the container's own filesystem (lost at every restart)."""
 

@@ -12,7 +12,8 @@ container restart, and a download slower than the startup probe then restarts fr
   space it said it would. Its size is `modelCache.sizeLimit`, else the weights it downloads (the files'
   bytes, bfloat16, from the model's shape, with CACHE_HEADROOM) plus CACHE_EXTRA_GIB for tokenizers and
   configs, or UNKNOWN_MODEL_CACHE_GIB a model of unknown size;
-- pods that download nothing (every model on a claim or in the image) get no cache volume.
+- pods that download nothing (every model on a claim or in the image) get no cache volume, unless the
+  user sizes one (`modelCache.sizeLimit`: every pod, as with a claim).
 """
 
 from __future__ import annotations
@@ -99,11 +100,10 @@ def model_cache(spec: DistillationJobSpec) -> dict[str, CacheVolume]:
         return {kind: CacheVolume(cache.pvc, None, why) for kind in kinds}
     out = {}
     for kind, models in kinds.items():
-        if not models:
-            continue
         if cache.size_limit is not None:
+            # Asked for: every pod gets one, as with a claim (what it keeps there is the user's affair).
             out[kind] = CacheVolume(None, cache.size_limit, "modelCache.sizeLimit")
-        else:
+        elif models:
             gib, why = _estimate(models)
             out[kind] = CacheVolume(None, f"{gib}Gi", why)
     return out

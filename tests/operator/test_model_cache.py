@@ -75,6 +75,17 @@ def test_no_cache_where_nothing_is_downloaded_or_it_is_off() -> None:
     assert all(cache_of(pod)[0] is None for pod in pods(doc).values())
 
 
+def test_a_size_the_user_gives_is_a_cache_in_every_pod_even_one_that_downloads_nothing() -> None:
+    doc = copy.deepcopy(STANDALONE)
+    doc["spec"]["teachers"][0]["model"] = "pvc://models/teacher"
+    doc["spec"]["modelCache"] = {"sizeLimit": "2Gi"}
+    rendered = pods(doc)
+    for kind in ("teacher", "head", "worker"):
+        volume, mounted, requests = cache_of(rendered[kind])
+        assert volume == {"name": VOLUME_NAME, "emptyDir": {"sizeLimit": "2Gi"}}, kind
+        assert mounted and requests["ephemeral-storage"] == "2Gi", kind
+
+
 def test_only_hub_ids_are_downloaded() -> None:
     assert downloads("Qwen/Qwen2.5-7B-Instruct") and downloads("gpt2")
     for location in ("pvc://models/x", "s3://bucket/x", "/models/x", "./x", None, "a/b/c"):

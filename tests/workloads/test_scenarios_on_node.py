@@ -197,7 +197,9 @@ def test_one_step_off_and_a_teacher_container_killed_mid_run(workspace: Workspac
     not the container's layer): here a file the test writes there, as nothing is downloaded from a hub;
     a real teacher finds its downloaded weights the same way."""
     schedule = {**SIX_STEPS, "oneStepOff": True}
-    workspace.apply(tiny_job("offset", teachers=[standalone_teacher()], schedule=schedule))
+    # The tiny models are on a claim, which is not downloaded: a sized cache is every pod's all the same.
+    cache = {"sizeLimit": "1Gi"}
+    workspace.apply(tiny_job("offset", teachers=[standalone_teacher()], schedule=schedule, modelCache=cache))
     workspace.wait_step("offset", 2, timeout=FINISH)
     (teacher,) = workspace.pods("app.kubernetes.io/component=teacher")
     pod = teacher["metadata"]["name"]
