@@ -28,6 +28,7 @@ from distillery_operator.identity import identity_actions
 from distillery_operator.kube import ApiError, Kube
 from distillery_operator.observe import CLAIM_KIND, Child, JobKey, assemble
 from distillery_operator.probes import TeacherProber
+from distillery_operator.render import ClusterSettings, NetworkPolicySettings
 from distillery_operator.scheduling import SchedulingWatch
 from distillery_operator.workqueue import Backoff, WorkQueue
 
@@ -36,12 +37,24 @@ log = logging.getLogger("distillery.operator")
 
 PULL_SECRETS_ENV = "DISTILLERY_IMAGE_PULL_SECRETS"
 """The chart's `imagePullSecrets`, comma-separated names: the one place the operator learns them."""
+NETWORK_POLICY_ENV = "DISTILLERY_NETWORK_POLICY"
+"""The chart's `networkPolicy` values, `kuberay=NS,monitoring=NS`; unset or empty: no policies."""
 
 
 def cluster_pull_secrets(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """The cluster's image pull secrets, from PULL_SECRETS_ENV (the chart sets it from its values)."""
     value = (os.environ if environ is None else environ).get(PULL_SECRETS_ENV, "")
     return tuple(name.strip() for name in value.split(",") if name.strip())
+
+
+def cluster_settings(environ: Mapping[str, str] | None = None) -> ClusterSettings:
+    """What the chart set in the operator's environment; a malformed value stops the operator at start
+    with a one-line error naming the variable."""
+    env = os.environ if environ is None else environ
+    return ClusterSettings(
+        image_pull_secrets=cluster_pull_secrets(env),
+        network_policy=NetworkPolicySettings.parse(env.get(NETWORK_POLICY_ENV, "")),
+    )
 
 
 @dataclass
@@ -58,8 +71,8 @@ class ControllerSettings:
     backoff_cap: float = 60.0
     create_grace_seconds: float = 30.0
     """A child created this recently and not yet seen by the watch is not created again."""
-    image_pull_secrets: tuple[str, ...] = field(default_factory=cluster_pull_secrets)
-    """Secrets every pod the operator makes is given to pull its image with, before the job's own."""
+    cluster: ClusterSettings = field(default_factory=cluster_settings)
+    """The chart's pull secrets (every pod gets them, before the job's own) and network policy settings."""
     conflict_grace_seconds: float = 2.0
     """A create answered 409 (the name is taken) is tried again this much later; a 409 again, with the watch
     still not showing the object as the job's, is an error shown in the status (someone else's object)."""
@@ -265,7 +278,7 @@ class Controller:
         children = list(self.children_of(key))
         observed = assemble(children, self.prober.health(key), self.scheduling.unscheduled(key))
         now = now_iso()
-        decision = decide(body, observed, now, image_pull_secrets=self.settings.image_pull_secrets)
+        decision = decide(body, observed, now, cluster=self.settings.cluster)
         read_error: tuple[str, ApiError] | None = None
         if decision.read_claims:
             # The trainer is about to be made: the claims its pods (and the teachers') mount are read
@@ -277,7 +290,7 @@ class Controller:
                 read_error = (f"get PersistentVolumeClaim {', '.join(decision.read_claims)}", exc)
                 decision.actions, decision.held = [], True
             else:
-                decision = decide(body, observed, now, image_pull_secrets=self.settings.image_pull_secrets)
+                decision = decide(body, observed, now, cluster=self.settings.cluster)
         if not decision.held:
             # The trainer's identity first: KubeRay's pods need their ServiceAccount when they are made.
             decision.actions[:0] = identity_actions(body, children, terminal=decision.finished)

@@ -30,8 +30,14 @@ from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.validation import InvalidManifest, parse_spec
 from distillery_operator import naming
 from distillery_operator.drift import drifted
-from distillery_operator.observe import BUDGET_KIND, CLAIM_KIND, Child, ClaimFacts, Observed
-from distillery_operator.render import KUEUE_QUEUE_LABEL, RenderContext, queued_by_kueue, render_job
+from distillery_operator.observe import BUDGET_KIND, CLAIM_KIND, POLICY_KIND, Child, ClaimFacts, Observed
+from distillery_operator.render import (
+    KUEUE_QUEUE_LABEL,
+    ClusterSettings,
+    RenderContext,
+    queued_by_kueue,
+    render_job,
+)
 from distillery_operator.spec_changes import effective_spec, refused_changes
 from distillery_operator.status import (
     Cond,
@@ -46,6 +52,9 @@ from distillery_operator.status import (
     trainer_state,
 )
 from distillery_operator.storage import StorageCheck, check_storage, claim_uses, claims_to_read, mountable
+
+NO_CLUSTER_SETTINGS = ClusterSettings()
+"""No pull secrets, no network policies (`distillery render`, tests)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,7 @@ def own_children(observed: Observed, uid: str | None) -> tuple[Observed, list[st
         services={n: c for n, c in observed.services.items() if mine(c)},
         deployments={n: c for n, c in observed.deployments.items() if mine(c)},
         budgets={n: c for n, c in observed.budgets.items() if mine(c)},
+        policies={n: c for n, c in observed.policies.items() if mine(c)},
         claim=mine(observed.claim, kept_is_mine=True),
         external=observed.external,
         unscheduled=observed.unscheduled,
@@ -144,7 +154,7 @@ def own_children(observed: Observed, uid: str | None) -> tuple[Observed, list[st
 
 
 def decide(
-    body: Mapping[str, Any], observed: Observed, now: str, *, image_pull_secrets: tuple[str, ...] = ()
+    body: Mapping[str, Any], observed: Observed, now: str, *, cluster: ClusterSettings = NO_CLUSTER_SETTINGS
 ) -> Decision:
     meta = job_metadata(body)
     previous: Mapping[str, Any] = body.get("status") or {}
@@ -200,7 +210,8 @@ def decide(
             namespace=meta.namespace or "",
             owner_uid=meta.uid,
             teachers_scaled_to_zero=scaled_to_zero,
-            image_pull_secrets=image_pull_secrets,
+            image_pull_secrets=cluster.image_pull_secrets,
+            network_policy=cluster.network_policy,
         )
         blocked = set(foreign)
         actions = plan_actions(job, render_job(job, ctx), observed, blocked, terminal is not None)
@@ -415,6 +426,8 @@ def _observed_child(observed: Observed, kind: str, name: str) -> Child | None:
         return observed.deployments.get(name)
     if kind == BUDGET_KIND:
         return observed.budgets.get(name)
+    if kind == POLICY_KIND:
+        return observed.policies.get(name)
     if kind == CLAIM_KIND:
         return observed.claim if observed.claim and observed.claim.name == name else None
     return observed.services.get(name)

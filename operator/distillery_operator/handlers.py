@@ -1,7 +1,7 @@
 """kopf registrations: when X changes, tell the controller. No decisions here.
 
 DistillationJob events update the controller's copy of the job and queue it. Children (Deployments,
-Services, PodDisruptionBudgets, ConfigMaps, RayJobs labelled as ours) are kept in kopf indexes as small summaries, keyed by the
+Services, PodDisruptionBudgets, NetworkPolicies, ConfigMaps, RayJobs labelled as ours) are kept in kopf indexes as small summaries, keyed by the
 owning job, and each of their events queues that job. Checkpoint claims are indexed by their own name
 instead: a kept one has no owner, and its job (if one of that name exists) is found by the name the
 operator gives its claim. kopf runs no other handler until every index has seen its initial list, so after
@@ -24,6 +24,8 @@ CHILD_RESOURCES: dict[str, tuple[str, ...]] = {
     "Deployment": ("apps", "v1", "deployments"),
     "Service": ("v1", "services"),
     "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
+    # Where the chart turns them on (`networkPolicy.enabled`); watched either way, as RBAC grants it.
+    "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
     "ConfigMap": ("v1", "configmaps"),
     "RayJob": ("ray.io", "v1", "rayjobs"),
     # The trainer's identity (render.render_trainer_identity), repaired like any child.

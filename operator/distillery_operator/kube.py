@@ -72,6 +72,7 @@ class Kube:
         self._custom = kubernetes.client.CustomObjectsApi(self._client)
         self._rbac = kubernetes.client.RbacAuthorizationV1Api(self._client)
         self._policy = kubernetes.client.PolicyV1Api(self._client)
+        self._networking = kubernetes.client.NetworkingV1Api(self._client)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
 
     def close(self) -> None:
@@ -131,6 +132,10 @@ class Kube:
             await self._call(
                 "create", kind, self._policy.create_namespaced_pod_disruption_budget, namespace, obj
             )
+        elif kind == "NetworkPolicy":
+            await self._call(
+                "create", kind, self._networking.create_namespaced_network_policy, namespace, obj
+            )
         elif kind == "ServiceAccount":
             await self._call("create", kind, self._core.create_namespaced_service_account, namespace, obj)
         elif kind == "Role":
@@ -172,6 +177,10 @@ class Kube:
                 namespace,
                 body,
                 **ct,
+            )
+        elif kind == "NetworkPolicy":
+            await self._call(
+                "patch", kind, self._networking.patch_namespaced_network_policy, name, namespace, body, **ct
             )
         elif kind == "ServiceAccount":
             await self._call(

@@ -49,6 +49,11 @@ def trainer_identity_name(job_name: str) -> str:
     return child_name(job_name, "trainer")
 
 
+def network_policy_name(job_name: str) -> str:
+    """The job's NetworkPolicy (where the chart turns them on)."""
+    return child_name(job_name, "network")
+
+
 def checkpoint_claim(job_name: str) -> str:
     """The PersistentVolumeClaim the operator makes for a job's checkpoints (the plan names it:
     `distillery.plan.checkpoint_storage`), the same for every job of that name."""

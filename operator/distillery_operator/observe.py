@@ -22,6 +22,7 @@ ClaimKey = tuple[str, str]
 """(namespace, name) of a PersistentVolumeClaim."""
 CLAIM_KIND = "PersistentVolumeClaim"
 BUDGET_KIND = "PodDisruptionBudget"
+POLICY_KIND = "NetworkPolicy"
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,8 @@ class Observed:
     deployments: dict[str, Child] = field(default_factory=dict)
     budgets: dict[str, Child] = field(default_factory=dict)
     """The standalone teachers' PodDisruptionBudgets, by name."""
+    policies: dict[str, Child] = field(default_factory=dict)
+    """The job's NetworkPolicy (where the chart turns them on), by name."""
     rayjob: Child | None = None
     claim: Child | None = None
     """The checkpoint claim the operator makes for the job (`naming.checkpoint_claim`), found by its name:
@@ -161,6 +164,11 @@ def summarize_budget(body: Mapping[str, Any]) -> Child:
     return Child(kind=BUDGET_KIND, name=name, owner_uid=uid, spec_hash=spec_hash, owned=_owned(body))
 
 
+def summarize_policy(body: Mapping[str, Any]) -> Child:
+    name, uid, spec_hash = _base(body)
+    return Child(kind=POLICY_KIND, name=name, owner_uid=uid, spec_hash=spec_hash, owned=_owned(body))
+
+
 def summarize_config_map(body: Mapping[str, Any]) -> Child:
     """The config map carries the applied spec: the record of what the children were made from."""
     name, uid, spec_hash = _base(body)
@@ -230,6 +238,7 @@ SUMMARIZERS = {
     "Deployment": summarize_deployment,
     "Service": summarize_service,
     BUDGET_KIND: summarize_budget,
+    POLICY_KIND: summarize_policy,
     "ConfigMap": summarize_config_map,
     "RayJob": summarize_rayjob,
     CLAIM_KIND: summarize_claim,
@@ -255,6 +264,8 @@ def assemble(
             observed.services[child.name] = child
         elif child.kind == BUDGET_KIND:
             observed.budgets[child.name] = child
+        elif child.kind == POLICY_KIND:
+            observed.policies[child.name] = child
         elif child.kind == CLAIM_KIND:
             observed.claim = child
     return observed

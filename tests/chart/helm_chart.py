@@ -36,6 +36,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         },
         "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "dashboards": {"namespace": "monitoring"},
+        "networkPolicy": {"enabled": True},
     },
     "no-extras": {"metrics": {"service": {"enabled": False}}, "dashboards": {"enabled": False}},
     "no-leader-election": {"operator": {"leaderElection": {"enabled": False}}},

@@ -18,7 +18,8 @@ import yaml
 from chart.helm_chart import CHART, NAMESPACE, ROOT, SCENARIOS, by_kind, render, render_objects
 from cloudcoil.models.prometheus_operator import v1 as monitoring
 from distillery_cli.main import build_parser
-from distillery_operator.controller import PULL_SECRETS_ENV, cluster_pull_secrets
+from distillery_operator.controller import PULL_SECRETS_ENV, cluster_pull_secrets, cluster_settings
+from distillery_operator.render import NetworkPolicySettings
 
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ("1.25", "1.37")
@@ -402,3 +403,29 @@ def test_the_operator_is_given_the_charts_pull_secrets(scenario: str) -> None:
         assert cluster_pull_secrets(env) == tuple(names)
     else:
         assert PULL_SECRETS_ENV not in env
+
+
+def test_network_policies_are_off_by_default_and_the_values_reach_the_operator() -> None:
+    """`networkPolicy.enabled` gives the operator its one variable (`controller.cluster_settings` parses
+    it); off, the operator has none and makes no policies. RBAC for them is granted either way."""
+
+    def settings(values: dict[str, Any] | None) -> NetworkPolicySettings | None:
+        (deployment,) = by_kind(render_objects(values), "Deployment")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+        return cluster_settings(env).network_policy
+
+    assert settings(None) is None
+    on = {"networkPolicy": {"enabled": True, "kuberayNamespace": "ray", "monitoringNamespace": "prom"}}
+    assert settings(on) == NetworkPolicySettings(kuberay_namespace="ray", monitoring_namespace="prom")
+    assert settings({"networkPolicy": {"enabled": True}}) == NetworkPolicySettings(
+        "kuberay-system", "monitoring"
+    )
+    for values in (None, on):
+        (role,) = [
+            r for r in by_kind(render_objects(values), "ClusterRole") if "operator" in r["metadata"]["name"]
+        ]
+        assert any(
+            "networkpolicies" in rule["resources"] and {"create", "patch"} <= set(rule["verbs"])
+            for rule in role["rules"]
+        )

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,8 +221,10 @@ def spawn_operator(
     *extra: str,
     pod_name: str = "operator-0",
     kubeconfig: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> OperatorProcess:
-    """`kubeconfig`: another identity than the chart's operator ServiceAccount (e.g. one lacking a grant)."""
+    """`kubeconfig`: another identity than the chart's operator ServiceAccount (e.g. one lacking a grant);
+    `env`: what the chart's values would add to the Deployment's environment."""
     metrics_port, health_port = free_port(), free_port()
     args = operator_args(installation, namespace, *extra)
     env = {
@@ -231,6 +233,7 @@ def spawn_operator(
         # What the Deployment's downward API gives the pod.
         "POD_NAMESPACE": RELEASE_NAMESPACE,
         "POD_NAME": pod_name,
+        **(env or {}),
     }
     out = open(log, "wb")  # noqa: SIM115 - the process owns it
     proc = subprocess.Popen(
@@ -269,9 +272,12 @@ def running_operator(
     *extra: str,
     pod_name: str = "operator-0",
     kubeconfig: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[OperatorProcess]:
     """An operator process, ready (health endpoint says so) before the body runs; stopped after."""
-    operator = spawn_operator(installation, namespace, log, *extra, pod_name=pod_name, kubeconfig=kubeconfig)
+    operator = spawn_operator(
+        installation, namespace, log, *extra, pod_name=pod_name, kubeconfig=kubeconfig, env=env
+    )
     try:
         wait_until(
             lambda: ready(operator.health_port) or operator.proc.poll() is not None,

@@ -32,6 +32,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 
 from distillery_operator import naming
+from distillery_operator.controller import NETWORK_POLICY_ENV
 from harness import (
     OPERATOR_SA,
     RELEASE_NAMESPACE,
@@ -199,7 +200,7 @@ def events(installation: Installation, namespace: str, name: str) -> list[dict[s
 def children(installation: Installation, namespace: str, job: str) -> dict[str, list[str]]:
     selector = f"{naming.JOB_LABEL}={job}"
     kinds = ("configmaps", "services", "deployments.apps", "rayjobs.ray.io", "persistentvolumeclaims")
-    kinds += ("poddisruptionbudgets.policy",)
+    kinds += ("poddisruptionbudgets.policy", "networkpolicies.networking.k8s.io")
     kinds += ("serviceaccounts", "roles.rbac.authorization.k8s.io", "rolebindings.rbac.authorization.k8s.io")
     return {kind: installation.names(kind, namespace, selector) for kind in kinds}
 
@@ -214,7 +215,10 @@ def test_the_operator_uses_exactly_what_the_chart_grants(
     name = "std"
     teacher = naming.teacher_name(name, "qwen-7b")
     rayjob = naming.rayjob_name(name)
-    with running_operator(installation, namespace, tmp_path / "operator.log") as operator:
+    # The chart with networkPolicy.enabled: the operator makes each job's NetworkPolicy (a grant the chart
+    # gives either way, so the policy is exercised here).
+    env = {NETWORK_POLICY_ENV: "kuberay=kuberay-system,monitoring=monitoring"}
+    with running_operator(installation, namespace, tmp_path / "operator.log", env=env) as operator:
         # No claim named: the operator makes the checkpoint claim, owned by the job (the garbage collector
         # deletes it with the job below: the operator never deletes anything).
         apply(installation, namespace, example(name, checkpoint={"deleteWithJob": True}))
@@ -279,6 +283,13 @@ def test_the_operator_uses_exactly_what_the_chart_grants(
         wait_until(
             lambda: installation.get("pdb", teacher, namespace)["spec"]["maxUnavailable"] == 1,
             what="the PodDisruptionBudget repaired",
+        )
+        # ... and the job's NetworkPolicy, opened to every pod of the cluster: put back.
+        policy = naming.network_policy_name(name)
+        merge_patch(installation, namespace, "networkpolicy", policy, {"spec": {"ingress": [{}]}})
+        wait_until(
+            lambda: len(installation.get("networkpolicy", policy, namespace)["spec"]["ingress"]) == 3,
+            what="the NetworkPolicy repaired",
         )
         # Someone widens the trainer's Role and edits its ServiceAccount and RoleBinding: all put back.
         identity = naming.trainer_identity_name(name)

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import yaml
 from distillery_operator.controller import status_body
-from distillery_operator.decide import Decision, decide
+from distillery_operator.decide import NO_CLUSTER_SETTINGS, Decision, decide
 from distillery_operator.observe import SUMMARIZERS, Child, ClaimFacts, Health, Observed, assemble
+from distillery_operator.render import ClusterSettings, NetworkPolicySettings
 from distillery_operator.scheduling import unscheduled_pods
 from distillery_operator.workqueue import Backoff, WorkQueue
 
@@ -39,8 +40,9 @@ EXAMPLE_CLAIMS = {name: ClaimFacts(name, ("ReadWriteMany",)) for name in ("datas
 class World:
     """A job and its children, advanced by applying the decision's writes (as the API server would)."""
 
-    def __init__(self, body: dict[str, Any]):
+    def __init__(self, body: dict[str, Any], cluster: ClusterSettings = NO_CLUSTER_SETTINGS):
         self.body = body
+        self.cluster = cluster
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.health: dict[str, Health] = {}
         self.events: list[Any] = []
@@ -53,10 +55,10 @@ class World:
     def decide(self, now: str) -> Decision:
         """As the controller decides: again with the claims read, when the decision asks for them."""
         observed = self.observed()
-        decision = decide(self.body, observed, now)
+        decision = decide(self.body, observed, now, cluster=self.cluster)
         if decision.read_claims:
             observed.claims = {name: self.claims.get(name) for name in decision.read_claims}
-            decision = decide(self.body, observed, now)
+            decision = decide(self.body, observed, now, cluster=self.cluster)
         return decision
 
     def step(self, now: str = T1) -> Decision:
@@ -383,6 +385,28 @@ def test_drift_is_repaired_and_nothing_else_is_touched() -> None:
         ("patch", "Deployment", "drift: spec-hash")
     ]
     assert world.settle().actions == []
+
+
+def test_where_the_chart_turns_them_on_the_job_gets_its_network_policy_first_and_it_is_repaired() -> None:
+    policies = ClusterSettings(network_policy=NetworkPolicySettings("kuberay-system", "monitoring"))
+    world = World(job_body("gkd.yaml"), policies)
+    first = world.step(T0)
+    # Before any pod it selects exists: right after the config.
+    assert [(a.verb, a.kind) for a in first.actions][:2] == [
+        ("create", "ConfigMap"),
+        ("create", "NetworkPolicy"),
+    ]
+    world.settle()
+    policy = world.objects[("NetworkPolicy", "gkd-jsd-network")]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"distillery.io/job": "gkd-jsd"}}
+    policy["spec"]["ingress"] = [{}]  # opened to every pod of the cluster
+    decision = world.step()
+    assert [(a.verb, a.kind) for a in decision.actions] == [("patch", "NetworkPolicy")]
+    assert len(world.objects[("NetworkPolicy", "gkd-jsd-network")]["spec"]["ingress"]) == 3
+    # Off (the chart's default): none made.
+    plain = World(job_body("gkd.yaml"))
+    plain.settle()
+    assert not [key for key in plain.objects if key[0] == "NetworkPolicy"]
 
 
 def _defaulted(obj: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from distillery_operator import naming
-from distillery_operator.controller import cluster_pull_secrets
+from distillery_operator.controller import cluster_pull_secrets, cluster_settings
 from distillery_operator.render import RenderContext, pod_templates, render_job
 from support.pod_settings import AFFINITY, ENV, MOUNTS, SPREAD, TOLERATION, VOLUMES, job_with_settings
 
@@ -255,3 +255,11 @@ def test_the_applied_spec_renders_the_same_pods() -> None:
     job = DistillationJob.model_validate(job_with_settings())
     applied = job.model_copy(update={"spec": type(job.spec).model_validate(job.spec.to_yaml_dict())})
     assert pod_templates(render_job(applied, CTX)) == pod_templates(render_job(job, CTX))
+
+
+def test_the_network_policy_variable_is_parsed_once_and_a_bad_one_names_itself() -> None:
+    assert cluster_settings({}).network_policy is None
+    parsed = cluster_settings({"DISTILLERY_NETWORK_POLICY": "kuberay=ray, monitoring=prom"}).network_policy
+    assert parsed is not None and (parsed.kuberay_namespace, parsed.monitoring_namespace) == ("ray", "prom")
+    with pytest.raises(ValueError, match=r"DISTILLERY_NETWORK_POLICY=.*no namespace for monitoring"):
+        cluster_settings({"DISTILLERY_NETWORK_POLICY": "kuberay=ray"})

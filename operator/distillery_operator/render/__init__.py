@@ -2,7 +2,7 @@
 
 Per job: one ConfigMap with the resolved runtime config (`config_map`), one Deployment + headless Service per
 standalone teacher (`teacher`) and its PodDisruptionBudget (`disruption_budget`; external and colocated
-teachers get no objects), the checkpoint PersistentVolumeClaim (`claim`, unless the job names its own or
+teachers get no objects), where the chart turns them on, a NetworkPolicy (`network_policy`), the checkpoint PersistentVolumeClaim (`claim`, unless the job names its own or
 none: `distillery.plan.checkpoint_storage`), the trainer pods' ServiceAccount and Role (`identity`), and one
 KubeRay RayJob running the student (`rayjob`). Every pod of them gets its resources, security and placement from one builder (`pod_shape`),
 as KubeRay's `controllers/ray/common/` builds each child in a module of its own. `distillery render FILE`
@@ -13,6 +13,8 @@ from distillery_operator.render.claim import render_checkpoint_claim
 from distillery_operator.render.common import (
     KUEUE_QUEUE_LABEL,
     LIVE_FIELDS,
+    ClusterSettings,
+    NetworkPolicySettings,
     RenderContext,
     owner_reference,
     queued_by_kueue,
@@ -35,6 +37,7 @@ from distillery_operator.render.job import (
     render_manifest_stream,
     standalone_teachers,
 )
+from distillery_operator.render.network_policy import NETWORK_POLICY_API_VERSION, render_network_policy
 from distillery_operator.render.pod_shape import (
     RUNTIME_UID,
     container_security_context,
@@ -72,6 +75,7 @@ __all__ = [
     "HEALTH_PATH",
     "KUEUE_QUEUE_LABEL",
     "LIVE_FIELDS",
+    "NETWORK_POLICY_API_VERSION",
     "PDB_API_VERSION",
     "PRESTOP_MARGIN_SECONDS",
     "RAYJOB_API_VERSION",
@@ -80,6 +84,8 @@ __all__ = [
     "RUNTIME_UID",
     "STARTUP_PERIOD_SECONDS",
     "TEACHER_MODULE",
+    "ClusterSettings",
+    "NetworkPolicySettings",
     "RenderContext",
     "container_security_context",
     "owner_reference",
@@ -93,6 +99,7 @@ __all__ = [
     "render_config_map",
     "render_job",
     "render_manifest_stream",
+    "render_network_policy",
     "render_rayjob",
     "render_teacher_deployment",
     "render_teacher_disruption_budget",

@@ -21,6 +21,35 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 @dataclass(frozen=True)
+class NetworkPolicySettings:
+    """The chart's `networkPolicy` values: where KubeRay's operator and the metrics scrapers run (each job's
+    NetworkPolicy lets them in; `render/network_policy.py`)."""
+
+    kuberay_namespace: str
+    monitoring_namespace: str
+
+    @classmethod
+    def parse(cls, value: str) -> NetworkPolicySettings | None:
+        """`kuberay=NS,monitoring=NS` (the chart's DISTILLERY_NETWORK_POLICY); None when empty (off)."""
+        if not value.strip():
+            return None
+        pairs = (part.split("=", 1) for part in value.split(",") if "=" in part)
+        fields = {key.strip(): namespace for key, namespace in pairs}
+        missing = [k for k in ("kuberay", "monitoring") if not fields.get(k, "").strip()]
+        if missing:
+            raise ValueError(f"DISTILLERY_NETWORK_POLICY={value!r}: no namespace for {', '.join(missing)}")
+        return cls(fields["kuberay"].strip(), fields["monitoring"].strip())
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """What the chart tells the operator about the cluster, the same for every job (its environment)."""
+
+    image_pull_secrets: tuple[str, ...] = ()
+    network_policy: NetworkPolicySettings | None = None
+
+
+@dataclass(frozen=True)
 class RenderContext:
     """What the objects depend on besides the spec."""
 
@@ -32,6 +61,8 @@ class RenderContext:
     image_pull_secrets: tuple[str, ...] = ()
     """The cluster's pull secrets (the chart's `imagePullSecrets`, given to the operator by
     `DISTILLERY_IMAGE_PULL_SECRETS`): every pod gets them, before the job's own."""
+    network_policy: NetworkPolicySettings | None = None
+    """Where the chart turns them on (`networkPolicy.enabled`): each job's NetworkPolicy allows these."""
 
 
 def queued_by_kueue(job: DistillationJob) -> bool:

@@ -14,6 +14,7 @@ from distillery_operator.render.common import RenderContext
 from distillery_operator.render.config_map import render_config_map
 from distillery_operator.render.disruption_budget import render_teacher_disruption_budget
 from distillery_operator.render.identity import render_trainer_identity
+from distillery_operator.render.network_policy import render_network_policy
 from distillery_operator.render.rayjob import render_rayjob
 from distillery_operator.render.teacher import render_teacher_deployment, render_teacher_service
 
@@ -23,9 +24,12 @@ def standalone_teachers(job: DistillationJob) -> list[Teacher]:
 
 
 def render_job(job: DistillationJob, ctx: RenderContext) -> list[dict[str, Any]]:
-    """Every child of a job, in creation order (config first: the trainer and teachers read it; the
-    checkpoint claim before the trainer, whose pods mount it)."""
+    """Every child of a job, in creation order (config first: the trainer and teachers read it; the network
+    policy before any pod it selects exists; the checkpoint claim before the trainer, whose pods mount it)."""
     objects = [render_config_map(job, ctx)]
+    policy = render_network_policy(job, ctx)
+    if policy is not None:
+        objects.append(policy)
     for teacher in standalone_teachers(job):
         objects.append(render_teacher_service(job, teacher, ctx))
         objects.append(render_teacher_deployment(job, teacher, ctx))

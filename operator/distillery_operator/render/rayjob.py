@@ -34,7 +34,16 @@ from distillery_operator.render.pod_shape import pod_template
 
 RAYJOB_API_VERSION = "ray.io/v1"
 ENTRYPOINT = f"distillery run {CONFIG_MOUNT_DIR}/{CONFIG_KEY}"
-RAY_HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), ("metrics", 8080))
+DASHBOARD_PORT = 8265
+"""Ray's dashboard and Jobs API: KubeRay's operator follows the RayJob through it, its submitter submits there."""
+RAY_METRICS_PORT = 8080
+"""Ray's own Prometheus exporter (`--metrics-export-port`), on the head and the workers."""
+RAY_HEAD_PORTS = (
+    ("gcs-server", 6379),
+    ("dashboard", DASHBOARD_PORT),
+    ("client", 10001),
+    ("metrics", RAY_METRICS_PORT),
+)
 """The head's ports under KubeRay's names (its defaults for a head container that declares none)."""
 SUBMITTER_CONTAINER = "ray-job-submitter"
 """KubeRay's name for the submitter container; KubeRay fills in its command and environment."""
