@@ -33,6 +33,7 @@ from distillery_operator.drift import drifted
 from distillery_operator.observe import BUDGET_KIND, CLAIM_KIND, POLICY_KIND, Child, ClaimFacts, Observed
 from distillery_operator.render import (
     KUEUE_QUEUE_LABEL,
+    NO_CLUSTER_SETTINGS,
     ClusterSettings,
     RenderContext,
     queued_by_kueue,
@@ -52,9 +53,6 @@ from distillery_operator.status import (
     trainer_state,
 )
 from distillery_operator.storage import StorageCheck, check_storage, claim_uses, claims_to_read, mountable
-
-NO_CLUSTER_SETTINGS = ClusterSettings()
-"""No pull secrets, no network policies (`distillery render`, tests)."""
 
 
 @dataclass(frozen=True)
@@ -210,8 +208,7 @@ def decide(
             namespace=meta.namespace or "",
             owner_uid=meta.uid,
             teachers_scaled_to_zero=scaled_to_zero,
-            image_pull_secrets=cluster.image_pull_secrets,
-            network_policy=cluster.network_policy,
+            cluster=cluster,
         )
         blocked = set(foreign)
         actions = plan_actions(job, render_job(job, ctx), observed, blocked, terminal is not None)

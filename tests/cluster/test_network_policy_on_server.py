@@ -19,7 +19,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from distillery_operator import naming
-from distillery_operator.render import NetworkPolicySettings, RenderContext, pod_templates, render_job
+from distillery_operator.render import (
+    ClusterSettings,
+    NetworkPolicySettings,
+    RenderContext,
+    pod_templates,
+    render_job,
+)
 from harness import Installation, temporary_namespace, yaml_stream
 from test_pod_admission_on_server import JOBS
 
@@ -31,7 +37,9 @@ SETTINGS = NetworkPolicySettings(kuberay_namespace="kuberay-system", monitoring_
 
 
 def rendered(job: DistillationJob, namespace: str) -> list[dict[str, Any]]:
-    return render_job(job, RenderContext(namespace=namespace, network_policy=SETTINGS))
+    return render_job(
+        job, RenderContext(namespace=namespace, cluster=ClusterSettings(network_policy=SETTINGS))
+    )
 
 
 def dry_run(installation: Installation, objects: list[dict[str, Any]]) -> tuple[int, str]:

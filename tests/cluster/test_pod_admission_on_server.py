@@ -31,7 +31,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from distillery_operator.render import RenderContext, pod_templates, render_job
+from distillery_operator.render import ClusterSettings, RenderContext, pod_templates, render_job
 from harness import Installation, temporary_namespace, wait_until, yaml_stream
 from support.pod_settings import job_with_settings
 
@@ -163,7 +163,9 @@ def test_pods_with_every_pod_setting_are_admitted(
     and the job's) on every pod kind, still admitted under `restricted` and the quota; the priority the
     server resolved from the class shows that the field reached it."""
     job = DistillationJob.model_validate(job_with_settings(priority_class))
-    ctx = RenderContext(namespace=restricted, image_pull_secrets=("cluster-registry",))
+    ctx = RenderContext(
+        namespace=restricted, cluster=ClusterSettings(image_pull_secrets=("cluster-registry",))
+    )
     pods = as_pods(job, restricted, ctx)
     assert {p["metadata"]["name"].rsplit("-", 1)[-1] for p in pods} >= {"head", "student", "submitter", "pod"}
     ensure_service_accounts(installation, restricted, pods)

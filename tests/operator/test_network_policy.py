@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 from distillery_operator import naming
-from distillery_operator.render import NetworkPolicySettings, RenderContext, pod_templates, render_job
+from distillery_operator.render import (
+    ClusterSettings,
+    NetworkPolicySettings,
+    RenderContext,
+    pod_templates,
+    render_job,
+)
 
 from distillery.api import DistillationJob
 from distillery.runtime_config import RUNTIME_METRICS_PORT, TEACHER_PORT
@@ -29,7 +35,7 @@ def policies(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("job", JOBS, ids=lambda job: job.metadata.name)
 def test_off_by_default_and_on_it_selects_every_pod_of_the_job(job: DistillationJob) -> None:
     assert policies(render_job(job, RenderContext(namespace="ns"))) == []
-    objects = render_job(job, RenderContext(namespace="ns", network_policy=SETTINGS))
+    objects = render_job(job, RenderContext(namespace="ns", cluster=ClusterSettings(network_policy=SETTINGS)))
     (policy,) = policies(objects)
     assert policy["metadata"]["name"] == naming.network_policy_name(job.metadata.name)
     selector = policy["spec"]["podSelector"]["matchLabels"]
@@ -49,7 +55,9 @@ def test_off_by_default_and_on_it_selects_every_pod_of_the_job(job: Distillation
 
 def test_the_three_rules() -> None:
     job = JOBS[0]
-    (policy,) = policies(render_job(job, RenderContext(namespace="ns", network_policy=SETTINGS)))
+    (policy,) = policies(
+        render_job(job, RenderContext(namespace="ns", cluster=ClusterSettings(network_policy=SETTINGS)))
+    )
     spec = policy["spec"]
     pods = spec["podSelector"]
     assert spec["policyTypes"] == ["Ingress"]  # egress open: models and external teachers

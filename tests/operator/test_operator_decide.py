@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 from distillery_operator.controller import status_body
-from distillery_operator.decide import NO_CLUSTER_SETTINGS, Decision, decide
+from distillery_operator.decide import Decision, decide
 from distillery_operator.observe import SUMMARIZERS, Child, ClaimFacts, Health, Observed, assemble
-from distillery_operator.render import ClusterSettings, NetworkPolicySettings
+from distillery_operator.render import NO_CLUSTER_SETTINGS, ClusterSettings, NetworkPolicySettings
 from distillery_operator.scheduling import unscheduled_pods
 from distillery_operator.workqueue import Backoff, WorkQueue
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from distillery_operator import naming
 from distillery_operator.controller import cluster_pull_secrets, cluster_settings
-from distillery_operator.render import RenderContext, pod_templates, render_job
+from distillery_operator.render import ClusterSettings, RenderContext, pod_templates, render_job
 from support.pod_settings import AFFINITY, ENV, MOUNTS, SPREAD, TOLERATION, VOLUMES, job_with_settings
 
 from distillery.api import DistillationJob
@@ -58,7 +58,8 @@ def shaped(doc: dict[str, Any], ctx: RenderContext = CTX) -> dict[str, dict[str,
 
 def test_every_pod_kind_gets_every_setting() -> None:
     templates = shaped(
-        job_with_settings(), RenderContext(namespace="team-a", image_pull_secrets=("cluster-registry",))
+        job_with_settings(),
+        RenderContext(namespace="team-a", cluster=ClusterSettings(image_pull_secrets=("cluster-registry",))),
     )
     assert set(templates) == {"head", "worker", "submitter", "teacher"}
     for kind, template in templates.items():

@@ -211,12 +211,11 @@ def test_one_step_off_and_a_restarted_teacher_container_finds_its_cache(workspac
         ]
         return (pods[0]["metadata"]["name"], statuses[0]) if len(pods) == 1 and statuses else None
 
-    wait_until(
-        lambda: (found := teacher_container()) is not None and found[1]["ready"],
+    pod: str = wait_until(
+        lambda: (found := teacher_container()) is not None and found[1]["ready"] and found[0],
         timeout=FINISH,
         what="the teacher's container to be ready",
     )
-    pod, _ = teacher_container() or ("", {})
     marker = "$HF_HOME/downloaded-by-the-first-container"
     workspace.exec(pod, "teacher", f"touch {marker}")
     # SIGTERM, which vLLM's server handles (the kernel drops the signals a PID namespace's first process

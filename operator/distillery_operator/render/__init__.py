@@ -13,6 +13,7 @@ from distillery_operator.render.claim import render_checkpoint_claim
 from distillery_operator.render.common import (
     KUEUE_QUEUE_LABEL,
     LIVE_FIELDS,
+    NO_CLUSTER_SETTINGS,
     ClusterSettings,
     NetworkPolicySettings,
     RenderContext,
@@ -76,6 +77,7 @@ __all__ = [
     "KUEUE_QUEUE_LABEL",
     "LIVE_FIELDS",
     "NETWORK_POLICY_API_VERSION",
+    "NO_CLUSTER_SETTINGS",
     "PDB_API_VERSION",
     "PRESTOP_MARGIN_SECONDS",
     "RAYJOB_API_VERSION",

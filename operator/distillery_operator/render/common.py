@@ -46,7 +46,14 @@ class ClusterSettings:
     """What the chart tells the operator about the cluster, the same for every job (its environment)."""
 
     image_pull_secrets: tuple[str, ...] = ()
+    """The chart's `imagePullSecrets` (`DISTILLERY_IMAGE_PULL_SECRETS`): every pod gets them, before the
+    job's own."""
     network_policy: NetworkPolicySettings | None = None
+    """Where the chart turns them on (`networkPolicy.enabled`): each job's NetworkPolicy allows these."""
+
+
+NO_CLUSTER_SETTINGS = ClusterSettings()
+"""No pull secrets, no network policies (`distillery render`, tests)."""
 
 
 @dataclass(frozen=True)
@@ -58,11 +65,8 @@ class RenderContext:
     """The job's uid; None (as in `distillery render`) leaves owner references out."""
     teachers_scaled_to_zero: bool = False
     """Suspended or finished jobs keep their teacher Deployments at zero replicas (no GPUs held)."""
-    image_pull_secrets: tuple[str, ...] = ()
-    """The cluster's pull secrets (the chart's `imagePullSecrets`, given to the operator by
-    `DISTILLERY_IMAGE_PULL_SECRETS`): every pod gets them, before the job's own."""
-    network_policy: NetworkPolicySettings | None = None
-    """Where the chart turns them on (`networkPolicy.enabled`): each job's NetworkPolicy allows these."""
+    cluster: ClusterSettings = NO_CLUSTER_SETTINGS
+    """What the chart says of the cluster: pull secrets, network policies."""
 
 
 def queued_by_kueue(job: DistillationJob) -> bool:

@@ -45,7 +45,7 @@ def _tcp(*ports: int) -> list[dict[str, Any]]:
 
 def render_network_policy(job: DistillationJob, ctx: RenderContext) -> dict[str, Any] | None:
     """The job's policy, or None where the chart leaves them off."""
-    settings = ctx.network_policy
+    settings = ctx.cluster.network_policy
     if settings is None:
         return None
     pods = {naming.JOB_LABEL: naming.label_value(job.metadata.name)}

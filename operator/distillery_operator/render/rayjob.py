@@ -156,7 +156,7 @@ def render_rayjob(job: DistillationJob, ctx: RenderContext) -> dict[str, Any]:
     spec = job.spec
     pool = spec.student.pool
     resources = pod_resources(spec)
-    scheduling = pod_scheduling(spec, ctx.image_pull_secrets)
+    scheduling = pod_scheduling(spec, ctx.cluster.image_pull_secrets)
     labels = naming.child_labels(job.metadata.name, "trainer", user_labels(job), keep_kueue=True)
     rayjob_spec: dict[str, Any] = {
         "entrypoint": ENTRYPOINT,

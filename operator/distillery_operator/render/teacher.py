@@ -89,7 +89,7 @@ def teacher_pod_template(job: DistillationJob, teacher: Teacher, ctx: RenderCont
     }
     mount_model_cache(pod, model_cache(job.spec).get(teacher.name))
     resources = pod_resources(job.spec).teachers[teacher.name]
-    scheduling = pod_scheduling(job.spec, ctx.image_pull_secrets).teachers[teacher.name]
+    scheduling = pod_scheduling(job.spec, ctx.cluster.image_pull_secrets).teachers[teacher.name]
     return pod_template(teacher_labels(job, teacher), pod, resources, scheduling)
 
 
