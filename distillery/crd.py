@@ -1,9 +1,9 @@
-"""Generates the DistillationJob CustomResourceDefinition from the pydantic models.
+"""Generates the DistillationJob and DistillationTeacher CustomResourceDefinitions from the pydantic models.
 
 Pydantic's JSON schema is turned into a Kubernetes *structural* schema: references inlined, optional
 fields without the `null` branch, `int | str` as `x-kubernetes-int-or-string`, exclusive bounds in the
-OpenAPI v3.0 form, and each model's `Rule`s as CEL `x-kubernetes-validations`. `crds/` holds the output;
-a test fails when the two drift.
+OpenAPI v3.0 form, and each model's `Rule`s as CEL `x-kubernetes-validations`. `crds/` holds the output
+(one file per kind, `CRD_FILES`); a test fails when the two drift.
 """
 
 from __future__ import annotations
@@ -12,11 +12,24 @@ from typing import Any
 
 import yaml
 
-from distillery.api import GROUP, KIND, PLURAL, VERSION, ApiModel, DistillationJobSpec, DistillationJobStatus
+from distillery.api import (
+    GROUP,
+    KIND,
+    PLURAL,
+    TEACHER_KIND,
+    TEACHER_PLURAL,
+    VERSION,
+    ApiModel,
+    DistillationJobSpec,
+    DistillationJobStatus,
+    DistillationTeacherSpec,
+    DistillationTeacherStatus,
+)
 
 CRD_FILE = "distillery.io_distillationjobs.yaml"
+TEACHER_CRD_FILE = "distillery.io_distillationteachers.yaml"
 
-PRINTER_COLUMNS = [
+PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Steps", "type": "integer", "jsonPath": ".spec.schedule.steps"},
@@ -25,9 +38,17 @@ PRINTER_COLUMNS = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
+TEACHER_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
+    {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
 
 def _models_by_name() -> dict[str, type[ApiModel]]:
-    """Every model reachable from the spec and status, by the name pydantic gives its schema definition."""
+    """Every model reachable from the specs and statuses, by the name pydantic gives its schema definition
+    (the two kinds share their teacher models, so a name means one model)."""
     found: dict[str, type[ApiModel]] = {}
 
     def walk(model: type[ApiModel]) -> None:
@@ -39,8 +60,13 @@ def _models_by_name() -> dict[str, type[ApiModel]]:
                 if isinstance(arg, type) and issubclass(arg, ApiModel):
                     walk(arg)
 
-    walk(DistillationJobSpec)
-    walk(DistillationJobStatus)
+    for root in (
+        DistillationJobSpec,
+        DistillationJobStatus,
+        DistillationTeacherSpec,
+        DistillationTeacherStatus,
+    ):
+        walk(root)
     return found
 
 
@@ -205,27 +231,62 @@ def object_schema(model: type[ApiModel]) -> dict[str, Any]:
 
 
 def build_crd() -> dict[str, Any]:
-    """The CustomResourceDefinition object."""
-    spec_schema = object_schema(DistillationJobSpec)
+    """The DistillationJob CustomResourceDefinition."""
+    return _custom_resource_definition(
+        kind=KIND,
+        plural=PLURAL,
+        short_name="dj",
+        spec=DistillationJobSpec,
+        status=DistillationJobStatus,
+        columns=PRINTER_COLUMNS,
+        description="DistillationJob distills one or more teacher LLMs into a student with on-policy distillation.",
+    )
+
+
+def build_teacher_crd() -> dict[str, Any]:
+    """The DistillationTeacher CustomResourceDefinition."""
+    return _custom_resource_definition(
+        kind=TEACHER_KIND,
+        plural=TEACHER_PLURAL,
+        short_name="dt",
+        spec=DistillationTeacherSpec,
+        status=DistillationTeacherStatus,
+        columns=TEACHER_PRINTER_COLUMNS,
+        description="DistillationTeacher serves one teacher LLM to every DistillationJob of its namespace that "
+        "references it, with replicas scaled by their demand.",
+    )
+
+
+def _custom_resource_definition(
+    *,
+    kind: str,
+    plural: str,
+    short_name: str,
+    spec: type[ApiModel],
+    status: type[ApiModel],
+    columns: list[dict[str, Any]],
+    description: str,
+) -> dict[str, Any]:
+    spec_schema = object_schema(spec)
     loose = unbounded(spec_schema, "spec")
     if loose:
         raise ValueError(f"unbounded fields (give each a max_length): {', '.join(loose)}")
-    status_schema = object_schema(DistillationJobStatus)
+    status_schema = object_schema(status)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{PLURAL}.{GROUP}",
+            "name": f"{plural}.{GROUP}",
             "labels": {"app.kubernetes.io/name": "distillery", "app.kubernetes.io/part-of": "distillery"},
         },
         "spec": {
             "group": GROUP,
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": KIND.lower(),
-                "shortNames": ["dj"],
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": [short_name],
                 "categories": ["all", "distillery", "ml"],
             },
             "scope": "Namespaced",
@@ -235,12 +296,11 @@ def build_crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "additionalPrinterColumns": columns,
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "description": "DistillationJob distills one or more teacher LLMs into a student "
-                            "with on-policy distillation.",
+                            "description": description,
                             "required": ["spec"],
                             "properties": {
                                 "apiVersion": {"type": "string"},
@@ -257,7 +317,13 @@ def build_crd() -> dict[str, Any]:
     }
 
 
-def render_crd_yaml() -> str:
-    """The CRD as the YAML file checked into crds/."""
-    header = "# Generated by `distillery crd` from distillery/api. Do not edit by hand.\n"
-    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=120)
+def render_crd_yaml(kind: str = KIND) -> str:
+    """The CRD of `kind` as the YAML file checked into crds/ (`CRD_FILES[kind]`)."""
+    flag = "" if kind == KIND else f" --kind {kind}"
+    header = f"# Generated by `distillery crd{flag}` from distillery/api. Do not edit by hand.\n"
+    return header + yaml.safe_dump(BUILDERS[kind](), sort_keys=False, width=120)
+
+
+BUILDERS = {KIND: build_crd, TEACHER_KIND: build_teacher_crd}
+CRD_FILES = {KIND: CRD_FILE, TEACHER_KIND: TEACHER_CRD_FILE}
+"""The file in crds/ (and the chart's crds/) of each kind's CRD."""

@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from distillery.api import ApiModel, DistillationJob, DistillationJobSpec, Placement
+from distillery.api import ApiModel, DistillationJob, DistillationJobSpec, Placement, Teacher
 from distillery.plan import resolve
 from distillery.plan.checkpoint_storage import checkpoint_storage
 
@@ -26,7 +26,7 @@ RUNTIME_METRICS_PORT = 9100
 
 class TeacherProtocol(StrEnum):
     COMPACT = "compact"
-    """Distillery's packed-binary scoring endpoint (standalone teachers run our server)."""
+    """Distillery's packed-binary scoring endpoint (standalone and shared teachers run our server)."""
     OPENAI = "openai"
     """The OpenAI-compatible /v1/completions path with prompt_logprobs (external teachers)."""
     IN_PROCESS = "in_process"
@@ -89,20 +89,49 @@ def teacher_url(job_name: str, teacher_name: str, namespace: str | None) -> str:
     return f"http://{host}:{TEACHER_PORT}"
 
 
+def shared_teacher_service_name(teacher_name: str) -> str:
+    """The Service (and Deployment) of a DistillationTeacher: its own name where that is a DNS-1035 label,
+    so `kubectl get svc` shows the teacher's name; else a cut of it with a hash of the whole (two teachers
+    never share one)."""
+    from distillery.names import child_name, dns1035
+
+    return dns1035(child_name(teacher_name))
+
+
+def shared_teacher_url(teacher_name: str, namespace: str | None) -> str:
+    """The base URL of a DistillationTeacher for the jobs that reference it (`placement: shared`): its
+    Service in `namespace`, the jobs' own (a job references teachers of its namespace only)."""
+    host = shared_teacher_service_name(teacher_name)
+    if namespace:
+        host = f"{host}.{namespace}.svc"
+    return f"http://{host}:{TEACHER_PORT}"
+
+
+def teacher_endpoints(job: DistillationJob, teacher: Teacher, namespace: str | None) -> list[str]:
+    """Where a job reaches one of its teachers: a standalone teacher at its Service, a shared one at its
+    DistillationTeacher's, an external one at its URL; a colocated one runs in the trainer (none)."""
+    if teacher.placement == Placement.STANDALONE:
+        return [teacher_url(job.metadata.name, teacher.name, namespace)]
+    if teacher.placement == Placement.SHARED and teacher.teacher_ref is not None:
+        return [shared_teacher_url(teacher.teacher_ref.name, namespace)]
+    if teacher.placement == Placement.EXTERNAL:
+        return [teacher.endpoint or ""]
+    return []
+
+
 def resolve_runtime_config(job: DistillationJob, namespace: str | None, *, in_cluster: bool) -> RuntimeConfig:
-    """The runtime config of a job: standalone teachers at their Service, external at their URL."""
+    """The runtime config of a job: standalone and shared teachers at their Service (Distillery's teacher
+    server, its compact protocol), external at their URL."""
     spec = job.spec
     engines = resolve(spec).engines
     teachers: list[ResolvedTeacher] = []
     for teacher in spec.teachers:
-        if teacher.placement == Placement.STANDALONE:
-            endpoints = [teacher_url(job.metadata.name, teacher.name, namespace)]
+        endpoints = teacher_endpoints(job, teacher, namespace)
+        if teacher.placement in (Placement.STANDALONE, Placement.SHARED):
             protocol = TeacherProtocol.COMPACT
         elif teacher.placement == Placement.EXTERNAL:
-            endpoints = [teacher.endpoint or ""]
             protocol = TeacherProtocol.OPENAI
         else:
-            endpoints = []
             protocol = TeacherProtocol.IN_PROCESS
         teachers.append(
             ResolvedTeacher(

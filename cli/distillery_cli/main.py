@@ -107,10 +107,10 @@ def _plan(args: argparse.Namespace) -> int:
     return 0 if fits else 1
 
 
-def _crd(_: argparse.Namespace) -> int:
+def _crd(args: argparse.Namespace) -> int:
     from distillery.crd import render_crd_yaml
 
-    sys.stdout.write(render_crd_yaml())
+    sys.stdout.write(render_crd_yaml(args.kind))
     return 0
 
 
@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.set_defaults(func=_plan)
 
-    p = sub.add_parser("crd", help="print the DistillationJob CustomResourceDefinition")
+    p = sub.add_parser("crd", help="print a CustomResourceDefinition (the DistillationJob's by default)")
+    p.add_argument("--kind", choices=["DistillationJob", "DistillationTeacher"], default="DistillationJob")
     p.set_defaults(func=_crd)
 
     p = sub.add_parser("render", help="print the Kubernetes objects the operator creates for a job")

@@ -1,11 +1,22 @@
-"""The DistillationJob API: spec and status models, the one source the CRD and the runtime config come from."""
+"""The DistillationJob and DistillationTeacher APIs: spec and status models, the one source the CRDs and the
+runtime config come from."""
 
 from distillery.api.base import ApiModel, Rule
+from distillery.api.shared_teacher import (
+    TEACHER_API_VERSION,
+    TEACHER_KIND,
+    TEACHER_PLURAL,
+    DistillationTeacher,
+    DistillationTeacherSpec,
+    DistillationTeacherStatus,
+    Scaling,
+)
 from distillery.api.spec import (
     API_VERSION,
     GROUP,
     KIND,
     PLURAL,
+    SERVED_ELSEWHERE,
     TOPK_MODES,
     VERSION,
     Checkpoint,
@@ -39,6 +50,7 @@ from distillery.api.spec import (
     StudentPool,
     Teacher,
     TeacherPool,
+    TeacherRef,
     Toleration,
     Training,
 )
@@ -62,6 +74,10 @@ __all__ = [
     "GROUP",
     "KIND",
     "PLURAL",
+    "SERVED_ELSEWHERE",
+    "TEACHER_API_VERSION",
+    "TEACHER_KIND",
+    "TEACHER_PLURAL",
     "TERMINAL_PHASES",
     "TOPK_MODES",
     "VERSION",
@@ -77,6 +93,9 @@ __all__ = [
     "DistillationJob",
     "DistillationJobSpec",
     "DistillationJobStatus",
+    "DistillationTeacher",
+    "DistillationTeacherSpec",
+    "DistillationTeacherStatus",
     "Grader",
     "GraderName",
     "Inference",
@@ -98,6 +117,7 @@ __all__ = [
     "Rollout",
     "RolloutEngine",
     "Rule",
+    "Scaling",
     "Schedule",
     "SecretKeyRef",
     "Sharding",
@@ -108,6 +128,7 @@ __all__ = [
     "Teacher",
     "TeacherOutage",
     "TeacherPool",
+    "TeacherRef",
     "TeacherStatus",
     "Toleration",
     "Training",

@@ -110,7 +110,7 @@ class StudentHead(PodSettings):
 
 
 class TeacherPool(PodSettings):
-    """Where a standalone teacher's vLLM replicas run."""
+    """Where a standalone teacher's (or a DistillationTeacher's) vLLM replicas run."""
 
     gpus_per_replica: int = Field(default=1, ge=0, le=16)
     """GPUs per vLLM replica; must be a multiple of tensorParallel."""
@@ -253,7 +253,7 @@ class Precision(StrEnum):
     FLOAT32 = "float32"
 
 
-def _pvc_rule(field: str, attr: str, *, optional: bool = False) -> Rule:
+def pvc_rule(field: str, attr: str, *, optional: bool = False) -> Rule:
     """A `pvc://` location in `field` must name a claim and a path (the operator mounts the claim)."""
     unset = f"!has(self.{field}) || " if optional else ""
     return Rule(
@@ -295,8 +295,8 @@ class Student(ApiModel):
     """The Ray head's own resources and placement; unset fields follow `pool`."""
 
     rules = (
-        _pvc_rule("model", "model"),
-        _pvc_rule("tokenizer", "tokenizer", optional=True),
+        pvc_rule("model", "model"),
+        pvc_rule("tokenizer", "tokenizer", optional=True),
         Rule(
             # Skipped when pool.workers is out of its bounds, which reports it (the server runs every rule;
             # found on the server: workers 0 was reported twice, once on rollout.replicas).
@@ -330,6 +330,11 @@ class Placement(StrEnum):
     STANDALONE = "standalone"
     COLOCATED = "colocated"
     EXTERNAL = "external"
+    SHARED = "shared"
+
+
+SERVED_ELSEWHERE = frozenset({Placement.EXTERNAL, Placement.SHARED})
+"""The placements whose server is not the job's: it loads nothing of theirs and makes no pods for them."""
 
 
 class Inference(ApiModel):
@@ -349,6 +354,13 @@ class Inference(ApiModel):
     """Secret holding a Hugging Face token, exposed to vLLM as HF_TOKEN."""
 
 
+class TeacherRef(ApiModel):
+    """A DistillationTeacher of the job's namespace."""
+
+    name: Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=DNS_SUBDOMAIN_RE)]
+    """The DistillationTeacher's metadata.name."""
+
+
 class Teacher(ApiModel):
     """A model whose log-probs the student learns from."""
 
@@ -356,13 +368,16 @@ class Teacher(ApiModel):
     """Unique within the job; a DNS label (it names the teacher's Deployment and Service)."""
     model: Location
     """Hugging Face id, local path or URI (s3://, gs://, pvc://CLAIM/PATH); for external teachers, the served
-    model name."""
+    model name; for shared teachers, the DistillationTeacher's model."""
     placement: Placement = Placement.STANDALONE
-    """standalone: own GPU pool run by the operator; colocated: on the student's GPUs; external: a URL."""
+    """standalone: own GPU pool run by the operator; colocated: on the student's GPUs; external: a URL;
+    shared: a DistillationTeacher (teacherRef) that serves several jobs."""
     endpoint: str | None = Field(
         default=None, pattern=f"^https?://[^{WHITESPACE}/]+(/[^{WHITESPACE}]*)?$", max_length=MAX_LOCATION
     )
     """Base URL of an OpenAI-compatible server (external teachers only)."""
+    teacher_ref: TeacherRef | None = None
+    """The DistillationTeacher that serves this teacher (shared teachers only)."""
     routes: list[Annotated[str, Field(min_length=1, max_length=MAX_ROUTE)]] = Field(
         default_factory=list, max_length=MAX_ROUTES
     )
@@ -384,7 +399,13 @@ class Teacher(ApiModel):
             message="is required for placement external and not allowed for the other placements",
             field="endpoint",
         ),
-        _pvc_rule("model", "model"),
+        Rule(
+            check=lambda t: (t.teacher_ref is not None) == (t.placement == Placement.SHARED),
+            cel="has(self.teacherRef) == (self.placement == 'shared')",
+            message="is required for placement shared and not allowed for the other placements",
+            field="teacherRef",
+        ),
+        pvc_rule("model", "model"),
     )
 
 
@@ -437,7 +458,7 @@ class DataSource(ApiModel):
     `main` of openai/gsm8k."""
 
     rules = (
-        _pvc_rule("path", "path"),
+        pvc_rule("path", "path"),
         Rule(
             check=lambda s: s.subset is None or s.path.startswith(HF_DATASETS_SCHEME),
             cel=f"!has(self.subset) || self.path.startsWith('{HF_DATASETS_SCHEME}')",
@@ -981,9 +1002,12 @@ class DistillationJobSpec(ApiModel):
     )
 
     def loaded_models(self) -> list[str]:
-        """The model and tokenizer locations the trainer's processes load (external teachers are served
-        elsewhere and load nothing here)."""
-        models = [self.student.model, *(t.model for t in self.teachers if t.placement != Placement.EXTERNAL)]
+        """The model and tokenizer locations the trainer's processes load (external and shared teachers are
+        served elsewhere and load nothing here)."""
+        models = [
+            self.student.model,
+            *(t.model for t in self.teachers if t.placement not in SERVED_ELSEWHERE),
+        ]
         return [*models, self.student.tokenizer] if self.student.tokenizer else models
 
 

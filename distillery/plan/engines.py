@@ -85,8 +85,14 @@ def max_model_len(spec: DistillationJobSpec, teacher: Teacher) -> int:
 
 
 def served_model_name(teacher: Teacher) -> str:
-    """The model name a teacher's server answers to: an external server's own, else the teacher's name."""
-    return teacher.model if teacher.placement == Placement.EXTERNAL else teacher.name
+    """The model name a teacher's server answers to: an external server's own, a shared teacher's its
+    DistillationTeacher's name (one server, many jobs, each naming the teacher as it likes), else the
+    teacher's name."""
+    if teacher.placement == Placement.EXTERNAL:
+        return teacher.model
+    if teacher.placement == Placement.SHARED and teacher.teacher_ref is not None:
+        return teacher.teacher_ref.name
+    return teacher.name
 
 
 def teacher_engine(spec: DistillationJobSpec, teacher: Teacher, memory_fraction: float) -> EngineSettings:

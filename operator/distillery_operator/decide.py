@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from distillery.api import (
+    SERVED_ELSEWHERE,
     Children,
     DistillationJob,
     DistillationJobSpec,
@@ -27,6 +28,7 @@ from distillery.api import (
     TeacherStatus,
 )
 from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.runtime_config import teacher_endpoints
 from distillery.validation import InvalidManifest, parse_spec
 from distillery_operator import naming
 from distillery_operator.drift import drifted
@@ -223,10 +225,12 @@ def decide(
                     actions = [a for a in actions if a.verb != "create"]
         else:
             storage_cond = mountable(tuple(use.claim for use in claim_uses(job)))
+        # Teachers served elsewhere are asked directly whether they answer: an external server, and a
+        # shared teacher's Service (the job does not own its Deployment, so it has none to watch).
         external = {
-            t.name: t.endpoint or ""
+            t.name: teacher_endpoints(job, t, job.metadata.namespace)[0]
             for t in job.spec.teachers
-            if t.placement == Placement.EXTERNAL and terminal is None and not suspend
+            if t.placement in SERVED_ELSEWHERE and terminal is None and not suspend
         }
 
     phase, message = derive_phase(

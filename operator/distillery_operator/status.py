@@ -27,7 +27,7 @@ from distillery.api import (
     TeacherStatus,
 )
 from distillery.plan.checkpoint_storage import checkpoint_storage
-from distillery.runtime_config import teacher_url
+from distillery.runtime_config import teacher_endpoints, teacher_url
 from distillery_operator import naming
 from distillery_operator.observe import Child, Observed, Unscheduled
 from distillery_operator.render import KUEUE_QUEUE_LABEL
@@ -169,14 +169,16 @@ def _teacher_status(
             message=message,
         )
         return status, failing
-    if teacher.placement == Placement.EXTERNAL:
+    if teacher.placement in (Placement.EXTERNAL, Placement.SHARED):
+        # Served elsewhere (a shared teacher by its DistillationTeacher): ready when its server answers.
         health = observed.external.get(teacher.name)
+        served_by = f"DistillationTeacher {teacher.teacher_ref.name}: " if teacher.teacher_ref else ""
         status = TeacherStatus(
             name=teacher.name,
             placement=teacher.placement,
             ready=bool(health and health.ok),
-            endpoint=teacher.endpoint,
-            message=health.message if health else "not checked yet",
+            endpoint=teacher_endpoints(job, teacher, job.metadata.namespace)[0],
+            message=served_by + (health.message if health else "not checked yet"),
         )
         return status, health is not None and not health.ok
     status = TeacherStatus(

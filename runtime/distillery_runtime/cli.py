@@ -140,11 +140,11 @@ def check_teacher_tokenizers(config: RuntimeConfig, student_tokenizer: Any) -> N
 
 
 def _local_folder(teacher: Any) -> str | None:
-    """The teacher's model folder when it is one on this machine (not external, not a hub id)."""
-    from distillery.api.spec import Placement
+    """The teacher's model folder when it is one on this machine (not served elsewhere, not a hub id)."""
+    from distillery.api.spec import SERVED_ELSEWHERE
     from distillery_runtime.uris import resolve_location
 
-    if teacher.placement == Placement.EXTERNAL:
+    if teacher.placement in SERVED_ELSEWHERE:
         return None
     location = resolve_location(teacher.model)
     return location if Path(location).is_dir() else None

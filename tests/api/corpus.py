@@ -103,6 +103,47 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         AGREE,
     ),
     ("placement-unknown", {"spec.teachers[0].placement": "remote"}, "spec.teachers[0].placement", AGREE),
+    # Shared teachers (issue 28): teacherRef is to shared what endpoint is to external.
+    (
+        "shared-without-teacher-ref",
+        {"spec.teachers[0].placement": "shared"},
+        "spec.teachers[0].teacherRef",
+        AGREE,
+    ),
+    (
+        "standalone-with-teacher-ref",
+        {"spec.teachers[0].teacherRef": {"name": "big"}},
+        "spec.teachers[0].teacherRef",
+        AGREE,
+    ),
+    (
+        "external-with-teacher-ref",
+        {"spec.teachers[1].teacherRef": {"name": "big"}},
+        "spec.teachers[1].teacherRef",
+        AGREE,
+    ),
+    (
+        "shared-with-endpoint",
+        {
+            "spec.teachers[0].placement": "shared",
+            "spec.teachers[0].teacherRef": {"name": "big"},
+            "spec.teachers[0].endpoint": "http://x:1",
+        },
+        "spec.teachers[0].endpoint",
+        AGREE,
+    ),
+    (
+        "teacher-ref-name-not-dns",
+        {"spec.teachers[0].placement": "shared", "spec.teachers[0].teacherRef": {"name": "Big_T"}},
+        "spec.teachers[0].teacherRef.name",
+        AGREE,
+    ),
+    (
+        "teacher-ref-without-name",
+        {"spec.teachers[0].placement": "shared", "spec.teachers[0].teacherRef": {}},
+        "spec.teachers[0].teacherRef.name",
+        AGREE,
+    ),
     ("teacher-name-uppercase", {"spec.teachers[0].name": "Math"}, "spec.teachers[0].name", AGREE),
     ("teacher-name-too-long", {"spec.teachers[0].name": "t" * 41}, "spec.teachers[0].name", AGREE),
     ("endpoint-not-http", {"spec.teachers[1].endpoint": "ftp://x"}, "spec.teachers[1].endpoint", AGREE),
@@ -683,6 +724,10 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
 ]
 
 ACCEPTED: list[tuple[str, dict[str, Any]]] = [
+    (
+        "shared-teacher",
+        {"spec.teachers[0].placement": "shared", "spec.teachers[0].teacherRef": {"name": "qwen-7b.shared"}},
+    ),
     # Pod settings (issue 26): each section with all of them, and the head's own placement.
     *(
         (
@@ -878,6 +923,7 @@ _SIBLINGS = {
     "spec.data.grader.function": ("spec.data.grader.name", "module"),
     "spec.data.train.subset": ("spec.data.train.path", "hf://datasets/openai/gsm8k"),
     "spec.data.eval.subset": ("spec.data.eval.path", "hf://datasets/openai/gsm8k"),
+    "spec.teachers[0].teacherRef.name": ("spec.teachers[0].placement", "shared"),
 }
 
 

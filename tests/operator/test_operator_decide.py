@@ -825,3 +825,22 @@ def test_pods_no_node_admits_are_named_while_the_job_starts() -> None:
     world.play("RayJob", "gkd-jsd-trainer", {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"})
     running = world.settle(T2)
     assert world.body["status"]["phase"] == "Running" and not running.starting
+
+
+def test_shared_teacher_is_not_the_jobs_and_is_ready_when_its_service_answers() -> None:
+    body = job_body("external-teacher.yaml")
+    body["spec"]["teachers"] = [
+        {"name": "big", "model": "qwen-72b", "placement": "shared", "teacherRef": {"name": "qwen-72b"}}
+    ]
+    world = World(body)
+    decision = world.settle()
+    # Asked at its DistillationTeacher's Service; no Deployment, Service or PDB of the job's for it.
+    assert decision.external == {"big": "http://qwen-72b.ns.svc:8000"}
+    assert sorted(kind for kind, _ in world.objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
+    teacher = world.body["status"]["teachers"][0]
+    assert teacher["endpoint"] == "http://qwen-72b.ns.svc:8000" and not teacher["ready"]
+    assert teacher["message"].startswith("DistillationTeacher qwen-72b: ")
+    assert world.condition("TeachersReady")["reason"] == "TeachersStarting"
+    world.health["big"] = Health(True, "GET .../health: 200")
+    world.settle()
+    assert world.condition("TeachersReady")["status"] == "True"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from distillery import pvc
-from distillery.api import DistillationJob, Placement
+from distillery.api import SERVED_ELSEWHERE, DistillationJob
 from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.plan.model_cache import TRAINER, model_cache
 from distillery.plan.pod_resources import ContainerResources, pod_resources
@@ -60,7 +60,7 @@ def trainer_locations(job: DistillationJob) -> list[str | None]:
     """Every model and data location the Ray pods may open (the driver checks standalone teachers'
     tokenizers too, so their models count)."""
     spec = job.spec
-    models = [t.model for t in spec.teachers if t.placement != Placement.EXTERNAL]
+    models = [t.model for t in spec.teachers if t.placement not in SERVED_ELSEWHERE]
     data = [spec.data.train.path, spec.data.eval.path if spec.data.eval else None]
     return [spec.student.model, spec.student.tokenizer, *models, *data]
 

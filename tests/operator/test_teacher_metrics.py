@@ -1,0 +1,67 @@
+"""A shared teacher replica's load from vLLM's Prometheus text: the colon-named gauges, summed over
+their series; a page without them is refused rather than read as idle."""
+
+from __future__ import annotations
+
+import pytest
+from distillery_operator.teacher_metrics import parse_replica_load
+
+from distillery.plan.teacher_scaling import ReplicaLoad
+
+VLLM_PAGE = """\
+# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{generation="0"} 1234.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="teacher"} 7.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="teacher"} 12.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="teacher"} 0.42
+"""
+
+
+def test_the_waiting_and_running_gauges_of_a_vllm_page() -> None:
+    assert parse_replica_load(VLLM_PAGE) == ReplicaLoad(waiting=12, running=7)
+
+
+def test_several_series_of_a_gauge_are_summed() -> None:
+    page = (
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{engine="0",model_name="a"} 2\n'
+        'vllm:num_requests_waiting{engine="1",model_name="a"} 3\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="a"} 1\n'
+        'vllm:num_requests_running{engine="1",model_name="a"} 4\n'
+    )
+    assert parse_replica_load(page) == ReplicaLoad(waiting=5, running=5)
+
+
+def test_untyped_samples_are_read_too() -> None:
+    page = 'vllm:num_requests_waiting{model_name="a"} 1\nvllm:num_requests_running{model_name="a"} 0\n'
+    load = parse_replica_load(page)
+    assert load == ReplicaLoad(waiting=1, running=0) and load.busy
+
+
+def test_an_idle_replica() -> None:
+    page = VLLM_PAGE.replace("} 7.0", "} 0.0").replace("} 12.0", "} 0.0")
+    load = parse_replica_load(page)
+    assert load == ReplicaLoad() and not load.busy
+
+
+def test_one_gauge_missing_counts_as_zero() -> None:
+    page = '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name="a"} 3\n'
+    assert parse_replica_load(page) == ReplicaLoad(waiting=3, running=0)
+
+
+def test_a_page_without_the_gauges_is_refused() -> None:
+    with pytest.raises(ValueError, match="neither vllm:num_requests_waiting nor vllm:num_requests_running"):
+        parse_replica_load("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.5\n")
+
+
+def test_text_that_is_not_the_prometheus_format_is_refused() -> None:
+    with pytest.raises(ValueError):
+        parse_replica_load("<html>not metrics</html>\n")
