@@ -17,7 +17,14 @@ import orjson
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from distillery.api import API_VERSION, KIND, DistillationJob, DistillationJobSpec, DistillationJobStatus
+from distillery.api import (
+    API_VERSION,
+    KIND,
+    DistillationJob,
+    DistillationJobSpec,
+    DistillationJobStatus,
+    DistillationTeacherSpec,
+)
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,19 @@ def parse_job(document: Any, source: str = "<manifest>") -> DistillationJob:
     if problems:
         raise InvalidManifest(source, problems)
     return job
+
+
+def parse_teacher_spec(spec: Any, source: str = "<spec>") -> DistillationTeacherSpec:
+    """Validates a DistillationTeacher's bare spec (as the operator receives it); paths start with `spec.`."""
+    problems: list[Problem] = []
+    spec = as_decoded(spec, problems, "spec")
+    try:
+        parsed = DistillationTeacherSpec.model_validate_json(_as_json(spec), strict=True)
+    except ValidationError as error:
+        problems += _new(problems, problems_from_error(error, DistillationTeacherSpec, ("spec",)))
+    if problems:
+        raise InvalidManifest(source, problems)
+    return parsed
 
 
 def parse_spec(spec: Any, source: str = "<spec>") -> DistillationJobSpec:

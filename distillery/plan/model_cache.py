@@ -109,6 +109,16 @@ def model_cache(spec: DistillationJobSpec) -> dict[str, CacheVolume]:
     return out
 
 
+def server_cache(model: str) -> CacheVolume | None:
+    """The cache of a DistillationTeacher's replicas: an emptyDir the size of its weights where it downloads
+    its model from the Hub (it has no modelCache settings of its own: a claim of the user's is mounted
+    through pool.volumes)."""
+    if not downloads(model):
+        return None
+    gib, why = _estimate([model])
+    return CacheVolume(None, f"{gib}Gi", why)
+
+
 def cache_lines(spec: DistillationJobSpec) -> list[str]:
     """One line a pod kind, for `distillery plan`."""
     caches = model_cache(spec)

@@ -47,7 +47,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from distillery.api.spec import DistillationJobSpec, Placement, Resources
+from distillery.api.spec import DistillationJobSpec, Placement, Resources, TeacherPool
 from distillery.model_shapes import resolve_shape
 from distillery.plan.host_memory import HEADROOM, plan_host_memory
 from distillery.plan.model_cache import TRAINER, CacheVolume, model_cache
@@ -217,24 +217,26 @@ def pod_resources(spec: DistillationJobSpec) -> PodResources:
         worker = replace(worker, shm_size=pool.shared_memory)
     caches = model_cache(spec)
     head, worker = _with_cache(head, caches.get(TRAINER)), _with_cache(worker, caches.get(TRAINER))
-    teachers = {}
-    for teacher in spec.teachers:
-        if teacher.placement != Placement.STANDALONE:
-            continue
-        tpool = teacher.pool
-        weights = _weights_gib(teacher.model, 2)
-        if tpool.gpus_per_replica > 0:
-            values, why = _gpu_pod(tpool.gpus_per_replica, weights)
-            teachers[teacher.name] = _container(
-                values, values, tpool.resources, tpool.gpus_per_replica, tpool.gpu_resource, why
-            )
-        else:
-            requests, limits, why = _cpu_only_pod(weights)
-            teachers[teacher.name] = _container(requests, limits, tpool.resources, 0, tpool.gpu_resource, why)
-        if tpool.shared_memory is not None:
-            teachers[teacher.name] = replace(teachers[teacher.name], shm_size=tpool.shared_memory)
-    teachers = {name: _with_cache(r, caches.get(name)) for name, r in teachers.items()}
+    teachers = {
+        t.name: teacher_resources(t.pool, t.model, caches.get(t.name))
+        for t in spec.teachers
+        if t.placement == Placement.STANDALONE
+    }
     return PodResources(head=head, worker=worker, submitter=submitter, teachers=teachers)
+
+
+def teacher_resources(pool: TeacherPool, model: str, cache: CacheVolume | None) -> ContainerResources:
+    """One vLLM replica of a teacher's pool: a job's standalone teacher's or a DistillationTeacher's."""
+    weights = _weights_gib(model, 2)
+    if pool.gpus_per_replica > 0:
+        values, why = _gpu_pod(pool.gpus_per_replica, weights)
+        resources = _container(values, values, pool.resources, pool.gpus_per_replica, pool.gpu_resource, why)
+    else:
+        requests, limits, why = _cpu_only_pod(weights)
+        resources = _container(requests, limits, pool.resources, 0, pool.gpu_resource, why)
+    if pool.shared_memory is not None:
+        resources = replace(resources, shm_size=pool.shared_memory)
+    return _with_cache(resources, cache)
 
 
 def _with_cache(resources: ContainerResources, cache: CacheVolume | None) -> ContainerResources:

@@ -24,7 +24,14 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from distillery.api.pod import Affinity, EnvVar, PodSettings, TopologySpreadConstraint, Volume, VolumeMount
-from distillery.api.spec import DistillationJobSpec, Placement, StudentHead, StudentPool, Toleration
+from distillery.api.spec import (
+    DistillationJobSpec,
+    Placement,
+    StudentHead,
+    StudentPool,
+    TeacherPool,
+    Toleration,
+)
 
 T = TypeVar("T")
 
@@ -92,6 +99,11 @@ def _head_settings(head: StudentHead, pool: StudentPool) -> PodSettings:
     return pool.model_copy(update=own)
 
 
+def teacher_scheduling(pool: TeacherPool, pull_secrets: Sequence[str]) -> PodScheduling:
+    """A teacher replica's settings: its own pool's (a job's standalone teacher or a DistillationTeacher)."""
+    return _of(pool, pool.node_selector, pool.tolerations, pull_secrets)
+
+
 def image_pull_secrets(cluster: Sequence[str], spec: DistillationJobSpec) -> tuple[str, ...]:
     """The cluster's pull secrets, then the job's, each once (the order they are tried in)."""
     return tuple(dict.fromkeys([*cluster, *spec.image_pull_secrets]))
@@ -110,7 +122,7 @@ def pod_scheduling(spec: DistillationJobSpec, cluster_pull_secrets: Sequence[str
     )
     submitter = replace(head_scheduling, env=(), volumes=(), volume_mounts=())
     teachers = {
-        t.name: _of(t.pool, t.pool.node_selector, t.pool.tolerations, secrets)
+        t.name: teacher_scheduling(t.pool, secrets)
         for t in spec.teachers
         if t.placement == Placement.STANDALONE
     }

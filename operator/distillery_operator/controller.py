@@ -26,7 +26,15 @@ from distillery_operator import metrics, naming
 from distillery_operator.decide import Decision, decide
 from distillery_operator.identity import identity_actions
 from distillery_operator.kube import ApiError, Kube
-from distillery_operator.observe import CLAIM_KIND, Child, JobKey, assemble
+from distillery_operator.observe import (
+    CLAIM_KIND,
+    Child,
+    JobKey,
+    SharedTeacherFacts,
+    assemble,
+    referenced_teachers,
+    teacher_facts,
+)
 from distillery_operator.probes import TeacherProber
 from distillery_operator.render import ClusterSettings, NetworkPolicySettings
 from distillery_operator.scheduling import SchedulingWatch
@@ -127,6 +135,8 @@ class Controller:
 
     def __post_init__(self) -> None:
         self.jobs: dict[JobKey, dict[str, Any]] = {}
+        self.teachers: dict[JobKey, dict[str, Any]] = {}
+        """The DistillationTeachers, by (namespace, name), as their watch last showed them."""
         self.queue: WorkQueue[JobKey] = WorkQueue(
             Backoff(self.settings.backoff_base, self.settings.backoff_cap)
         )
@@ -174,6 +184,32 @@ class Controller:
             if key[0] == namespace and naming.checkpoint_claim(key[1]) == claim:
                 return key
         return None
+
+    def teacher_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A DistillationTeacher changed: the jobs that reference it decide again (they may wait for it,
+        or be refused by it)."""
+        meta = body.get("metadata", {})
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self.teachers.pop(key, None)
+        else:
+            self.teachers[key] = dict(body)
+        for job in self.jobs_using(key):
+            self.enqueue(job, "DistillationTeacher")
+
+    def jobs_using(self, teacher: JobKey) -> list[JobKey]:
+        """The jobs of the teacher's namespace whose spec references the DistillationTeacher."""
+        namespace, name = teacher
+        return [key for key, body in self.jobs.items() if key[0] == namespace and name in referenced_teachers(body)]
+
+    def shared_facts(self, key: JobKey) -> dict[str, SharedTeacherFacts]:
+        """The DistillationTeachers a job references that exist, by name."""
+        out = {}
+        for name in referenced_teachers(self.jobs.get(key) or {}):
+            body = self.teachers.get((key[0], name))
+            if body is not None:
+                out[name] = teacher_facts(body)
+        return out
 
     def job_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         if self._event_context is None:
@@ -277,6 +313,7 @@ class Controller:
         # Every child in the indexes came with a watch event, which already confirmed it (`child_seen`).
         children = list(self.children_of(key))
         observed = assemble(children, self.prober.health(key), self.scheduling.unscheduled(key))
+        observed.shared = self.shared_facts(key)
         now = now_iso()
         decision = decide(body, observed, now, cluster=self.settings.cluster)
         read_error: tuple[str, ApiError] | None = None

@@ -54,6 +54,7 @@ from distillery_operator.status import (
     terminal_phase,
     trainer_state,
 )
+from distillery_operator.teacher_refs import RefCheck, check_teacher_refs
 from distillery_operator.storage import StorageCheck, check_storage, claim_uses, claims_to_read, mountable
 
 
@@ -148,6 +149,7 @@ def own_children(observed: Observed, uid: str | None) -> tuple[Observed, list[st
         claim=mine(observed.claim, kept_is_mine=True),
         external=observed.external,
         unscheduled=observed.unscheduled,
+        shared=observed.shared,
         claims=observed.claims,
     )
     return own, foreign
@@ -196,6 +198,7 @@ def decide(
     read_claims: list[str] = []
     storage_check: StorageCheck | None = None
     storage_cond: Cond | None = None
+    refs: RefCheck | None = None
     outages = {} if scaled_to_zero else runtime_outages(previous)
     if job is not None:
         teachers, failing = teacher_statuses(
@@ -225,6 +228,11 @@ def decide(
                     actions = [a for a in actions if a.verb != "create"]
         else:
             storage_cond = mountable(tuple(use.claim for use in claim_uses(job)))
+        if terminal is None and observed.rayjob is None:
+            # Before the trainer is made, its DistillationTeachers must exist and serve what it asks.
+            refs = check_teacher_refs(job, observed.shared)
+            if refs.missing or refs.refused:
+                actions = [a for a in actions if a.verb != "create"]
         # Teachers served elsewhere are asked directly whether they answer: an external server, and a
         # shared teacher's Service (the job does not own its Deployment, so it has none to watch).
         external = {
@@ -250,6 +258,10 @@ def decide(
         message = f"waiting for a node: {unscheduled[0].describe()}{others}"
     if foreign:
         message = f"waiting for {', '.join(foreign)} of another job with this name to be deleted"
+    if refs is not None and (refs.missing or refs.refused):
+        # Refused as an invalid spec is, until the job or the teacher changes (its events wake the job).
+        phase = Phase.INVALID if refs.refused else Phase.PENDING
+        message = "; ".join(refs.refused or refs.missing)
     held = storage_check is not None and not storage_check.ok
     conflicting = storage_check is not None and bool(storage_check.conflicts)
     if held and storage_cond is not None:
@@ -298,7 +310,7 @@ def decide(
         starting=starting,
         finished=terminal is not None,
         read_claims=read_claims,
-        held=held,
+        held=held or (refs is not None and bool(refs.missing or refs.refused)),
         wait=held and not conflicting,
     )
 

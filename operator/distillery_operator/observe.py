@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from distillery.api import API_VERSION, KIND
+from distillery.api import API_VERSION, KIND, DistillationTeacherSpec
 from distillery.runtime_config import CONFIG_KEY
 from distillery_operator import drift, naming
 
@@ -68,6 +68,16 @@ class Health:
     message: str
 
 
+@dataclass(frozen=True)
+class SharedTeacherFacts:
+    """A DistillationTeacher of the job's namespace, as the operator's watch last showed it."""
+
+    spec: DistillationTeacherSpec | None
+    """None: its spec does not validate."""
+    deleting: bool = False
+    """Deleted, and held by its finalizer while jobs use it."""
+
+
 @dataclass(frozen=True, order=True)
 class Unscheduled:
     """A pod of the job that no node admits, and the scheduler's reason."""
@@ -100,9 +110,35 @@ class Observed:
     """Health of each external teacher, by teacher name (absent: not checked yet)."""
     unscheduled: tuple[Unscheduled, ...] = ()
     """The job's pods that no node admits, as last listed while the job started (`scheduling.py`)."""
+    shared: Mapping[str, SharedTeacherFacts] = field(default_factory=dict)
+    """The DistillationTeachers of the job's namespace that it references, by name (absent: none exists)."""
     claims: Mapping[str, ClaimFacts | None] | None = None
     """The claims the pods mount that the operator does not make, read with a GET for this reconcile (None
     where the API server answered 404); None: not read (`decide` then asks for them)."""
+
+
+def referenced_teachers(job: Mapping[str, Any]) -> list[str]:
+    """The DistillationTeachers a job's spec references (read from the raw body: a job whose spec does not
+    validate still names them, and is woken when they change)."""
+    teachers = (job.get("spec") or {}).get("teachers") or []
+    names = []
+    for teacher in teachers if isinstance(teachers, list) else []:
+        ref = teacher.get("teacherRef") if isinstance(teacher, Mapping) else None
+        if isinstance(ref, Mapping) and isinstance(ref.get("name"), str):
+            names.append(ref["name"])
+    return names
+
+
+def teacher_facts(body: Mapping[str, Any]) -> SharedTeacherFacts:
+    """What a job needs of a DistillationTeacher's body."""
+    # Imported here: validation pulls in the whole API, which the summaries above do not need.
+    from distillery.validation import InvalidManifest, parse_teacher_spec
+
+    try:
+        spec: DistillationTeacherSpec | None = parse_teacher_spec(body.get("spec") or {})
+    except InvalidManifest:
+        spec = None
+    return SharedTeacherFacts(spec, bool((body.get("metadata") or {}).get("deletionTimestamp")))
 
 
 def owner_key(body: Mapping[str, Any]) -> tuple[JobKey, str] | None:

@@ -31,6 +31,7 @@ from distillery.runtime_config import teacher_endpoints, teacher_url
 from distillery_operator import naming
 from distillery_operator.observe import Child, Observed, Unscheduled
 from distillery_operator.render import KUEUE_QUEUE_LABEL
+from distillery_operator.teacher_refs import shared_teacher_note
 from distillery_operator.spec_changes import LIVE_FIELDS_DOC
 
 FAILED_DEPLOYMENT_STATES = {"Failed", "ValidationFailed"}
@@ -172,7 +173,8 @@ def _teacher_status(
     if teacher.placement in (Placement.EXTERNAL, Placement.SHARED):
         # Served elsewhere (a shared teacher by its DistillationTeacher): ready when its server answers.
         health = observed.external.get(teacher.name)
-        served_by = f"DistillationTeacher {teacher.teacher_ref.name}: " if teacher.teacher_ref else ""
+        ref = teacher.teacher_ref
+        served_by = shared_teacher_note(ref.name, observed.shared.get(ref.name)) if ref else ""
         status = TeacherStatus(
             name=teacher.name,
             placement=teacher.placement,

@@ -15,12 +15,20 @@ import pytest
 import yaml
 from distillery_operator.controller import status_body
 from distillery_operator.decide import Decision, decide
-from distillery_operator.observe import SUMMARIZERS, Child, ClaimFacts, Health, Observed, assemble
+from distillery_operator.observe import (
+    SUMMARIZERS,
+    Child,
+    ClaimFacts,
+    Health,
+    Observed,
+    SharedTeacherFacts,
+    assemble,
+)
 from distillery_operator.render import NO_CLUSTER_SETTINGS, ClusterSettings, NetworkPolicySettings
 from distillery_operator.scheduling import unscheduled_pods
 from distillery_operator.workqueue import Backoff, WorkQueue
 
-from distillery.api import DistillationJobStatus, Phase
+from distillery.api import DistillationJobStatus, DistillationTeacherSpec, Phase
 
 ROOT = Path(__file__).resolve().parents[2]
 T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
@@ -45,12 +53,15 @@ class World:
         self.cluster = cluster
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.health: dict[str, Health] = {}
+        self.shared: dict[str, SharedTeacherFacts] = {}
         self.events: list[Any] = []
         self.claims: dict[str, ClaimFacts] = dict(EXAMPLE_CLAIMS)
 
     def observed(self) -> Observed:
         children = [SUMMARIZERS[kind](obj) for (kind, _), obj in self.objects.items()]
-        return assemble(children, self.health)
+        observed = assemble(children, self.health)
+        observed.shared = dict(self.shared)
+        return observed
 
     def decide(self, now: str) -> Decision:
         """As the controller decides: again with the claims read, when the decision asks for them."""
@@ -833,6 +844,7 @@ def test_shared_teacher_is_not_the_jobs_and_is_ready_when_its_service_answers() 
         {"name": "big", "model": "qwen-72b", "placement": "shared", "teacherRef": {"name": "qwen-72b"}}
     ]
     world = World(body)
+    world.shared["qwen-72b"] = SharedTeacherFacts(DistillationTeacherSpec(model="qwen-72b", max_logprobs=64))
     decision = world.settle()
     # Asked at its DistillationTeacher's Service; no Deployment, Service or PDB of the job's for it.
     assert decision.external == {"big": "http://qwen-72b.ns.svc:8000"}
@@ -844,3 +856,64 @@ def test_shared_teacher_is_not_the_jobs_and_is_ready_when_its_service_answers() 
     world.health["big"] = Health(True, "GET .../health: 200")
     world.settle()
     assert world.condition("TeachersReady")["status"] == "True"
+
+
+def _shared_job() -> dict[str, Any]:
+    body = job_body("external-teacher.yaml")
+    body["spec"]["teachers"] = [
+        {"name": "big", "model": "qwen-72b", "placement": "shared", "teacherRef": {"name": "qwen-72b"}}
+    ]
+    return body
+
+
+def test_a_job_whose_distillation_teacher_does_not_exist_makes_nothing_and_waits_for_it() -> None:
+    world = World(_shared_job())
+    world.settle()
+    assert world.objects == {}
+    status = world.body["status"]
+    assert status["phase"] == "Pending"
+    assert status["message"] == (
+        "spec.teachers[0].teacherRef: DistillationTeacher qwen-72b does not exist; the job waits for it"
+    )
+    assert status["teachers"][0]["message"].startswith("DistillationTeacher qwen-72b does not exist")
+    # It appears: the job is made whole.
+    world.shared["qwen-72b"] = SharedTeacherFacts(DistillationTeacherSpec(model="qwen-72b", max_logprobs=64))
+    world.settle(T2)
+    assert sorted(kind for kind, _ in world.objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
+
+
+def test_a_job_asking_more_top_k_than_its_distillation_teacher_serves_is_refused_alone() -> None:
+    world = World(_shared_job())
+    top_k = world.body["spec"]["loss"].get("topK", 20)
+    world.shared["qwen-72b"] = SharedTeacherFacts(
+        DistillationTeacherSpec(model="qwen-72b", max_logprobs=max(1, top_k - 1))
+    )
+    world.settle()
+    assert world.objects == {}
+    assert world.body["status"]["phase"] == "Invalid"
+    assert world.body["status"]["message"].startswith(f"spec.loss.topK: {top_k} is more than DistillationTeacher")
+
+
+def test_a_job_longer_than_its_distillation_teachers_context_is_refused_naming_the_field() -> None:
+    world = World(_shared_job())
+    world.shared["qwen-72b"] = SharedTeacherFacts(
+        DistillationTeacherSpec.model_validate(
+            {"model": "qwen-72b", "maxLogprobs": 64, "inference": {"maxModelLen": 16}}
+        )
+    )
+    world.settle()
+    assert world.objects == {} and world.body["status"]["phase"] == "Invalid"
+    assert "serves 16 (its inference.maxModelLen)" in world.body["status"]["message"]
+
+
+def test_a_running_job_says_its_distillation_teacher_is_being_deleted() -> None:
+    world = World(_shared_job())
+    spec = DistillationTeacherSpec(model="qwen-72b", max_logprobs=64)
+    world.shared["qwen-72b"] = SharedTeacherFacts(spec)
+    world.settle()
+    world.shared["qwen-72b"] = SharedTeacherFacts(spec, deleting=True)
+    world.settle(T2)
+    message = world.body["status"]["teachers"][0]["message"]
+    assert message.startswith("DistillationTeacher qwen-72b is being deleted; it serves this job until the job ends")
+    # Already made: nothing is taken away.
+    assert sorted(kind for kind, _ in world.objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]

@@ -58,6 +58,11 @@ from distillery_operator.render.rayjob import (
     submitter_pod_template,
     trainer_locations,
 )
+from distillery_operator.render.shared_teacher import (
+    render_shared_teacher,
+    shared_teacher_labels,
+    shared_teacher_selector,
+)
 from distillery_operator.render.teacher import (
     HEALTH_PATH,
     STARTUP_PERIOD_SECONDS,
@@ -103,11 +108,14 @@ __all__ = [
     "render_manifest_stream",
     "render_network_policy",
     "render_rayjob",
+    "render_shared_teacher",
     "render_teacher_deployment",
     "render_teacher_disruption_budget",
     "render_teacher_service",
     "render_trainer_identity",
     "shape_pod",
+    "shared_teacher_labels",
+    "shared_teacher_selector",
     "spec_hash",
     "standalone_teachers",
     "submitter_pod_template",

@@ -1,4 +1,9 @@
-"""A standalone teacher's objects: a Deployment of vLLM replicas and the headless Service in front of it."""
+"""A teacher's vLLM replicas: a Deployment and the headless Service in front of it.
+
+One renderer for both kinds of teacher the operator runs: a job's standalone teacher (owned by the job) and a
+DistillationTeacher that many jobs share (owned by it, `render/shared_teacher.py`). Each is first resolved
+into a `distillery.plan.shared_teacher.TeacherServer`; the objects are made from that alone.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,7 @@ from typing import Any
 
 from distillery import pvc
 from distillery.api import DistillationJob, Teacher
-from distillery.plan import resolve
-from distillery.plan.model_cache import model_cache
-from distillery.plan.pod_resources import pod_resources
-from distillery.plan.pod_scheduling import pod_scheduling
+from distillery.plan.shared_teacher import TeacherServer, teacher_server
 from distillery.plan.vllm_env import NO_TRACKING_ENV, cpu_kv_cache_env
 from distillery.runtime_config import TEACHER_PORT
 from distillery_operator import naming
@@ -30,11 +32,16 @@ HEALTH_PATH = "/health"
 STARTUP_PERIOD_SECONDS = 10
 
 
-def teacher_command(job: DistillationJob, teacher: Teacher) -> list[str]:
+def server_command(server: TeacherServer) -> list[str]:
     """The teacher server's command: the model at its mounted path, the Service's port, the plan's engine."""
-    model = pvc.mounted_path(teacher.model) if pvc.is_pvc(teacher.model) else teacher.model
+    model = pvc.mounted_path(server.model) if pvc.is_pvc(server.model) else server.model
     address = ["--model", model, "--host", "0.0.0.0", "--port", str(TEACHER_PORT)]
-    return ["python", "-m", TEACHER_MODULE, *address, *resolve(job.spec).engines[teacher.name].server_args()]
+    return ["python", "-m", TEACHER_MODULE, *address, *server.engine.server_args()]
+
+
+def teacher_command(job: DistillationJob, teacher: Teacher) -> list[str]:
+    """A standalone teacher's server command."""
+    return server_command(teacher_server(job.spec, teacher))
 
 
 def teacher_selector(job: DistillationJob, teacher: Teacher) -> dict[str, str]:
@@ -52,16 +59,15 @@ def teacher_labels(job: DistillationJob, teacher: Teacher) -> dict[str, str]:
     )
 
 
-def teacher_pod_template(job: DistillationJob, teacher: Teacher, ctx: RenderContext) -> dict[str, Any]:
-    """The pod template of one replica of a standalone teacher."""
-    pool = teacher.pool
+def server_pod_template(server: TeacherServer, labels: dict[str, str]) -> dict[str, Any]:
+    """The pod template of one replica."""
     probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
-    volumes, mounts = claim_volumes(pvc.claims([teacher.model]))
-    startup_failures = max(1, math.ceil(job.spec.teacher_ready_timeout_seconds / STARTUP_PERIOD_SECONDS))
+    volumes, mounts = claim_volumes(pvc.claims([server.model]))
+    startup_failures = max(1, math.ceil(server.ready_timeout_seconds / STARTUP_PERIOD_SECONDS))
     container: dict[str, Any] = {
         "name": "teacher",
-        "image": job.spec.image,
-        "command": teacher_command(job, teacher),
+        "image": server.image,
+        "command": server_command(server),
         "ports": [{"name": "http", "containerPort": TEACHER_PORT, "protocol": "TCP"}],
         "volumeMounts": mounts,
         # Loading a large model takes minutes: the startup probe allows the job's teacher timeout,
@@ -75,9 +81,9 @@ def teacher_pod_template(job: DistillationJob, teacher: Teacher, ctx: RenderCont
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
     }
-    env = hf_token_env(teacher.inference.hf_token_secret)
+    env = hf_token_env(server.inference.hf_token_secret)
     variables = dict(NO_TRACKING_ENV)
-    if pool.gpus_per_replica == 0:
+    if server.pool.gpus_per_replica == 0:
         # Found on a real node: without it vLLM's CPU worker wanted 90% of the node's memory and exited.
         variables.update(cpu_kv_cache_env())
     env += [{"name": name, "value": value} for name, value in variables.items()]
@@ -87,29 +93,50 @@ def teacher_pod_template(job: DistillationJob, teacher: Teacher, ctx: RenderCont
         "volumes": volumes,
         "automountServiceAccountToken": False,
     }
-    mount_model_cache(pod, model_cache(job.spec).get(teacher.name))
-    resources = pod_resources(job.spec).teachers[teacher.name]
-    scheduling = pod_scheduling(job.spec, ctx.cluster.image_pull_secrets).teachers[teacher.name]
-    return pod_template(teacher_labels(job, teacher), pod, resources, scheduling)
+    mount_model_cache(pod, server.cache)
+    return pod_template(labels, pod, server.resources, server.scheduling)
+
+
+def teacher_pod_template(job: DistillationJob, teacher: Teacher, ctx: RenderContext) -> dict[str, Any]:
+    """The pod template of one replica of a standalone teacher."""
+    server = teacher_server(job.spec, teacher, ctx.cluster.image_pull_secrets)
+    return server_pod_template(server, teacher_labels(job, teacher))
+
+
+def server_deployment_spec(
+    server: TeacherServer, replicas: int, selector: dict[str, str], labels: dict[str, str]
+) -> dict[str, Any]:
+    return {
+        "replicas": replicas,
+        "selector": {"matchLabels": selector},
+        # No surge: a replica holds whole GPUs, and a rollout must not need spare ones.
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+        "progressDeadlineSeconds": max(server.ready_timeout_seconds, 60),
+        "template": server_pod_template(server, labels),
+    }
+
+
+def server_service_spec(selector: dict[str, str]) -> dict[str, Any]:
+    return {
+        # Headless: DNS answers with every ready replica, and the runtime spreads its scoring
+        # requests over them itself (one long-lived connection per replica, no kube-proxy hop).
+        "clusterIP": "None",
+        "selector": selector,
+        "ports": [{"name": "http", "port": TEACHER_PORT, "targetPort": "http", "protocol": "TCP"}],
+    }
 
 
 def render_teacher_deployment(job: DistillationJob, teacher: Teacher, ctx: RenderContext) -> dict[str, Any]:
     name = naming.teacher_name(job.metadata.name, teacher.name)
     labels = teacher_labels(job, teacher)
     replicas = 0 if ctx.teachers_scaled_to_zero else teacher.replicas
+    server = teacher_server(job.spec, teacher, ctx.cluster.image_pull_secrets)
     return stamp(
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
             "metadata": metadata(job, ctx, name, labels),
-            "spec": {
-                "replicas": replicas,
-                "selector": {"matchLabels": teacher_selector(job, teacher)},
-                # No surge: a replica holds whole GPUs, and a rollout must not need spare ones.
-                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-                "progressDeadlineSeconds": max(job.spec.teacher_ready_timeout_seconds, 60),
-                "template": teacher_pod_template(job, teacher, ctx),
-            },
+            "spec": server_deployment_spec(server, replicas, teacher_selector(job, teacher), labels),
         }
     )
 
@@ -121,12 +148,6 @@ def render_teacher_service(job: DistillationJob, teacher: Teacher, ctx: RenderCo
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": metadata(job, ctx, name, teacher_labels(job, teacher)),
-            "spec": {
-                # Headless: DNS answers with every ready replica, and the runtime spreads its scoring
-                # requests over them itself (one long-lived connection per replica, no kube-proxy hop).
-                "clusterIP": "None",
-                "selector": teacher_selector(job, teacher),
-                "ports": [{"name": "http", "port": TEACHER_PORT, "targetPort": "http", "protocol": "TCP"}],
-            },
+            "spec": server_service_spec(teacher_selector(job, teacher)),
         }
     )

@@ -1,0 +1,92 @@
+"""A DistillationTeacher's objects: its vLLM Deployment and headless Service, owned by the teacher.
+
+The same pod shape as a job's standalone teacher (`render/teacher.py`, from a `TeacherServer`), named after
+the teacher (`runtime_config.shared_teacher_service_name`: the jobs reach it there) and labelled with no job:
+no job's selector, NetworkPolicy or label query takes its pods for its own. The replica count is the
+operator's scaling decision (`distillery.plan.teacher_scaling`), a live field that the spec hash leaves out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distillery.api import TEACHER_API_VERSION, TEACHER_KIND, DistillationTeacher
+from distillery.plan.shared_teacher import shared_teacher_server
+from distillery.runtime_config import shared_teacher_service_name
+from distillery_operator import naming
+from distillery_operator.render.common import ClusterSettings, stamp
+from distillery_operator.render.teacher import server_deployment_spec, server_service_spec
+
+COMPONENT = "shared-teacher"
+
+
+def shared_teacher_selector(teacher: DistillationTeacher) -> dict[str, str]:
+    return {
+        naming.INSTANCE_LABEL: naming.label_value(teacher.metadata.name),
+        naming.COMPONENT_LABEL: COMPONENT,
+        naming.SHARED_TEACHER_LABEL: naming.label_value(teacher.metadata.name),
+    }
+
+
+def shared_teacher_labels(teacher: DistillationTeacher) -> dict[str, str]:
+    """The user's labels first (the teacher's metadata, then its spec's), ours last."""
+    labels = {**teacher.metadata.labels, **teacher.spec.labels}
+    labels = {k: v for k, v in labels.items() if not k.startswith(naming.KUEUE_PREFIX)}
+    labels.update(
+        {
+            "app.kubernetes.io/name": "distillery",
+            "app.kubernetes.io/part-of": "distillery",
+            naming.MANAGED_BY_LABEL: naming.MANAGED_BY,
+            **shared_teacher_selector(teacher),
+        }
+    )
+    return labels
+
+
+def _metadata(teacher: DistillationTeacher, namespace: str, owner_uid: str | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": shared_teacher_service_name(teacher.metadata.name),
+        "namespace": namespace,
+        "labels": shared_teacher_labels(teacher),
+    }
+    if owner_uid:
+        # Deleting the DistillationTeacher deletes its replicas (once its finalizer lets it go).
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": TEACHER_API_VERSION,
+                "kind": TEACHER_KIND,
+                "name": teacher.metadata.name,
+                "uid": owner_uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return meta
+
+
+def render_shared_teacher(
+    teacher: DistillationTeacher,
+    *,
+    namespace: str,
+    replicas: int,
+    owner_uid: str | None = None,
+    cluster: ClusterSettings | None = None,
+) -> list[dict[str, Any]]:
+    """The Deployment (at `replicas`) and Service of a DistillationTeacher."""
+    secrets = cluster.image_pull_secrets if cluster else ()
+    server = shared_teacher_server(teacher.metadata.name, teacher.spec, secrets)
+    labels = shared_teacher_labels(teacher)
+    selector = shared_teacher_selector(teacher)
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(teacher, namespace, owner_uid),
+        "spec": server_deployment_spec(server, replicas, selector, labels),
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(teacher, namespace, owner_uid),
+        "spec": server_service_spec(selector),
+    }
+    return [stamp(deployment), stamp(service)]
