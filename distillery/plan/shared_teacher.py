@@ -25,7 +25,6 @@ from distillery.api.spec import (
 )
 from distillery.plan import resolve
 from distillery.plan.engines import EngineSettings
-
 from distillery.plan.model_cache import CacheVolume, model_cache, server_cache
 from distillery.plan.pod_resources import ContainerResources, pod_resources, teacher_resources
 from distillery.plan.pod_scheduling import PodScheduling, pod_scheduling, teacher_scheduling

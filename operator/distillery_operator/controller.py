@@ -200,7 +200,11 @@ class Controller:
     def jobs_using(self, teacher: JobKey) -> list[JobKey]:
         """The jobs of the teacher's namespace whose spec references the DistillationTeacher."""
         namespace, name = teacher
-        return [key for key, body in self.jobs.items() if key[0] == namespace and name in referenced_teachers(body)]
+        return [
+            key
+            for key, body in self.jobs.items()
+            if key[0] == namespace and name in referenced_teachers(body)
+        ]
 
     def shared_facts(self, key: JobKey) -> dict[str, SharedTeacherFacts]:
         """The DistillationTeachers a job references that exist, by name."""

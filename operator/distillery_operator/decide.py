@@ -54,8 +54,8 @@ from distillery_operator.status import (
     terminal_phase,
     trainer_state,
 )
-from distillery_operator.teacher_refs import RefCheck, check_teacher_refs
 from distillery_operator.storage import StorageCheck, check_storage, claim_uses, claims_to_read, mountable
+from distillery_operator.teacher_refs import RefCheck, check_teacher_refs
 
 
 @dataclass(frozen=True)

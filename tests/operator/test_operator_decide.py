@@ -891,7 +891,9 @@ def test_a_job_asking_more_top_k_than_its_distillation_teacher_serves_is_refused
     world.settle()
     assert world.objects == {}
     assert world.body["status"]["phase"] == "Invalid"
-    assert world.body["status"]["message"].startswith(f"spec.loss.topK: {top_k} is more than DistillationTeacher")
+    assert world.body["status"]["message"].startswith(
+        f"spec.loss.topK: {top_k} is more than DistillationTeacher"
+    )
 
 
 def test_a_job_longer_than_its_distillation_teachers_context_is_refused_naming_the_field() -> None:
@@ -914,6 +916,8 @@ def test_a_running_job_says_its_distillation_teacher_is_being_deleted() -> None:
     world.shared["qwen-72b"] = SharedTeacherFacts(spec, deleting=True)
     world.settle(T2)
     message = world.body["status"]["teachers"][0]["message"]
-    assert message.startswith("DistillationTeacher qwen-72b is being deleted; it serves this job until the job ends")
+    assert message.startswith(
+        "DistillationTeacher qwen-72b is being deleted; it serves this job until the job ends"
+    )
     # Already made: nothing is taken away.
     assert sorted(kind for kind, _ in world.objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
