@@ -10,6 +10,7 @@ from distillery.api.shared_teacher import (
     DistillationTeacherSpec,
     DistillationTeacherStatus,
     Scaling,
+    TeacherConditionType,
 )
 from distillery.api.spec import (
     API_VERSION,
@@ -126,6 +127,7 @@ __all__ = [
     "StudentHead",
     "StudentPool",
     "Teacher",
+    "TeacherConditionType",
     "TeacherOutage",
     "TeacherPool",
     "TeacherRef",

@@ -9,6 +9,7 @@ from these models as the DistillationJob's is (`distillery.crd`).
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 
 from pydantic import Field
 
@@ -22,6 +23,14 @@ TEACHER_KIND = "DistillationTeacher"
 TEACHER_PLURAL = "distillationteachers"
 TEACHER_API_VERSION = f"{GROUP}/{VERSION}"
 MAX_REPLICAS = 256
+
+
+class TeacherConditionType(StrEnum):
+    READY = "Ready"
+    """True while a replica is ready to score."""
+    IN_USE = "InUse"
+    """True while active jobs reference the teacher: its finalizer holds a deletion until they end."""
+    VALID = "Valid"
 
 
 class Scaling(ApiModel):

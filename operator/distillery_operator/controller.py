@@ -419,12 +419,12 @@ class Controller:
         version = body.get("metadata", {}).get("resourceVersion")
         self._written[key] = _Written(desired, version)
         for event in events:
-            self._post_event(body, event.type, event.reason, event.message)
+            self.post_event(body, event.type, event.reason, event.message)
         if error is not None and error[0] not in (current.get("message") or ""):
-            self._post_event(body, "Warning", "ApiError", desired["message"])
+            self.post_event(body, "Warning", "ApiError", desired["message"])
         return True
 
-    def _post_event(self, body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+    def post_event(self, body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         try:
             if self._event_context is None:
                 raise LookupError("no kopf context yet")

@@ -379,14 +379,25 @@ def plan_actions(
             elif patch is not None:
                 actions.append(Action("patch", kind, name, patch, "suspend"))
             continue
-        if edited:
-            # Someone edited the object, or a live change of the config: make it ours again.
-            actions.append(Action("patch", kind, name, _restore(obj), edited))
-        elif kind == "Deployment" and seen.state.get("replicas") != obj["spec"]["replicas"]:
-            actions.append(
-                Action("patch", kind, name, {"spec": {"replicas": obj["spec"]["replicas"]}}, "scale")
-            )
+        action = child_write(obj, seen)
+        if action is not None:
+            actions.append(action)
     return actions
+
+
+def child_write(obj: dict[str, Any], seen: Child | None) -> Action | None:
+    """The write that brings a plain child (a Deployment, Service, ...) to its rendered object: made where
+    missing, put back where edited, a Deployment scaled where only its replicas differ; None: nothing."""
+    kind, name = obj["kind"], obj["metadata"]["name"]
+    if seen is None:
+        return Action("create", kind, name, obj, "missing")
+    edited = _drift(obj, seen)
+    if edited:
+        # Someone edited the object, or a live change of the config: make it ours again.
+        return Action("patch", kind, name, _restore(obj), edited)
+    if kind == "Deployment" and seen.state.get("replicas") != obj["spec"]["replicas"]:
+        return Action("patch", kind, name, {"spec": {"replicas": obj["spec"]["replicas"]}}, "scale")
+    return None
 
 
 def _drift(rendered: dict[str, Any], seen: Child) -> str:

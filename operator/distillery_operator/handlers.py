@@ -14,9 +14,10 @@ from typing import Any
 
 import kopf
 
-from distillery.api import GROUP, PLURAL, VERSION
+from distillery.api import GROUP, PLURAL, TEACHER_PLURAL, VERSION
 from distillery_operator import naming, observe
 from distillery_operator.controller import Controller
+from distillery_operator.shared_teachers import SharedTeachers
 
 OURS = {naming.MANAGED_BY_LABEL: naming.MANAGED_BY}
 CHILD_RESOURCES: dict[str, tuple[str, ...]] = {
@@ -34,12 +35,19 @@ CHILD_RESOURCES: dict[str, tuple[str, ...]] = {
     "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
 }
 INDEX_NAMES = {kind: f"{kind.lower()}_index" for kind in CHILD_RESOURCES}
+TEACHER_CHILDREN = ("Deployment", "Service")
+"""What a DistillationTeacher owns (`render/shared_teacher.py`)."""
+TEACHER_INDEX_NAMES = {kind: f"teacher_{kind.lower()}_index" for kind in TEACHER_CHILDREN}
 CLAIMS = ("v1", "persistentvolumeclaims")
 CLAIM_INDEX = "persistentvolumeclaim_index"
 
 
 def _controller(memo: Any) -> Controller:
     return memo.controller
+
+
+def _shared(memo: Any) -> SharedTeachers:
+    return memo.shared_teachers
 
 
 @kopf.on.login()
@@ -63,10 +71,19 @@ async def start(memo: Any, **kwargs: Any) -> None:
 
     controller.children_of = children_of
     controller.start()
+    teacher_indexes = [kwargs[name] for name in TEACHER_INDEX_NAMES.values()]
+
+    def teacher_children(key: observe.JobKey) -> list[observe.Child]:
+        return [child for index in teacher_indexes for child in index.get(key, ())]
+
+    shared = _shared(memo)
+    shared.children_of = teacher_children
+    shared.start()
 
 
 @kopf.on.cleanup()
 async def stop(memo: Any, **_: Any) -> None:
+    await _shared(memo).stop()
     await _controller(memo).stop()
     # kopf may be stopping on a signal it caught itself: raise the stop flag it was given too, or its
     # task waiting on that flag hangs and kopf waits 5 s for it before cancelling it.
@@ -78,6 +95,23 @@ async def stop(memo: Any, **_: Any) -> None:
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def job_event(event: Any, body: Any, memo: Any, **_: Any) -> None:
     _controller(memo).job_event(event.get("type"), body)
+
+
+@kopf.on.event(GROUP, VERSION, TEACHER_PLURAL)
+async def teacher_event(event: Any, body: Any, memo: Any, **_: Any) -> None:
+    _controller(memo).teacher_event(event.get("type"), body)
+    _shared(memo).wake()
+
+
+def _teacher_index(kind: str):  # type: ignore[no-untyped-def]
+    summarize = observe.SUMMARIZERS[kind]
+
+    def index(body: Any, **_: Any) -> dict[observe.JobKey, observe.Child] | None:
+        owner = observe.teacher_owner_key(body)
+        return None if owner is None else {owner: summarize(body)}
+
+    index.__name__ = TEACHER_INDEX_NAMES[kind]
+    return index
 
 
 def _index(kind: str):  # type: ignore[no-untyped-def]
@@ -93,6 +127,8 @@ def _index(kind: str):  # type: ignore[no-untyped-def]
 
 def _event(kind: str):  # type: ignore[no-untyped-def]
     async def child_event(body: Any, memo: Any, **_: Any) -> None:
+        if observe.teacher_owner_key(body) is not None:
+            _shared(memo).wake()
         owner = observe.owner_key(body)
         if owner is not None:
             controller = _controller(memo)
@@ -106,6 +142,10 @@ def _event(kind: str):  # type: ignore[no-untyped-def]
 for _kind, _resource in CHILD_RESOURCES.items():
     kopf.index(*_resource, labels=OURS, id=INDEX_NAMES[_kind])(_index(_kind))
     kopf.on.event(*_resource, labels=OURS, id=f"{_kind.lower()}_event")(_event(_kind))
+
+
+for _kind in TEACHER_CHILDREN:
+    kopf.index(*CHILD_RESOURCES[_kind], labels=OURS, id=TEACHER_INDEX_NAMES[_kind])(_teacher_index(_kind))
 
 
 @kopf.index(*CLAIMS, labels=OURS, id=CLAIM_INDEX)

@@ -21,7 +21,7 @@ import orjson
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from distillery.api import GROUP, PLURAL, VERSION
+from distillery.api import GROUP, PLURAL, TEACHER_KIND, TEACHER_PLURAL, VERSION
 from distillery_operator import metrics
 from distillery_operator.observe import ClaimFacts, claim_facts
 
@@ -241,5 +241,27 @@ class Kube:
             PLURAL,
             name,
             {"status": status},
+            _content_type=MERGE_PATCH,
+        )
+
+    async def patch_teacher(
+        self, namespace: str, name: str, body: dict[str, Any], *, status: bool = False
+    ) -> None:
+        """A merge patch of a DistillationTeacher (its metadata) or, with `status`, of its status."""
+        call = (
+            self._custom.patch_namespaced_custom_object_status
+            if status
+            else self._custom.patch_namespaced_custom_object
+        )
+        await self._call(
+            "patch",
+            f"{TEACHER_KIND}/status" if status else TEACHER_KIND,
+            call,
+            GROUP,
+            VERSION,
+            namespace,
+            TEACHER_PLURAL,
+            name,
+            body,
             _content_type=MERGE_PATCH,
         )

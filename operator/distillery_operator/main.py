@@ -21,6 +21,7 @@ from distillery_operator.controller import Controller, ControllerSettings
 from distillery_operator.kube import Kube, load_configuration
 from distillery_operator.leader import LeaderElector, LeaseSettings, default_identity
 from distillery_operator.serving import health_app, metrics_app, serve
+from distillery_operator.shared_teachers import SharedTeachers, SharedTeacherSettings
 
 log = logging.getLogger("distillery.operator")
 
@@ -107,6 +108,7 @@ async def run(
     ready_flag: asyncio.Event | threading.Event | None = None,
     kubeconfig: str | None = None,
     leader_election: LeaseSettings | None = None,
+    shared_teacher_settings: SharedTeacherSettings | None = None,
 ) -> None:
     """Runs until `stop_flag` is set (or the task is cancelled).
 
@@ -118,6 +120,7 @@ async def run(
     configuration = load_configuration(kubeconfig)
     kube = Kube(configuration)
     controller = Controller(kube, controller_settings or ControllerSettings())
+    shared_teachers = SharedTeachers(kube, controller, shared_teacher_settings or SharedTeacherSettings())
     elector = LeaderElector(configuration, leader_election) if leader_election else None
 
     def ready() -> bool:
@@ -154,7 +157,7 @@ async def run(
             standalone=True,
             clusterwide=clusterwide,
             namespaces=list(namespaces),
-            memo=kopf.Memo(controller=controller, stopped=stopped),
+            memo=kopf.Memo(controller=controller, shared_teachers=shared_teachers, stopped=stopped),
             # kopf would name itself from the user's passwd entry, which images running as a bare uid
             # (the chart's 65532, OpenShift's random uids) lack: it raised KeyError before the first watch.
             identity=Identity(elector.settings.identity if elector is not None else default_identity()),

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from distillery.api import API_VERSION, KIND, DistillationTeacherSpec
+from distillery.api import API_VERSION, KIND, TEACHER_KIND, DistillationTeacherSpec
 from distillery.runtime_config import CONFIG_KEY
 from distillery_operator import drift, naming
 
@@ -147,6 +147,15 @@ def owner_key(body: Mapping[str, Any]) -> tuple[JobKey, str] | None:
     for ref in meta.get("ownerReferences", []) or []:
         if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION and ref.get("controller"):
             return (meta.get("namespace", ""), ref.get("name", "")), ref.get("uid", "")
+    return None
+
+
+def teacher_owner_key(body: Mapping[str, Any]) -> JobKey | None:
+    """The (namespace, name) of the DistillationTeacher that owns a child, from its controller reference."""
+    meta = body.get("metadata", {})
+    for ref in meta.get("ownerReferences", []) or []:
+        if ref.get("kind") == TEACHER_KIND and ref.get("apiVersion") == API_VERSION and ref.get("controller"):
+            return meta.get("namespace", ""), ref.get("name", "")
     return None
 
 

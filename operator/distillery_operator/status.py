@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import InvalidOperation
+from enum import StrEnum
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
@@ -194,7 +195,8 @@ def _teacher_status(
 
 @dataclass(frozen=True)
 class Cond:
-    type: ConditionType
+    type: StrEnum
+    """A ConditionType of a job, or a TeacherConditionType of a DistillationTeacher."""
     status: bool
     reason: str
     message: str

@@ -323,6 +323,24 @@ def test_the_operator_uses_exactly_what_the_chart_grants(
             lambda: installation.get("rayjob", rayjob, namespace)["spec"].get("suspend") is True,
             what="the RayJob suspended",
         )
+        # A DistillationTeacher and a job using it: its objects, its finalizer and its status are written,
+        # then the finalizer taken off once the job is gone.
+        shared = yaml.safe_load((REPO / "examples" / "teachers" / "qwen-7b.yaml").read_text())
+        apply(installation, namespace, shared)
+        apply(
+            installation, namespace, example("sj", "shared-teacher.yaml", checkpoint={"deleteWithJob": True})
+        )
+        wait_until(
+            lambda: (
+                (installation.get("dt", "qwen-7b", namespace) or {}).get("status", {}).get("jobs") == ["sj"]
+            ),
+            what="the DistillationTeacher used by the job",
+        )
+        installation.admin("delete", "dj", "sj", "-n", namespace)
+        wait_until(
+            lambda: not installation.get("dt", "qwen-7b", namespace)["metadata"].get("finalizers"),
+            what="the DistillationTeacher's finalizer taken off",
+        )
         installation.admin("delete", "dj", name, "-n", namespace)
         wait_until(
             lambda: not any(children(installation, namespace, name).values()),
@@ -338,6 +356,8 @@ def test_the_operator_uses_exactly_what_the_chart_grants(
     used = {r.grant for r in requests}
     if any(r.verb == "create" and r.code < 300 and r.resource != "core:events" for r in requests):
         used.add(BLOCK_OWNER_DELETION)
+        # The DistillationTeacher's objects name it with blockOwnerDeletion too.
+        used.add(("update", "distillery.io:distillationteachers/finalizers"))
     granted = chart_grants(installation, OPERATOR_SA)
     assert used == granted, (
         f"used but not granted: {sorted(used - granted)}; granted but unused: {sorted(granted - used)}"

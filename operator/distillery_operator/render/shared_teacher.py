@@ -20,11 +20,12 @@ from distillery_operator.render.teacher import server_deployment_spec, server_se
 COMPONENT = "shared-teacher"
 
 
-def shared_teacher_selector(teacher: DistillationTeacher) -> dict[str, str]:
+def shared_teacher_selector(name: str) -> dict[str, str]:
+    """The labels that select the replicas of the DistillationTeacher `name`."""
     return {
-        naming.INSTANCE_LABEL: naming.label_value(teacher.metadata.name),
+        naming.INSTANCE_LABEL: naming.label_value(name),
         naming.COMPONENT_LABEL: COMPONENT,
-        naming.SHARED_TEACHER_LABEL: naming.label_value(teacher.metadata.name),
+        naming.SHARED_TEACHER_LABEL: naming.label_value(name),
     }
 
 
@@ -37,7 +38,7 @@ def shared_teacher_labels(teacher: DistillationTeacher) -> dict[str, str]:
             "app.kubernetes.io/name": "distillery",
             "app.kubernetes.io/part-of": "distillery",
             naming.MANAGED_BY_LABEL: naming.MANAGED_BY,
-            **shared_teacher_selector(teacher),
+            **shared_teacher_selector(teacher.metadata.name),
         }
     )
     return labels
@@ -76,7 +77,7 @@ def render_shared_teacher(
     secrets = cluster.image_pull_secrets if cluster else ()
     server = shared_teacher_server(teacher.metadata.name, teacher.spec, secrets)
     labels = shared_teacher_labels(teacher)
-    selector = shared_teacher_selector(teacher)
+    selector = shared_teacher_selector(teacher.metadata.name)
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -1,0 +1,207 @@
+"""The DistillationTeachers' loop (I/O): reads their replicas' queues, applies `decide_teacher`, writes.
+
+Every `interval` seconds, and at once when a teacher, its objects or a job that references it changes, each
+known teacher is decided again: its replicas' /metrics are read (the ready pods of its Deployment, at their
+pod IPs: each replica's own queue, not one behind the Service), the jobs that use it are taken from the job
+controller's watch, and the decision's writes go out: its Deployment and Service, its finalizer, its status
+and an Event for each change of its replica count. Teachers are few and a decision is cheap: one pass over
+all of them, one at a time, keeps the loop simple.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from distillery.api import TERMINAL_PHASES, DistillationTeacherStatus, Phase
+from distillery.plan.teacher_scaling import ReplicaLoad
+from distillery.runtime_config import TEACHER_PORT
+from distillery_operator.controller import Controller, now_iso, replacing
+from distillery_operator.decide_teacher import TeacherUse, decide_teacher
+from distillery_operator.kube import ApiError, Kube
+from distillery_operator.observe import Child, JobKey
+from distillery_operator.render import shared_teacher_selector
+from distillery_operator.teacher_metrics import parse_replica_load
+
+log = logging.getLogger(__name__)
+
+TeacherKey = JobKey
+"""(namespace, name) of a DistillationTeacher."""
+STATUS_KEYS = tuple(f.alias or n for n, f in DistillationTeacherStatus.model_fields.items())
+"""A DistillationTeacher's status fields as they are named in the object (camelCase); all the operator's."""
+
+
+INTERVAL_ENV = "DISTILLERY_TEACHER_SCALING_INTERVAL"
+"""Seconds between two scaling decisions (the chart's sharedTeachers.scalingIntervalSeconds)."""
+
+
+def scaling_interval(environ: Mapping[str, str] | None = None) -> float:
+    value = (os.environ if environ is None else environ).get(INTERVAL_ENV, "").strip()
+    if not value:
+        return 15.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"{INTERVAL_ENV}={value!r}: must be a positive number of seconds")
+    return seconds
+
+
+@dataclass
+class SharedTeacherSettings:
+    interval: float = field(default_factory=scaling_interval)
+    """Seconds between two decisions of every teacher (its queues are read this often)."""
+    metrics_timeout: float = 3.0
+
+
+def job_uses(
+    jobs: Mapping[JobKey, Mapping[str, Any]], teacher: TeacherKey, using: Iterable[JobKey]
+) -> list[TeacherUse]:
+    """The jobs `using` the teacher, each active or not (from its last status and spec)."""
+    uses = []
+    for key in using:
+        body = jobs.get(key) or {}
+        phase = (body.get("status") or {}).get("phase")
+        suspended = bool((body.get("spec") or {}).get("suspend"))
+        done = phase in {p.value for p in TERMINAL_PHASES} or phase == Phase.INVALID.value
+        uses.append(TeacherUse(job=key[1], active=not done and not suspended))
+    return uses
+
+
+def ready_pod_ips(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The IPs of the pods whose Ready condition is True."""
+    ips = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+        if ready and status.get("podIP"):
+            ips.append(status["podIP"])
+    return ips
+
+
+@dataclass
+class SharedTeachers:
+    kube: Kube
+    jobs: Controller
+    """The job controller: its watch of jobs and of DistillationTeachers, its Event poster."""
+    settings: SharedTeacherSettings = field(default_factory=SharedTeacherSettings)
+    children_of: Callable[[TeacherKey], Iterable[Child]] = lambda key: ()
+    """Set at startup to read the kopf indexes of the teachers' Deployments and Services."""
+
+    def __post_init__(self) -> None:
+        self._wake = asyncio.Event()
+        self._busy_since_start: dict[TeacherKey, float] = {}
+        """When each teacher was last seen busy (or first seen)."""
+        self._task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="shared teachers")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._session is not None:
+            await self._session.close()
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            for key in list(self.jobs.teachers):
+                try:
+                    await self.reconcile(key)
+                except ApiError as error:
+                    log.warning("DistillationTeacher %s/%s: %s; retrying", *key, error)
+                except Exception:
+                    log.exception("DistillationTeacher %s/%s: reconcile crashed; retrying", *key)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.interval)
+
+    async def _loads(self, namespace: str, selector: Mapping[str, str]) -> list[ReplicaLoad]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        pods = await self.kube.list_pods(namespace, ",".join(f"{k}={v}" for k, v in selector.items()))
+        loads = []
+        timeout = aiohttp.ClientTimeout(total=self.settings.metrics_timeout)
+        for ip in ready_pod_ips(pods):
+            url = f"http://{ip}:{TEACHER_PORT}/metrics"
+            try:
+                async with self._session.get(url, timeout=timeout) as response:
+                    loads.append(parse_replica_load(await response.text()))
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as error:
+                # A replica that does not answer is left out: with none answering nothing scales up.
+                log.info("GET %s: %s", url, error)
+        return loads
+
+    async def reconcile(self, key: TeacherKey) -> None:
+        body = self.jobs.teachers.get(key)
+        if body is None:
+            self._busy_since_start.pop(key, None)
+            return
+        namespace, name = key
+        children = list(self.children_of(key))
+        deployment = next((c for c in children if c.kind == "Deployment"), None)
+        service = next((c for c in children if c.kind == "Service"), None)
+        uses = job_uses(self.jobs.jobs, key, self.jobs.jobs_using(key))
+        loads: list[ReplicaLoad] = []
+        if deployment is not None and int(deployment.state.get("readyReplicas", 0)) > 0:
+            loads = await self._loads(namespace, shared_teacher_selector(name))
+        clock = time.monotonic()
+        last_busy = self._busy_since_start.setdefault(key, clock)
+        if any(load.busy for load in loads):
+            last_busy = self._busy_since_start[key] = clock
+        decision = decide_teacher(
+            body,
+            deployment=deployment,
+            service=service,
+            uses=uses,
+            loads=loads,
+            idle_for_seconds=clock - last_busy,
+            now=now_iso(),
+            cluster=self.jobs.settings.cluster,
+        )
+        for action in decision.actions:
+            if action.verb == "create":
+                await self.kube.create(namespace, action.body)
+            else:
+                await self.kube.patch(namespace, action.kind, action.name, action.body)
+            log.info(
+                "DistillationTeacher %s/%s: %s %s/%s (%s)",
+                *key,
+                action.verb,
+                action.kind,
+                action.name,
+                action.why,
+            )
+        if decision.finalizers is not None:
+            version = (body.get("metadata") or {}).get("resourceVersion")
+            # With the version read: a finalizer list changed meanwhile is a 409, tried again next pass.
+            patch = {"metadata": {"finalizers": decision.finalizers, "resourceVersion": version}}
+            await self.kube.patch_teacher(namespace, name, patch)
+        desired = decision.status.model_dump(by_alias=True, exclude_none=True, mode="json")
+        current = {k: v for k, v in (body.get("status") or {}).items() if k in STATUS_KEYS}
+        if desired != current:
+            patch = {
+                k: replacing(current.get(k), desired.get(k))
+                for k in STATUS_KEYS
+                if k in current or k in desired
+            }
+            await self.kube.patch_teacher(namespace, name, {"status": patch}, status=True)
+        for event in decision.events:
+            self.jobs.post_event(body, event.type, event.reason, event.message)
