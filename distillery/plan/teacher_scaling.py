@@ -9,7 +9,8 @@ The rules, in order:
 - the bounds hold first: never below minReplicas, never above maxReplicas;
 - a teacher at zero starts one replica as soon as an active job references it;
 - while the waiting requests per replica exceed the target, one more replica (up to maxReplicas), one
-  step per decision, so a replica that is still loading is counted before the next is asked for;
+  step per decision, and none while a replica already asked for is still loading (a teacher takes
+  minutes to load, and the queue it was added for would otherwise add another at every look);
 - once the teacher has been idle (nothing waiting or running) for the idle time, it goes down to
   minReplicas, or to one replica while jobs still reference it, or to zero when none does.
 """
@@ -55,6 +56,7 @@ class ScalingReason(StrEnum):
     IDLE = "Idle"
     # The decisions that keep the count:
     AT_MAXIMUM = "AtMaximum"
+    STARTING = "ReplicaStarting"
     NO_METRICS = "NoMetrics"
     BUSY = "Busy"
     WAITING_FOR_IDLE_TIME = "WaitingForIdleTime"
@@ -86,6 +88,7 @@ def decide_replicas(
     loads: Sequence[ReplicaLoad],
     active_jobs: int,
     idle_for_seconds: float,
+    ready: int | None = None,
 ) -> ScalingDecision:
     """The replicas a shared teacher should run now.
 
@@ -93,7 +96,8 @@ def decide_replicas(
     a queue that persists while it loads does not ask for another at every decision); `loads`: one entry
     per replica whose /metrics answered (empty: none did); `active_jobs`: jobs referencing the teacher that
     are neither finished nor suspended; `idle_for_seconds`: how long no replica has had a request waiting
-    or running (the caller keeps the time it last saw one busy).
+    or running (the caller keeps the time it last saw one busy); `ready`: the Deployment's ready replicas
+    (None: all of `current`).
     """
     if policy.min_replicas > policy.max_replicas:
         raise ValueError(f"minReplicas {policy.min_replicas} > maxReplicas {policy.max_replicas}")
@@ -123,6 +127,8 @@ def decide_replicas(
         f"target {policy.target_waiting_per_replica:g})"
     )
     if per_replica > policy.target_waiting_per_replica:
+        if ready is not None and ready < current:
+            return to(current, ScalingReason.STARTING, f"{queue}; {current - ready} replica(s) still loading")
         if current < policy.max_replicas:
             return to(current + 1, ScalingReason.QUEUE_ABOVE_TARGET, queue)
         return to(current, ScalingReason.AT_MAXIMUM, f"{queue}; maxReplicas is {policy.max_replicas}")

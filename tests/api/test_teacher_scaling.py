@@ -156,3 +156,17 @@ def test_every_decision_stays_within_bounds_and_moves_up_by_at_most_one(
         assert decision.replicas <= current + 1
         if decision.replicas < current:
             assert decision.reason == ScalingReason.IDLE and idle_for >= policy.idle_seconds
+
+
+def test_no_replica_is_added_while_one_asked_for_is_still_loading() -> None:
+    busy = [ReplicaLoad(waiting=20, running=8)]
+    loading = decide_replicas(
+        current=2, policy=POLICY, loads=busy, active_jobs=2, idle_for_seconds=0, ready=1
+    )
+    assert (loading.replicas, loading.reason, loading.changed) == (2, ScalingReason.STARTING, False)
+    assert "1 replica(s) still loading" in loading.message
+    # Once it is ready, the queue that persists adds the next.
+    ready = decide_replicas(
+        current=2, policy=POLICY, loads=busy * 2, active_jobs=2, idle_for_seconds=0, ready=2
+    )
+    assert (ready.replicas, ready.reason) == (3, ScalingReason.QUEUE_ABOVE_TARGET)

@@ -1,0 +1,163 @@
+"""A DistillationTeacher's decision (`distillery_operator.decide_teacher`), pure: its objects at the replicas
+the scaling rules choose, the Event of each change, the finalizer while active jobs use it, its status."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from distillery_operator.decide_teacher import FINALIZER, TeacherUse, decide_teacher
+from distillery_operator.observe import SUMMARIZERS, Child
+
+from distillery.plan.teacher_scaling import ReplicaLoad
+
+REPO = Path(__file__).resolve().parents[2]
+NOW = "2026-11-28T12:00:00Z"
+
+
+def teacher_body(**scaling: Any) -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "teachers" / "qwen-7b.yaml").read_text())
+    body["metadata"].update({"namespace": "ns", "uid": "uid-1", "generation": 1})
+    body["spec"]["scaling"].update(scaling)
+    return body
+
+
+def made(decision: Any) -> dict[str, Child]:
+    """The objects the decision creates, as their watch would summarise them."""
+    return {
+        a.kind: SUMMARIZERS[a.kind](copy.deepcopy(a.body)) for a in decision.actions if a.verb == "create"
+    }
+
+
+def test_an_unused_teacher_at_min_zero_is_made_at_zero_replicas_with_its_endpoint() -> None:
+    decision = decide_teacher(
+        teacher_body(), deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW
+    )
+    assert [(a.verb, a.kind, a.name) for a in decision.actions] == [
+        ("create", "Service", "qwen-7b"),
+        ("create", "Deployment", "qwen-7b"),
+    ]
+    deployment = decision.actions[1].body
+    assert deployment["spec"]["replicas"] == 0
+    assert deployment["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert decision.status.endpoint == "http://qwen-7b.ns.svc:8000" and decision.status.jobs == []
+    assert decision.finalizers is None and decision.events == []
+    ready = next(c for c in decision.status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", "ScaledToZero")
+
+
+def test_the_first_active_job_scales_it_from_zero_and_puts_the_finalizer_on() -> None:
+    body = teacher_body()
+    children = made(
+        decide_teacher(body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW)
+    )
+    uses = [TeacherUse("a", active=True), TeacherUse("old", active=False)]
+    decision = decide_teacher(
+        body,
+        deployment=children["Deployment"],
+        service=children["Service"],
+        uses=uses,
+        loads=[],
+        idle_for_seconds=0,
+        now=NOW,
+    )
+    assert [(a.verb, a.body) for a in decision.actions] == [("patch", {"spec": {"replicas": 1}})]
+    assert [(e.reason, e.message) for e in decision.events] == [
+        ("ScaledFromZero", "replicas 0 -> 1: 1 active job referencing the teacher")
+    ]
+    assert decision.finalizers == [FINALIZER]
+    assert decision.status.jobs == ["a"] and decision.status.replicas == 1
+
+
+def test_when_its_last_job_ends_the_finalizer_goes_and_after_the_idle_time_its_replicas() -> None:
+    body = teacher_body(idleSeconds=60)
+    body["metadata"]["finalizers"] = ["other", FINALIZER]
+    children = made(
+        decide_teacher(body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW)
+    )
+    deployment = Child(
+        "Deployment",
+        "qwen-7b",
+        "uid-1",
+        children["Deployment"].spec_hash,
+        {"replicas": 2, "readyReplicas": 2},
+        children["Deployment"].owned,
+    )
+    idle = [ReplicaLoad(), ReplicaLoad()]
+    kept = decide_teacher(
+        body,
+        deployment=deployment,
+        service=children["Service"],
+        uses=[TeacherUse("a", False)],
+        loads=idle,
+        idle_for_seconds=30,
+        now=NOW,
+    )
+    assert kept.finalizers == ["other"] and kept.status.replicas == 2 and kept.actions == []
+    down = decide_teacher(
+        body,
+        deployment=deployment,
+        service=children["Service"],
+        uses=[],
+        loads=idle,
+        idle_for_seconds=61,
+        now=NOW,
+    )
+    assert [a.body for a in down.actions] == [{"spec": {"replicas": 0}}]
+    assert [e.reason for e in down.events] == ["Idle"]
+
+
+def test_a_teacher_being_deleted_makes_nothing_again_but_keeps_serving_its_jobs() -> None:
+    body = teacher_body()
+    body["metadata"]["deletionTimestamp"] = NOW
+    body["metadata"]["finalizers"] = [FINALIZER]
+    decision = decide_teacher(
+        body,
+        deployment=None,
+        service=None,
+        uses=[TeacherUse("a", True)],
+        loads=[],
+        idle_for_seconds=0,
+        now=NOW,
+    )
+    assert decision.actions == [] and decision.finalizers is None
+    in_use = next(c for c in decision.status.conditions if c.type == "InUse")
+    assert in_use.status == "True" and in_use.message == "used by a; deleting it waits until they end"
+
+
+def test_an_edited_deployment_is_put_back() -> None:
+    body = teacher_body()
+    children = made(
+        decide_teacher(body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW)
+    )
+    edited = SUMMARIZERS["Deployment"](
+        {
+            **copy.deepcopy(
+                decide_teacher(
+                    body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW
+                )
+                .actions[1]
+                .body
+            ),
+            "metadata": {"name": "qwen-7b", "annotations": {"distillery.io/spec-hash": "x"}},
+        }
+    )
+    decision = decide_teacher(
+        body, deployment=edited, service=children["Service"], uses=[], loads=[], idle_for_seconds=0, now=NOW
+    )
+    assert [(a.verb, a.kind, a.why) for a in decision.actions] == [
+        ("patch", "Deployment", "drift: spec-hash")
+    ]
+
+
+def test_an_invalid_teacher_makes_nothing_and_says_why() -> None:
+    body = teacher_body()
+    body["spec"]["scaling"] = {"minReplicas": 3, "maxReplicas": 1}
+    decision = decide_teacher(
+        body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW
+    )
+    assert decision.actions == []
+    valid = next(c for c in decision.status.conditions if c.type == "Valid")
+    assert valid.status == "False" and "spec.scaling.minReplicas" in valid.message
