@@ -61,6 +61,8 @@ class ScalingReason(StrEnum):
     BUSY = "Busy"
     WAITING_FOR_IDLE_TIME = "WaitingForIdleTime"
     UNUSED = "Unused"
+    BY_HPA = "ScaledByHPA"
+    """The chart hands the count to an HPA (sharedTeachers.scaling: hpa): the operator keeps what it finds."""
     AT_FLOOR = "AtFloor"
 
 

@@ -20,7 +20,13 @@ from distillery.api import (
     ObjectMeta,
     TeacherConditionType,
 )
-from distillery.plan.teacher_scaling import ReplicaLoad, ScalingDecision, ScalingPolicy, decide_replicas
+from distillery.plan.teacher_scaling import (
+    ReplicaLoad,
+    ScalingDecision,
+    ScalingPolicy,
+    ScalingReason,
+    decide_replicas,
+)
 from distillery.runtime_config import shared_teacher_url
 from distillery.validation import InvalidManifest, parse_teacher_spec
 from distillery_operator.decide import Action, EventSpec, child_write
@@ -70,7 +76,10 @@ def decide_teacher(
     idle_for_seconds: float,
     now: str,
     cluster: ClusterSettings | None = None,
+    replicas_by_hpa: bool = False,
 ) -> TeacherDecision:
+    """`replicas_by_hpa`: the chart hands the replica count to an HPA; the Deployment is made at
+    minReplicas and its count is left as it is found."""
     meta = body.get("metadata") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace", "")
     generation = meta.get("generation")
@@ -94,13 +103,19 @@ def decide_teacher(
     policy = ScalingPolicy(
         scaling.min_replicas, scaling.max_replicas, scaling.target_waiting_per_replica, scaling.idle_seconds
     )
-    decision = decide_replicas(
-        current=current,
-        policy=policy,
-        loads=loads,
-        active_jobs=len(active),
-        idle_for_seconds=idle_for_seconds,
-    )
+    ready = int(deployment.state.get("readyReplicas", 0)) if deployment is not None else 0
+    if replicas_by_hpa:
+        kept = current if deployment is not None else scaling.min_replicas
+        decision = ScalingDecision(kept, ScalingReason.BY_HPA, "the replicas are an HPA's", changed=False)
+    else:
+        decision = decide_replicas(
+            current=current,
+            policy=policy,
+            loads=loads,
+            active_jobs=len(active),
+            idle_for_seconds=idle_for_seconds,
+            ready=ready,
+        )
     teacher = DistillationTeacher(metadata=ObjectMeta(name=name, namespace=namespace), spec=spec)
     deployment_obj, service_obj = render_shared_teacher(
         teacher, namespace=namespace, replicas=decision.replicas, owner_uid=meta.get("uid"), cluster=cluster
@@ -120,7 +135,6 @@ def decide_teacher(
             )
         )
 
-    ready = int(deployment.state.get("readyReplicas", 0)) if deployment is not None else 0
     deleting = bool(meta.get("deletionTimestamp"))
     if ready > 0:
         ready_cond = Cond(

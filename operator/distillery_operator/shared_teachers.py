@@ -56,10 +56,23 @@ def scaling_interval(environ: Mapping[str, str] | None = None) -> float:
     return seconds
 
 
+SCALING_ENV = "DISTILLERY_TEACHER_SCALING"
+"""`operator` (default) or `hpa` (the chart's sharedTeachers.scaling)."""
+
+
+def scaled_by_hpa(environ: Mapping[str, str] | None = None) -> bool:
+    value = (os.environ if environ is None else environ).get(SCALING_ENV, "").strip() or "operator"
+    if value not in ("operator", "hpa"):
+        raise ValueError(f"{SCALING_ENV}={value!r}: must be operator or hpa")
+    return value == "hpa"
+
+
 @dataclass
 class SharedTeacherSettings:
     interval: float = field(default_factory=scaling_interval)
     """Seconds between two decisions of every teacher (its queues are read this often)."""
+    hpa: bool = field(default_factory=scaled_by_hpa)
+    """The replicas are an HPA's: made at minReplicas, never changed by the operator."""
     metrics_timeout: float = 3.0
 
 
@@ -160,7 +173,11 @@ class SharedTeachers:
         service = next((c for c in children if c.kind == "Service"), None)
         uses = job_uses(self.jobs.jobs, key, self.jobs.jobs_using(key))
         loads: list[ReplicaLoad] = []
-        if deployment is not None and int(deployment.state.get("readyReplicas", 0)) > 0:
+        if (
+            not self.settings.hpa
+            and deployment is not None
+            and int(deployment.state.get("readyReplicas", 0)) > 0
+        ):
             loads = await self._loads(namespace, shared_teacher_selector(name))
         clock = time.monotonic()
         last_busy = self._busy_since_start.setdefault(key, clock)
@@ -175,6 +192,7 @@ class SharedTeachers:
             idle_for_seconds=clock - last_busy,
             now=now_iso(),
             cluster=self.jobs.settings.cluster,
+            replicas_by_hpa=self.settings.hpa,
         )
         for action in decision.actions:
             if action.verb == "create":

@@ -40,6 +40,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     },
     "no-extras": {"metrics": {"service": {"enabled": False}}, "dashboards": {"enabled": False}},
     "no-leader-election": {"operator": {"leaderElection": {"enabled": False}}},
+    "hpa-teachers": {"sharedTeachers": {"scaling": "hpa", "scalingIntervalSeconds": 5}},
     "tuned": {
         "image": {"tag": "0.1.0-rc1", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "regcred"}],

@@ -20,6 +20,7 @@ from cloudcoil.models.prometheus_operator import v1 as monitoring
 from distillery_cli.main import build_parser
 from distillery_operator.controller import PULL_SECRETS_ENV, cluster_pull_secrets, cluster_settings
 from distillery_operator.render import NetworkPolicySettings
+from distillery_operator.shared_teachers import SharedTeacherSettings, scaled_by_hpa, scaling_interval
 
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ("1.25", "1.37")
@@ -429,3 +430,21 @@ def test_network_policies_are_off_by_default_and_the_values_reach_the_operator()
             "networkpolicies" in rule["resources"] and {"create", "patch"} <= set(rule["verbs"])
             for rule in role["rules"]
         )
+
+
+def test_shared_teacher_scaling_values_reach_the_operator() -> None:
+    """`sharedTeachers.scaling` and `.scalingIntervalSeconds` become the two variables that
+    `shared_teachers.SharedTeacherSettings` reads."""
+
+    def settings(values: dict[str, Any] | None) -> SharedTeacherSettings:
+        (deployment,) = by_kind(render_objects(values), "Deployment")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+        return SharedTeacherSettings(interval=scaling_interval(env), hpa=scaled_by_hpa(env))
+
+    assert settings(None) == SharedTeacherSettings(interval=15.0, hpa=False)
+    assert settings(SCENARIOS["hpa-teachers"]) == SharedTeacherSettings(interval=5.0, hpa=True)
+    with pytest.raises(ValueError, match="DISTILLERY_TEACHER_SCALING='keda': must be operator or hpa"):
+        scaled_by_hpa({"DISTILLERY_TEACHER_SCALING": "keda"})
+    with pytest.raises(ValueError, match="must be a positive number of seconds"):
+        scaling_interval({"DISTILLERY_TEACHER_SCALING_INTERVAL": "0"})

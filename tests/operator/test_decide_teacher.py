@@ -161,3 +161,38 @@ def test_an_invalid_teacher_makes_nothing_and_says_why() -> None:
     assert decision.actions == []
     valid = next(c for c in decision.status.conditions if c.type == "Valid")
     assert valid.status == "False" and "spec.scaling.minReplicas" in valid.message
+
+
+def test_with_an_hpa_the_deployment_is_made_at_min_replicas_and_its_count_left_alone() -> None:
+    body = teacher_body(minReplicas=1)
+    first = decide_teacher(
+        body,
+        deployment=None,
+        service=None,
+        uses=[],
+        loads=[],
+        idle_for_seconds=0,
+        now=NOW,
+        replicas_by_hpa=True,
+    )
+    children = made(first)
+    assert first.actions[1].body["spec"]["replicas"] == 1
+    scaled = Child(
+        "Deployment",
+        "qwen-7b",
+        "uid-1",
+        children["Deployment"].spec_hash,
+        {"replicas": 4, "readyReplicas": 4},
+        children["Deployment"].owned,
+    )
+    later = decide_teacher(
+        body,
+        deployment=scaled,
+        service=children["Service"],
+        uses=[TeacherUse("a", True)],
+        loads=[],
+        idle_for_seconds=10_000,
+        now=NOW,
+        replicas_by_hpa=True,
+    )
+    assert later.actions == [] and later.events == [] and later.status.replicas == 4
