@@ -227,3 +227,27 @@ def test_metric_names_and_bounded_job_labels() -> None:
     assert _value(text, "distillery_teacher_scored_tokens_total", "ns/job-0") == 2
     families = {m.name + ("_total" if m.type == "counter" else "") for m in registry.collect()}
     assert families == set(METRIC_NAMES)
+
+
+def test_a_compact_client_built_for_a_job_sends_its_identity() -> None:
+    from distillery_runtime.scoring import build_client
+    from distillery_runtime.teachers.compact_http import CompactTeacher
+    from distillery_runtime.teachers.wire import JOB_HEADER
+    from distillery_runtime.testing.teacher_server import cpu_engine
+
+    from distillery.api import Placement
+    from distillery.runtime_config import ResolvedTeacher, TeacherProtocol
+
+    teacher = ResolvedTeacher(
+        name="t",
+        placement=Placement.SHARED,
+        protocol=TeacherProtocol.COMPACT,
+        endpoints=["http://t.team-a.svc:8000"],
+        served_model_name="t",
+        max_logprobs=8,
+        max_model_len=64,
+    )
+    client = build_client(teacher, cpu_engine("t"), job=job_identity("gsm8k", "team-a"))
+    assert isinstance(client, CompactTeacher) and client.headers == {JOB_HEADER: "team-a/gsm8k"}
+    anonymous = build_client(teacher, cpu_engine("t"))
+    assert isinstance(anonymous, CompactTeacher) and anonymous.headers == {}
