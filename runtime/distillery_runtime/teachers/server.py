@@ -181,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(list(argv) if argv is not None else sys.argv[1:])
     if args.model_tag:
         args.model = args.model_tag
+    if args.distillery_max_in_flight is not None and args.distillery_max_in_flight < 1:
+        parser.error(f"--distillery-max-in-flight must be at least 1, not {args.distillery_max_in_flight}")
     configure_logging_from_args(args)
     validate_parsed_serve_args(args)
 
