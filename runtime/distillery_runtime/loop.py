@@ -645,6 +645,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     from distillery_runtime import workers
     from distillery_runtime.scoring import TeacherScoring, build_client, client_retry
     from distillery_runtime.teachers.tokenizer_compat import check_vocabulary, tokenizer_vocabulary
+    from distillery_runtime.teachers.wire import job_identity
 
     spec = config.spec
     plan = loop.plan
@@ -692,8 +693,9 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
             )
     # Past a client's own retries a teacher counts as down: scoring waits for it, up to the job's budget.
     retry = client_retry(spec.teacher_outage_timeout_seconds)
+    job = job_identity(config.job_name, config.namespace)
     clients = {
-        t.name: build_client(t, plan.engines[t.name], colocated_actors.get(t.name), retry)
+        t.name: build_client(t, plan.engines[t.name], colocated_actors.get(t.name), retry, job)
         for t in config.teachers
     }
     outages = OutageTracker(

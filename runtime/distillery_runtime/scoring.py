@@ -70,8 +70,11 @@ def build_client(
     engine: EngineSettings,
     colocated_actor: Any | None = None,
     retry: RetryPolicy | None = None,
+    job: str | None = None,
 ) -> Teacher:
-    """The scoring client of one resolved teacher, at its endpoints and within its engine's limits."""
+    """The scoring client of one resolved teacher, at its endpoints and within its engine's limits. `job`:
+    the job's identity (`wire.job_identity`), sent with each request to our teacher server (a shared
+    teacher shares its engine fairly among the jobs it serves and accounts for each by it)."""
     retry = retry or RetryPolicy()
     if teacher.protocol == TeacherProtocol.COMPACT:
         from distillery_runtime.teachers.compact_http import CompactTeacher
@@ -86,6 +89,7 @@ def build_client(
             resolve_dns=True,
             retry=retry,
             coalesce=(engine.coalesced_in_flight, engine.request_tokens),
+            job=job,
         )
     if teacher.protocol == TeacherProtocol.OPENAI:
         from distillery_runtime.teachers.openai_http import OpenAITeacher

@@ -9,7 +9,8 @@
   step and since then waits for its teacher `math`, which never answers (the loop's OutageTracker sets
   `teacher_down` the moment the client's retries are spent).
 - a standalone teacher's own /metrics: the session's real vLLM teacher server (`vllm_server`, shared with
-  the scoring tests), whose `vllm:*` gauges the job dashboard's teacher panels read.
+  the scoring tests), whose `vllm:*` gauges the job dashboard's teacher panels read; it scores one compact
+  request for the `demo` job first, so that its per-job `distillery_teacher_*` series exist.
 - Prometheus scrapes all four every second, with the labels the chart's PodMonitors add (namespace,
   distillery_job; teacher on the teacher's), and evaluates the chart's alert rules (rendered with short
   windows).
@@ -22,6 +23,7 @@ import contextlib
 import random
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,13 @@ import yaml
 from chart.helm_chart import by_kind, render_objects
 from chart.operator_scenario import NAMESPACE, drive, scenario_operator
 from distillery_runtime.metrics import PHASES, RuntimeMetrics
+from distillery_runtime.teachers.wire import (
+    JOB_HEADER,
+    SCORE_PATH,
+    WireSequence,
+    encode_request,
+    job_identity,
+)
 from observability.prometheus_server import Prometheus, Target, free_port, run_prometheus
 
 RULE_VALUES = {
@@ -175,10 +184,23 @@ class _OperatorScenario:
         self.thread.join(30)
 
 
+def score_for_job(teacher_address: str, job: str) -> None:
+    """One compact scoring request to the teacher server, sent as `job`'s trainer sends it."""
+    request = urllib.request.Request(
+        f"http://{teacher_address}{SCORE_PATH}",
+        data=encode_request([WireSequence([1, 2, 3, 4], 2, "s0")], 1),
+        headers={JOB_HEADER: job},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        response.read()
+
+
 @contextlib.contextmanager
 def running_stack(workdir: Path, teacher_address: str) -> Iterator[Stack]:
     """The stack; `teacher_address` (host:port) serves a real vLLM teacher's /metrics, labelled as the
     `demo` job's teacher `math`."""
+    score_for_job(teacher_address, job_identity("demo", NAMESPACE))
     trainers = Trainers()
     trainers.start()
     operator_port = free_port()

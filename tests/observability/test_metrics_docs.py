@@ -1,4 +1,4 @@
-"""docs/metrics.md lists every metric the operator and the runtime define, with their type and labels, and
+"""docs/metrics.md lists every metric the operator, the runtime and the teacher server define, with their type and labels, and
 the metrics follow Prometheus conventions: the package prefix, units in names, `_total` counters, labels
 from a small documented set. Every metric is shown on a dashboard or used by an alert.
 """
@@ -14,8 +14,10 @@ from chart.helm_chart import CHART
 from distillery_operator import metrics as operator_metrics
 from distillery_runtime.metrics import METRIC_NAMES as RUNTIME_NAMES
 from distillery_runtime.metrics import RuntimeMetrics
+from distillery_runtime.teachers.server_metrics import METRIC_NAMES as TEACHER_NAMES
+from distillery_runtime.teachers.server_metrics import TeacherServerMetrics
 from observability.stack import rendered_rule_groups
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -36,6 +38,7 @@ UNITLESS_GAUGES = {
     "distillery_runtime_student_entropy",  # nats per token, like the KL
     "distillery_runtime_logprob_gap",
     "distillery_runtime_eval_kl",
+    "distillery_teacher_gpus",
 }
 UNITS = ("_seconds", "_ratio", "_steps", "_bytes", "_tokens")
 
@@ -56,6 +59,16 @@ def operator_rows() -> set[Row]:
 def runtime_rows() -> set[Row]:
     runtime = RuntimeMetrics()
     return {exported(m) for m in vars(runtime).values() if isinstance(m, MetricWrapperBase)}
+
+
+def teacher_rows() -> set[Row]:
+    # Its own registry: the server registers in the default one, which vLLM's /metrics serves.
+    teacher = TeacherServerMetrics(CollectorRegistry())
+    return {exported(m) for m in vars(teacher).values() if isinstance(m, MetricWrapperBase)}
+
+
+def all_rows() -> set[Row]:
+    return operator_rows() | runtime_rows() | teacher_rows()
 
 
 def _cells(line: str) -> list[str]:
@@ -79,7 +92,7 @@ def documented_labels() -> set[str]:
 
 
 def test_docs_list_every_metric_with_type_and_labels() -> None:
-    code = operator_rows() | runtime_rows()
+    code = all_rows()
     assert len(code) >= 25
     documented = documented_rows()
     assert sorted(code - documented) == [], "metrics missing from docs/metrics.md (or with other labels/type)"
@@ -87,15 +100,16 @@ def test_docs_list_every_metric_with_type_and_labels() -> None:
 
 
 def test_declared_name_lists_match_the_metrics() -> None:
-    # Both modules publish METRIC_NAMES for the dashboards and alerts; they must be the real names.
+    # The modules publish METRIC_NAMES for the dashboards and alerts; they must be the real names.
     assert set(operator_metrics.METRIC_NAMES) == {name for name, _, _ in operator_rows()}
     assert set(RUNTIME_NAMES) == {name for name, _, _ in runtime_rows()}
+    assert set(TEACHER_NAMES) == {name for name, _, _ in teacher_rows()}
 
 
-@pytest.mark.parametrize("row", sorted(operator_rows() | runtime_rows()), ids=lambda r: r[0])
+@pytest.mark.parametrize("row", sorted(all_rows()), ids=lambda r: r[0])
 def test_prometheus_naming_conventions(row: Row) -> None:
     name, kind, labels = row
-    assert re.fullmatch(r"distillery_(operator|runtime)_[a-z][a-z0-9_]*[a-z0-9]", name)
+    assert re.fullmatch(r"distillery_(operator|runtime|teacher)_[a-z][a-z0-9_]*[a-z0-9]", name)
     if kind == "counter":
         assert name.endswith("_total")
     else:
@@ -114,9 +128,5 @@ def test_every_metric_is_on_a_dashboard_or_in_an_alert() -> None:
     texts = [p.read_text() for p in (CHART / "dashboards").glob("*.json")]
     texts.append(json.dumps(rendered_rule_groups({"prometheusRule": {"enabled": True}})))
     used = "\n".join(texts)
-    unused = [
-        n
-        for n, _, _ in runtime_rows() | operator_rows()
-        if not re.search(rf"\b{n}(_bucket|_sum|_count)?\b", used)
-    ]
+    unused = [n for n, _, _ in all_rows() if not re.search(rf"\b{n}(_bucket|_sum|_count)?\b", used)]
     assert unused == []

@@ -142,3 +142,25 @@ def test_cpu_server_has_no_busy_polling_worker_process(vllm_server) -> None:
     names = [p.name() for p in server.children(recursive=True)]
     assert any("EngineCor" in n for n in names), names  # the engine core runs beside the API server
     assert not any("Worker" in n for n in names), names
+
+
+async def test_scoring_is_accounted_per_job_on_the_servers_metrics(vllm_server, samples) -> None:
+    """The job header reaches the real server, which admits the request through its fair queue (sized
+    from the engine's max-num-seqs) and shows the job's `distillery_teacher_*` series beside vLLM's own on
+    its one /metrics page."""
+    import urllib.request
+
+    job = "team-a/accounted"
+    teacher = CompactTeacher([vllm_server.url], name=vllm_server.model, job=job)
+    try:
+        await teacher.score(samples[:3], 4)
+    finally:
+        await teacher.close()
+    with urllib.request.urlopen(f"{vllm_server.url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    assert "vllm:num_requests_running" in text
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples[:3])
+    assert f'distillery_teacher_scored_tokens_total{{client_job="{job}"}} {float(tokens)}' in text
+    assert f'distillery_teacher_request_duration_seconds_count{{client_job="{job}"}} 1.0' in text
+    assert f'distillery_teacher_busy_seconds_total{{client_job="{job}"}}' in text
+    assert "distillery_teacher_gpus 0.0" in text  # a CPU server

@@ -387,6 +387,49 @@ def job_dashboard() -> dict[str, Any]:
                     "{{distillery_job}}")),
         12, 8,
     )  # fmt: skip
+    # Shared teachers (DistillationTeacher): the teacher server's own account of each job it serves,
+    # labelled client_job="namespace/name" by the job header (the teacher's pods carry no job label).
+    t = 'namespace=~"$namespace", client_job=~"$namespace/$job"'
+    tby = "namespace, teacher, client_job"
+    layout.row("Shared teachers")
+    layout.add(
+        timeseries("Tokens scored per job", "Tokens (prompt + response) each teacher ran for each job, per second, "
+                   "over its replicas: jobs using a shared teacher at the same time get equal shares of its engine.",
+                   "short",
+                   (f"sum by ({tby}) (rate(distillery_teacher_scored_tokens_total{{{t}}}[{R}]))",
+                    "{{teacher}} {{client_job}}"),
+                   stack=True),
+        12, 8,
+    )  # fmt: skip
+    layout.add(
+        timeseries("Teacher-side latency per job", "p90 of a scoring request's time in the teacher server, from "
+                   "arrival to answer, and of the part spent waiting for the job's fair share of the engine.", "s",
+                   (f"histogram_quantile(0.9, sum by ({tby}, le) "
+                    f"(rate(distillery_teacher_request_duration_seconds_bucket{{{t}}}[{R}])))",
+                    "{{teacher}} {{client_job}} p90"),
+                   (f"histogram_quantile(0.9, sum by ({tby}, le) "
+                    f"(rate(distillery_teacher_queue_wait_seconds_bucket{{{t}}}[{R}])))",
+                    "{{teacher}} {{client_job}} p90 queue wait")),
+        12, 8,
+    )  # fmt: skip
+    layout.add(
+        timeseries("Teacher busy time per job", "Replica-seconds per second each job kept a teacher busy: each "
+                   "interval with requests in the engine split among them by tokens (1 = one replica busy "
+                   "all the time for this job).", "short",
+                   (f"sum by ({tby}) (rate(distillery_teacher_busy_seconds_total{{{t}}}[{R}]))",
+                    "{{teacher}} {{client_job}}"),
+                   stack=True),
+        12, 8,
+    )  # fmt: skip
+    layout.add(
+        timeseries("Teacher GPUs per job", "GPU-seconds per second attributed to each job: its busy time on each "
+                   "replica times the replica's GPUs (0 for a teacher on CPU).", "short",
+                   (f"sum by ({tby}) (rate(distillery_teacher_busy_seconds_total{{{t}}}[{R}])"
+                    " * on (instance) group_left max by (instance) (distillery_teacher_gpus))",
+                    "{{teacher}} {{client_job}}"),
+                   stack=True),
+        12, 8,
+    )  # fmt: skip
     variables = [
         query_var("namespace", "Namespace", "label_values(distillery_runtime_step, namespace)"),
         query_var(
@@ -396,7 +439,8 @@ def job_dashboard() -> dict[str, Any]:
     return dashboard(
         "distillery-job", "Distillery / Job",
         "DistillationJobs in training: loss, KL per teacher, step time breakdown, tokens/s, teacher latency and "
-        "errors. Series come from the trainers' /metrics (the chart's PodMonitor adds namespace and distillery_job).",
+        "errors, shared teachers' work per job. Series come from the trainers' /metrics (the chart's PodMonitor "
+        "adds namespace and distillery_job) and the teachers' (client_job: the job a request scored for).",
         variables, layout,
     )  # fmt: skip
 

@@ -3,7 +3,8 @@
 Samples go in chunks of `batch_size` sequences per request (the engine batches within a
 request; chunks spread over replicas and retry independently). The answer is packed
 little-endian arrays (`wire`), decoded zero-copy and scattered into the dense layout
-without a per-entry or per-position Python loop.
+without a per-entry or per-position Python loop. Every request carries the job's identity
+(`X-Distillery-Job`), by which a shared teacher shares its engine among jobs and accounts for each.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from distillery_runtime.teachers.types import (
 )
 from distillery_runtime.teachers.wire import (
     INFO_PATH,
+    JOB_HEADER,
     SCORE_PATH,
     WireSequence,
     decode_response,
@@ -57,10 +59,13 @@ class CompactTeacher(BatchTeacher):
         retry: RetryPolicy | None = None,
         resolve_dns: bool = False,
         coalesce: tuple[int, int] | None = None,
+        job: str | None = None,
     ) -> None:
         """`coalesce`: (requests in flight, tokens a request) for samples scored one by one (`score_one`),
-        which then share requests (teachers/coalesce.py); None: a request each."""
+        which then share requests (teachers/coalesce.py); None: a request each. `job`: the identity sent
+        with every request (`wire.job_identity`); None: none (the server counts it as `unknown`)."""
         self.name = name
+        self.headers = {JOB_HEADER: job} if job else {}
         self.batch_size = max(1, batch_size)
         self._max_logprobs = max_logprobs
         self._max_model_len = max_model_len
@@ -77,7 +82,7 @@ class CompactTeacher(BatchTeacher):
             self._info_lock = self._info_lock or asyncio.Lock()
             async with self._info_lock:
                 if self._max_model_len is None or self._max_logprobs is None:
-                    info = orjson.loads(await self.transport.request("GET", INFO_PATH))
+                    info = orjson.loads(await self.transport.request("GET", INFO_PATH, headers=self.headers))
                     self._max_model_len = self._max_model_len or int(info["max_model_len"])
                     self._max_logprobs = (
                         self._max_logprobs if self._max_logprobs is not None else int(info["max_logprobs"])
@@ -129,7 +134,9 @@ class CompactTeacher(BatchTeacher):
 
     async def _post(self, chunk: list[WireSequence], top_k: int):  # type: ignore[no-untyped-def]
         try:
-            body = await self.transport.request("POST", SCORE_PATH, encode_request(chunk, top_k))
+            body = await self.transport.request(
+                "POST", SCORE_PATH, encode_request(chunk, top_k), headers=self.headers
+            )
         except HttpStatusError as exc:
             try:
                 err = orjson.loads(exc.body)["error"]

@@ -6,12 +6,16 @@ Usage (this is the command the operator's teacher Deployment runs; keep it stabl
 
 for example `--host 0.0.0.0 --port 8000 --served-model-name teacher --max-model-len 4096
 --max-logprobs 128 --dtype bfloat16`. Every flag is vLLM's own (same parser as `vllm
-serve`); the model may also be given positionally. Routes:
+serve`) but `--distillery-max-in-flight N`: the most sequences of compact scoring requests in the engine at
+once (default: the engine's `--max-num-seqs`), shared fairly among the jobs that send them. The model may
+also be given positionally. Routes:
 
-- everything vLLM serves: `/v1/completions`, `/v1/models`, `/health`, `/metrics`, ...
+- everything vLLM serves: `/v1/completions`, `/v1/models`, `/health`, `/metrics` (with our per-job
+  `distillery_teacher_*` metrics, `server_metrics`), ...
 - `POST /distillery/v1/score`: compact scoring (request and binary response format in
   `distillery_runtime.teachers.wire`), top K at most `--max-logprobs`, sequences at most
-  `--max-model-len` - 1 tokens.
+  `--max-model-len` - 1 tokens. The `X-Distillery-Job` header names the job; requests are admitted
+  into the engine by job, fairly (`fair_share`), and accounted per job (`job_serving`).
 - `GET /distillery/v1/info`: `{"model", "max_model_len", "max_logprobs", "format"}`.
 - `GET /distillery/v1/vocabulary`: `{"tokens": [...]}`, the tokenizer's token at each id (null for
   holes): the trainer checks that the teacher's vocabulary extends the student's (`tokenizer_compat`).
@@ -37,16 +41,20 @@ from fastapi.responses import ORJSONResponse, Response
 from distillery_runtime.teachers.dense import check_sample, check_top_k
 from distillery_runtime.teachers.engine_scoring import install_tensor_logprobs, score_sequences
 from distillery_runtime.teachers.fast_topk import install_fast_topk
+from distillery_runtime.teachers.job_serving import JobServing
+from distillery_runtime.teachers.server_metrics import TeacherServerMetrics
 from distillery_runtime.teachers.tokenizer_compat import tokenizer_vocabulary, vocabulary_list
 from distillery_runtime.teachers.types import ScoreRequest, TeacherError
 from distillery_runtime.teachers.wire import (
     INFO_PATH,
+    JOB_HEADER,
     MEDIA_TYPE,
     SCORE_PATH,
     VOCABULARY_PATH,
     decode_request,
     encode_response,
     error_body,
+    parse_job_header,
 )
 
 router = APIRouter()
@@ -59,6 +67,28 @@ FAST_TOPK = install_fast_topk()
 def _limits(engine) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     cfg = engine.model_config
     return int(cfg.max_model_len), int(cfg.max_logprobs)
+
+
+def replica_gpus(args) -> int:  # type: ignore[no-untyped-def]
+    """The accelerators one server runs its engine on: tensor x pipeline x (local) data parallel; 0 on CPU."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return 0
+    dp = getattr(args, "data_parallel_size_local", None) or getattr(args, "data_parallel_size", 1) or 1
+    return int(args.tensor_parallel_size or 1) * int(args.pipeline_parallel_size or 1) * int(dp)
+
+
+def _serving(app: FastAPI) -> JobServing:
+    """The app's fair, accounted scoring: made at the first request, when the engine's config is known."""
+    serving: JobServing | None = getattr(app.state, "distillery_serving", None)
+    if serving is None:
+        engine = app.state.engine_client
+        capacity = getattr(app.state.args, "distillery_max_in_flight", None) or int(
+            engine.vllm_config.scheduler_config.max_num_seqs
+        )
+        serving = app.state.distillery_serving = JobServing(capacity, app.state.distillery_metrics)
+    return serving
 
 
 @router.get(INFO_PATH)
@@ -101,14 +131,19 @@ async def score(request: Request) -> Response:
         return Response(
             error_body(str(exc), type(exc).__name__), status_code=400, media_type="application/json"
         )
-    lengths, ids, lps, tok = await score_sequences(engine, seqs, top_k)
+    job = parse_job_header(request.headers.get(JOB_HEADER))
+    lengths, ids, lps, tok = await _serving(request.app).run(
+        job, seqs, lambda: score_sequences(engine, seqs, top_k)
+    )
     return Response(encode_response(lengths, ids, lps, tok, top_k), media_type=MEDIA_TYPE)
 
 
 def _with_scoring_routes(build_app):  # type: ignore[no-untyped-def]
-    def build(*args, **kwargs) -> FastAPI:  # type: ignore[no-untyped-def]
-        app = build_app(*args, **kwargs)
+    def build(args, *rest, **kwargs) -> FastAPI:  # type: ignore[no-untyped-def]
+        app = build_app(args, *rest, **kwargs)
         app.include_router(router)
+        # In the default registry, which vLLM's /metrics serves; made once, as build_app runs once.
+        app.state.distillery_metrics = TeacherServerMetrics(gpus=replica_gpus(args))
         return app
 
     return build
@@ -136,9 +171,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         FlexibleArgumentParser(description="Distillery teacher server (vLLM + compact scoring)")
     )
     parser.add_argument("model_tag", nargs="?", default=None, help="model (alternative to --model)")
+    parser.add_argument(
+        "--distillery-max-in-flight",
+        type=int,
+        default=None,
+        help="most sequences of compact scoring requests in the engine at once, shared fairly among jobs "
+        "(default: --max-num-seqs as the engine resolved it)",
+    )
     args = parser.parse_args(list(argv) if argv is not None else sys.argv[1:])
     if args.model_tag:
         args.model = args.model_tag
+    if args.distillery_max_in_flight is not None and args.distillery_max_in_flight < 1:
+        parser.error(f"--distillery-max-in-flight must be at least 1, not {args.distillery_max_in_flight}")
     configure_logging_from_args(args)
     validate_parsed_serve_args(args)
 

@@ -12,10 +12,15 @@ Response (`application/x-distillery-scores`), little-endian, no per-entry encodi
     token    float32[total_T]       log-prob of the actual (student) token
 
 Errors are JSON `{"error": {"message": ..., "type": ...}}` with an HTTP 4xx/5xx status.
+
+Every request names the job it scores for in the `X-Distillery-Job` header (`namespace/name` in a
+cluster, the job's name in a local run): a shared teacher serves jobs fairly and accounts for each
+(`fair_share`, `job_serving`). A request without it (an external client) counts as job `unknown`.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +35,23 @@ INFO_PATH = "/distillery/v1/info"
 # The teacher's id -> token map, `{"tokens": [token or null, ...]}` indexed by id (tokenizer_compat).
 VOCABULARY_PATH = "/distillery/v1/vocabulary"
 _HEADER = struct.Struct("<4sIII")
+JOB_HEADER = "X-Distillery-Job"
+UNKNOWN_JOB = "unknown"
+"""The job of a request without a (valid) job header: external clients share this one identity."""
+# A namespace (DNS label) and a job name (DNS subdomain), or a local run's bare name; anything else is
+# refused as an identity, since it becomes a metric label value.
+_JOB = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]{0,62}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+
+
+def job_identity(name: str, namespace: str | None) -> str:
+    """The value of the job header for a job: `namespace/name` in a cluster, the bare name locally."""
+    return f"{namespace}/{name}" if namespace else name
+
+
+def parse_job_header(value: str | None) -> str:
+    """The job a request scores for: the header's value when it is a job identity, else `unknown`."""
+    value = (value or "").strip()
+    return value if _JOB.fullmatch(value) else UNKNOWN_JOB
 
 
 @dataclass(frozen=True, slots=True)
