@@ -21,8 +21,6 @@ MAX_RAYJOB_NAME = 47
 MANAGED_BY = "distillery-operator"
 JOB_LABEL = "distillery.io/job"
 TEACHER_LABEL = "distillery.io/teacher"
-SHARED_TEACHER_LABEL = "distillery.io/shared-teacher"
-"""On a DistillationTeacher's objects and pods: its name (they carry no job label)."""
 COMPONENT_LABEL = "app.kubernetes.io/component"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"

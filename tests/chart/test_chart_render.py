@@ -19,8 +19,10 @@ from chart.helm_chart import CHART, NAMESPACE, ROOT, SCENARIOS, by_kind, render,
 from cloudcoil.models.prometheus_operator import v1 as monitoring
 from distillery_cli.main import build_parser
 from distillery_operator.controller import PULL_SECRETS_ENV, cluster_pull_secrets, cluster_settings
-from distillery_operator.render import NetworkPolicySettings
+from distillery_operator.render import NetworkPolicySettings, render_shared_teacher
 from distillery_operator.shared_teachers import SharedTeacherSettings, scaled_by_hpa, scaling_interval
+
+from distillery.api import DistillationTeacher
 
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ("1.25", "1.37")
@@ -345,20 +347,45 @@ def test_trainer_declares_the_metrics_port_the_pod_monitor_scrapes() -> None:
     assert ports.get(port_name) == RuntimeConfig.model_fields["metrics_port"].default
 
 
-def test_teacher_pod_monitor_scrapes_each_standalone_teachers_vllm_metrics() -> None:
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels and In expressions) against a pod's labels."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In"
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+def test_teacher_pod_monitor_scrapes_each_teachers_metrics_standalone_or_shared() -> None:
     monitor = _pod_monitor("teacher")
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     deployments = _rendered("Deployment")
     assert deployments  # the example has a standalone teacher
+    shared = yaml.safe_load((ROOT / "examples" / "teachers" / "qwen-7b.yaml").read_text())
+    shared["metadata"]["namespace"] = "t"
+    deployments.append(
+        render_shared_teacher(DistillationTeacher.model_validate(shared), namespace="t", replicas=1)[0]
+    )
     for deployment in deployments:
         template = deployment["spec"]["template"]
-        assert monitor["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+        assert _selects(monitor["spec"]["selector"], template["metadata"]["labels"])
+        # The runtime's trainers are not teachers.
+        assert not _selects(
+            monitor["spec"]["selector"],
+            {**template["metadata"]["labels"], "app.kubernetes.io/component": "trainer"},
+        )
         ports = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
         assert endpoint["port"] in ports and endpoint["path"] == "/metrics"  # vLLM serves it on its API port
         # The labels the dashboards group by come from pod labels the teacher's pod carries.
         relabels = {r["targetLabel"]: r["sourceLabels"][0] for r in endpoint["relabelings"]}
         for target, pod_label in (
-            ("distillery_job", "distillery.io/job"),
+            *(
+                [("distillery_job", "distillery.io/job")]
+                if "distillery.io/job" in template["metadata"]["labels"]
+                else []
+            ),
             ("teacher", "distillery.io/teacher"),
         ):
             discovered = "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", pod_label)

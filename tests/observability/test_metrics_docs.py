@@ -28,6 +28,7 @@ UNITLESS_GAUGES = {
     "distillery_operator_workqueue_depth",
     "distillery_runtime_step",
     "distillery_runtime_teacher_unavailable",  # a 0/1 state, like `up`
+    "distillery_teacher_waiting_sequences",
     "distillery_runtime_total_steps",
     "distillery_runtime_loss",
     "distillery_runtime_kl",

@@ -65,3 +65,13 @@ def test_a_page_without_the_gauges_is_refused() -> None:
 def test_text_that_is_not_the_prometheus_format_is_refused() -> None:
     with pytest.raises(ValueError):
         parse_replica_load("<html>not metrics</html>\n")
+
+
+def test_what_waits_in_our_servers_fair_queue_counts_as_waiting() -> None:
+    # The teacher server admits a job's requests into vLLM by fair share: those it holds back wait too.
+    page = VLLM_PAGE + (
+        "# HELP distillery_teacher_waiting_sequences Sequences waiting for their job's share.\n"
+        "# TYPE distillery_teacher_waiting_sequences gauge\n"
+        "distillery_teacher_waiting_sequences 5.0\n"
+    )
+    assert parse_replica_load(page) == ReplicaLoad(waiting=17, running=7)

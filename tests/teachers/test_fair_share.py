@@ -201,6 +201,9 @@ async def test_job_serving_admits_fairly_and_accounts_per_job() -> None:
     await _settle()
     tasks.append(asyncio.create_task(serving.run("ns/small", [seq, seq], engine_call)))
     await _settle()
+    # Two `big` in the engine; two `big` and the two sequences of `small` wait: the gauge the operator
+    # scales a shared teacher on.
+    assert "distillery_teacher_waiting_sequences 4.0" in generate_latest(registry).decode()
     now[0] = 2.0
     gate.set()
     assert await asyncio.gather(*tasks) == ["scores"] * 5
@@ -213,6 +216,7 @@ async def test_job_serving_admits_fairly_and_accounts_per_job() -> None:
     assert _value(text, "distillery_teacher_busy_seconds_total", "ns/big") == pytest.approx(2.0)
     assert "distillery_teacher_gpus 2.0" in text
     assert serving.share.in_flight == {} and serving.share.queues == {}
+    assert "distillery_teacher_waiting_sequences 0.0" in text
 
 
 def test_metric_names_and_bounded_job_labels() -> None:

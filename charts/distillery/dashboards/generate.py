@@ -422,6 +422,16 @@ def job_dashboard() -> dict[str, Any]:
         12, 8,
     )  # fmt: skip
     layout.add(
+        timeseries("Shared teacher queue", "Sequences waiting per teacher, over its replicas: in the teacher "
+                   "server's fair queue (by job) and in vLLM's own. The operator adds a replica while this per "
+                   "replica is above the DistillationTeacher's scaling.targetWaitingPerReplica.", "short",
+                   ('sum by (namespace, teacher) (distillery_teacher_waiting_sequences{namespace=~"$namespace"})',
+                    "{{teacher}} fair queue"),
+                   ('sum by (namespace, teacher) (vllm:num_requests_waiting{namespace=~"$namespace"})',
+                    "{{teacher}} vLLM queue")),
+        12, 8,
+    )  # fmt: skip
+    layout.add(
         timeseries("Teacher GPUs per job", "GPU-seconds per second attributed to each job: its busy time on each "
                    "replica times the replica's GPUs (0 for a teacher on CPU).", "short",
                    (f"sum by ({tby}) (rate(distillery_teacher_busy_seconds_total{{{t}}}[{R}])"

@@ -25,7 +25,8 @@ def shared_teacher_selector(name: str) -> dict[str, str]:
     return {
         naming.INSTANCE_LABEL: naming.label_value(name),
         naming.COMPONENT_LABEL: COMPONENT,
-        naming.SHARED_TEACHER_LABEL: naming.label_value(name),
+        # The standalone teachers' label too: the teachers' PodMonitor names the teacher from it.
+        naming.TEACHER_LABEL: naming.label_value(name),
     }
 
 

@@ -63,6 +63,11 @@ class FairShare:
     def waiting(self, job: str) -> int:
         return len(self.queues.get(job, ()))
 
+    @property
+    def waiting_sequences(self) -> int:
+        """Sequences queued for admission over all jobs: the replica's queue, before vLLM's own."""
+        return sum(w.cost for queue in self.queues.values() for w in queue)
+
     @asynccontextmanager
     async def slot(self, job: str, cost: int = 1) -> AsyncIterator[None]:
         """Wait for the job's turn and room for `cost` sequences (a request larger than the whole capacity

@@ -27,6 +27,7 @@ class JobServing:
     ) -> None:
         """`capacity`: sequences in the engine at most (the server's `--distillery-max-in-flight`)."""
         self.share = FairShare(capacity)
+        metrics.waiting.set_function(lambda: self.share.waiting_sequences)
         self.busy = BusyTime(clock)
         self.metrics = metrics
         self.clock = clock

@@ -23,7 +23,9 @@ METRIC_NAMES = (
     "distillery_teacher_queue_wait_seconds",
     "distillery_teacher_busy_seconds_total",
     "distillery_teacher_gpus",
+    "distillery_teacher_waiting_sequences",
 )
+WAITING_SEQUENCES = METRIC_NAMES[-1]
 
 
 class TeacherServerMetrics:
@@ -61,6 +63,12 @@ class TeacherServerMetrics:
             "distillery_teacher_gpus", "Accelerators of one replica (0 on CPU).", registry=registry
         )
         self.gpus.set(gpus)
+        self.waiting = Gauge(
+            WAITING_SEQUENCES,
+            "Sequences waiting for their job's share of the engine, over all jobs (the operator scales a "
+            "shared teacher on it with vLLM's own vllm:num_requests_waiting).",
+            registry=registry,
+        )
         self._labels: set[str] = set()
 
     def label(self, job: str) -> str:
