@@ -210,6 +210,8 @@ async def test_job_serving_admits_fairly_and_accounts_per_job() -> None:
     text = generate_latest(registry).decode()
     assert _value(text, "distillery_teacher_scored_tokens_total", "ns/big") == 16
     assert _value(text, "distillery_teacher_scored_tokens_total", "ns/small") == 8
+    assert _value(text, "distillery_teacher_scored_sequences_total", "ns/big") == 4
+    assert _value(text, "distillery_teacher_scored_sequences_total", "ns/small") == 2
     assert _value(text, "distillery_teacher_request_duration_seconds_count", "ns/big") == 4
     assert _value(text, "distillery_teacher_queue_wait_seconds_count", "ns/small") == 1
     # 2 s with two `big` requests in flight (the small one waited, then ran in no time)

@@ -398,6 +398,8 @@ def job_dashboard() -> dict[str, Any]:
                    "short",
                    (f"sum by ({tby}) (rate(distillery_teacher_scored_tokens_total{{{t}}}[{R}]))",
                     "{{teacher}} {{client_job}}"),
+                   (f"sum by ({tby}) (rate(distillery_teacher_scored_sequences_total{{{t}}}[{R}]))",
+                    "{{teacher}} {{client_job}} sequences"),
                    stack=True),
         12, 8,
     )  # fmt: skip

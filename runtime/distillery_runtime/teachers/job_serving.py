@@ -44,5 +44,5 @@ class JobServing:
                 answer = await score()
             finally:
                 self.metrics.attribute(self.busy.finish(key))
-        self.metrics.answered(job, tokens, self.clock() - arrived)
+        self.metrics.answered(job, tokens, self.clock() - arrived, sequences=len(sequences))
         return answer

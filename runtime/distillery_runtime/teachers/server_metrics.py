@@ -19,6 +19,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 METRIC_NAMES = (
     "distillery_teacher_scored_tokens_total",
+    "distillery_teacher_scored_sequences_total",
     "distillery_teacher_request_duration_seconds",
     "distillery_teacher_queue_wait_seconds",
     "distillery_teacher_busy_seconds_total",
@@ -36,6 +37,12 @@ class TeacherServerMetrics:
         self.scored_tokens = Counter(
             "distillery_teacher_scored_tokens",
             "Tokens the teacher ran for the job: prompt + response of every sequence scored.",
+            [LABEL],
+            registry=registry,
+        )
+        self.scored_sequences = Counter(
+            "distillery_teacher_scored_sequences",
+            "Sequences (a prompt and one sampled response each) the teacher scored for the job.",
             [LABEL],
             registry=registry,
         )
@@ -83,9 +90,10 @@ class TeacherServerMetrics:
     def waited(self, job: str, seconds: float) -> None:
         self.queue_wait.labels(self.label(job)).observe(seconds)
 
-    def answered(self, job: str, tokens: int, seconds: float) -> None:
+    def answered(self, job: str, tokens: int, seconds: float, sequences: int = 1) -> None:
         label = self.label(job)
         self.scored_tokens.labels(label).inc(tokens)
+        self.scored_sequences.labels(label).inc(sequences)
         self.request_duration.labels(label).observe(seconds)
 
     def attribute(self, parts: dict[str, float]) -> None:
