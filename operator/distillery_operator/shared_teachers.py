@@ -29,7 +29,7 @@ from distillery_operator.decide_teacher import TeacherUse, decide_teacher
 from distillery_operator.kube import ApiError, Kube
 from distillery_operator.observe import Child, JobKey
 from distillery_operator.render import shared_teacher_selector
-from distillery_operator.teacher_metrics import parse_replica_load
+from distillery_operator.teacher_metrics import parse_replica_sample, replica_load
 
 log = logging.getLogger(__name__)
 
@@ -90,17 +90,16 @@ def job_uses(
     return uses
 
 
-def ready_pod_ips(pods: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The IPs of the pods whose Ready condition is True."""
-    ips = []
+def ready_pods(pods: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(name, IP) of the pods whose Ready condition is True."""
+    out = []
     for pod in pods:
         status = pod.get("status") or {}
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-        )
+        conditions = status.get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
         if ready and status.get("podIP"):
-            ips.append(status["podIP"])
-    return ips
+            out.append(((pod.get("metadata") or {}).get("name", ""), status["podIP"]))
+    return out
 
 
 @dataclass
@@ -118,6 +117,8 @@ class SharedTeachers:
         """When each teacher was last seen busy (or first seen)."""
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._previous: dict[tuple[str, str], tuple[float, float]] = {}
+        """Each replica's (namespace, pod) last read: total seconds waited in its queue, and when."""
 
     def wake(self) -> None:
         self._wake.set()
@@ -152,14 +153,19 @@ class SharedTeachers:
         pods = await self.kube.list_pods(namespace, ",".join(f"{k}={v}" for k, v in selector.items()))
         loads = []
         timeout = aiohttp.ClientTimeout(total=self.settings.metrics_timeout)
-        for ip in ready_pod_ips(pods):
+        for pod, ip in ready_pods(pods):
             url = f"http://{ip}:{TEACHER_PORT}/metrics"
             try:
                 async with self._session.get(url, timeout=timeout) as response:
-                    loads.append(parse_replica_load(await response.text()))
+                    sample = parse_replica_sample(await response.text())
             except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as error:
                 # A replica that does not answer is left out: with none answering nothing scales up.
                 log.info("GET %s: %s", url, error)
+                continue
+            now, key = time.monotonic(), (namespace, pod)
+            loads.append(replica_load(sample, self._previous.get(key), now))
+            if sample.waited_seconds is not None:
+                self._previous[key] = (sample.waited_seconds, now)
         return loads
 
     async def reconcile(self, key: TeacherKey) -> None:

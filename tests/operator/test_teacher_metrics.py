@@ -4,7 +4,7 @@ their series; a page without them is refused rather than read as idle."""
 from __future__ import annotations
 
 import pytest
-from distillery_operator.teacher_metrics import parse_replica_load
+from distillery_operator.teacher_metrics import parse_replica_load, parse_replica_sample, replica_load
 
 from distillery.plan.teacher_scaling import ReplicaLoad
 
@@ -75,3 +75,30 @@ def test_what_waits_in_our_servers_fair_queue_counts_as_waiting() -> None:
         "distillery_teacher_waiting_sequences 5.0\n"
     )
     assert parse_replica_load(page) == ReplicaLoad(waiting=17, running=7)
+
+
+def _our_server(queued: float, waited: float) -> str:
+    return VLLM_PAGE.replace("12.0", "0.0") + (
+        "# TYPE distillery_teacher_waiting_sequences gauge\n"
+        f"distillery_teacher_waiting_sequences {queued}\n"
+        "# TYPE distillery_teacher_queue_wait_seconds histogram\n"
+        f'distillery_teacher_queue_wait_seconds_sum{{client_job="ns/a"}} {waited / 2}\n'
+        f'distillery_teacher_queue_wait_seconds_count{{client_job="ns/a"}} 3\n'
+        f'distillery_teacher_queue_wait_seconds_sum{{client_job="ns/b"}} {waited / 2}\n'
+        f'distillery_teacher_queue_wait_seconds_count{{client_job="ns/b"}} 3\n'
+    )
+
+
+def test_our_queue_counts_as_its_mean_length_since_the_previous_read() -> None:
+    first = parse_replica_sample(_our_server(queued=0, waited=10))
+    assert first.waited_seconds == 10
+    # Between two reads 5 s apart, requests waited 7.5 s in all: 1.5 waiting on average, though none now
+    # (a burst of scoring between two reads is not missed).
+    second = parse_replica_sample(_our_server(queued=0, waited=17.5))
+    assert replica_load(second, (first.waited_seconds or 0, 100.0), 105.0) == ReplicaLoad(
+        waiting=1.5, running=7
+    )
+    # Without a previous read, or after a restart reset the total: the queue as it is now.
+    assert replica_load(second, None, 105.0).waiting == 0
+    restarted = parse_replica_sample(_our_server(queued=2, waited=1))
+    assert replica_load(restarted, (17.5, 100.0), 105.0).waiting == 2
