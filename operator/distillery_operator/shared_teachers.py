@@ -117,8 +117,8 @@ class SharedTeachers:
         """When each teacher was last seen busy (or first seen)."""
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._previous: dict[tuple[str, str], tuple[float, float]] = {}
-        """Each replica's (namespace, pod) last read: total seconds waited in its queue, and when."""
+        self._previous: dict[TeacherKey, dict[str, tuple[float, float]]] = {}
+        """Each teacher's replicas' last read, by pod: total seconds waited in its queue, and when."""
 
     def wake(self) -> None:
         self._wake.set()
@@ -147,11 +147,15 @@ class SharedTeachers:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.interval)
 
-    async def _loads(self, namespace: str, selector: Mapping[str, str]) -> list[ReplicaLoad]:
+    async def _loads(self, key: TeacherKey) -> list[ReplicaLoad]:
+        namespace, name = key
+        selector = shared_teacher_selector(name)
         if self._session is None:
             self._session = aiohttp.ClientSession()
         pods = await self.kube.list_pods(namespace, ",".join(f"{k}={v}" for k, v in selector.items()))
         loads = []
+        previous = self._previous.get(key, {})
+        seen: dict[str, tuple[float, float]] = {}
         timeout = aiohttp.ClientTimeout(total=self.settings.metrics_timeout)
         for pod, ip in ready_pods(pods):
             url = f"http://{ip}:{TEACHER_PORT}/metrics"
@@ -162,16 +166,19 @@ class SharedTeachers:
                 # A replica that does not answer is left out: with none answering nothing scales up.
                 log.info("GET %s: %s", url, error)
                 continue
-            now, key = time.monotonic(), (namespace, pod)
-            loads.append(replica_load(sample, self._previous.get(key), now))
+            now = time.monotonic()
+            loads.append(replica_load(sample, previous.get(pod), now))
             if sample.waited_seconds is not None:
-                self._previous[key] = (sample.waited_seconds, now)
+                seen[pod] = (sample.waited_seconds, now)
+        # Only the replicas read now: a pod that is gone is forgotten.
+        self._previous[key] = seen
         return loads
 
     async def reconcile(self, key: TeacherKey) -> None:
         body = self.jobs.teachers.get(key)
         if body is None:
             self._busy_since_start.pop(key, None)
+            self._previous.pop(key, None)
             return
         namespace, name = key
         children = list(self.children_of(key))
@@ -184,7 +191,7 @@ class SharedTeachers:
             and deployment is not None
             and int(deployment.state.get("readyReplicas", 0)) > 0
         ):
-            loads = await self._loads(namespace, shared_teacher_selector(name))
+            loads = await self._loads(key)
         clock = time.monotonic()
         last_busy = self._busy_since_start.setdefault(key, clock)
         if any(load.busy for load in loads):
