@@ -81,7 +81,9 @@ def installation(
     node_cluster: NodeCluster, images: list[BuiltImage], tmp_path_factory: pytest.TempPathFactory
 ) -> Installation:
     """The chart as `helm install` leaves it: the operator runs in its Deployment's pod."""
-    installed = install(node_cluster, tmp_path_factory.mktemp("installation"))  # type: ignore[arg-type]
+    # Shared teachers decided every 2 s (the chart's default is 15): the scenario's jobs last a minute.
+    values = {"sharedTeachers": {"scalingIntervalSeconds": 2}}
+    installed = install(node_cluster, tmp_path_factory.mktemp("installation"), values)  # type: ignore[arg-type]
     wait_until(
         lambda: deployment_available(installed, RELEASE_NAMESPACE),
         timeout=120,

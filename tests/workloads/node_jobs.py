@@ -210,8 +210,9 @@ class Workspace:
         self.installation.admin("delete", "dj", name, "-n", self.namespace, timeout=300)
 
     def apply(self, manifest: dict[str, Any]) -> None:
-        """`kubectl apply` of the job, with `kubectl get dj -w` on it from before it exists."""
-        self.watch(manifest["metadata"]["name"])
+        """`kubectl apply` of the manifest; a job's with `kubectl get dj -w` on it from before it exists."""
+        if manifest["kind"] == "DistillationJob":
+            self.watch(manifest["metadata"]["name"])
         self.installation.admin("apply", "-n", self.namespace, "-f", "-", input=yaml_stream([manifest]))
 
     def job(self, name: str) -> dict[str, Any]:
@@ -301,6 +302,20 @@ class Workspace:
             "--force",
             "--wait=false",
         )
+
+    def events_of(self, name: str) -> list[dict[str, Any]]:
+        """The Events of the namespace's objects named `name`."""
+        out = self.installation.admin(
+            "get",
+            "events",
+            "-n",
+            self.namespace,
+            "-o",
+            "json",
+            f"--field-selector=involvedObject.name={name}",
+        ).stdout
+        items: list[dict[str, Any]] = json.loads(out)["items"]
+        return items
 
     def exec(self, pod: str, container: str, script: str, check: bool = True) -> str:
         """`kubectl exec` of a shell script in the container; its stdout."""

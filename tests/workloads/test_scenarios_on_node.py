@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,16 @@ from typing import Any
 import pytest
 from distillery_operator import naming
 from harness import RELEASE_NAMESPACE, wait_until
-from node_jobs import GPU_TAINT, MANUAL_CLASS, Workspace, node_name, standalone_teacher, tiny_job
+from node_jobs import (
+    GPU_TAINT,
+    MANUAL_CLASS,
+    MODELS_CLAIM,
+    Workspace,
+    node_name,
+    standalone_teacher,
+    tiny_job,
+)
+from prometheus_client.parser import text_string_to_metric_families
 
 from distillery.api.spec import DistillationJobSpec
 
@@ -89,15 +99,121 @@ def test_external_teacher_and_the_operator_pod_replaced_mid_run(workspace: Works
     assert after and not after & {p["metadata"]["name"] for p in operators}
 
 
-def test_two_teachers_routed_by_a_data_field(workspace: Workspace) -> None:
-    teachers = [standalone_teacher("adder", routes=["add"]), standalone_teacher("subber", routes=["sub"])]
-    workspace.apply(tiny_job("routed", teachers=teachers))
-    per_teacher: dict[str, int] = {}
-    for record in assert_succeeded(workspace, "routed"):
-        for teacher, count in record["samples_per_teacher"].items():
-            per_teacher[teacher] = per_teacher.get(teacher, 0) + count
-    # The prompts' data_source picks the teacher: both scored, and nothing else did.
-    assert set(per_teacher) == {"adder", "subber"} and sum(per_teacher.values()) == 4 * SAMPLES_PER_STEP
+def shared_teacher(name: str, **scaling: Any) -> dict[str, Any]:
+    """A DistillationTeacher on the `models` claim's teacher, one scoring sequence in its engine at a time
+    (`--distillery-max-in-flight 1`: two jobs' requests queue in its fair queue, what the operator scales
+    on)."""
+    return {
+        "apiVersion": "distillery.io/v1alpha1",
+        "kind": "DistillationTeacher",
+        "metadata": {"name": name},
+        "spec": {
+            "model": f"pvc://{MODELS_CLAIM}/teacher",
+            "pool": {"gpusPerReplica": 0},
+            "inference": {
+                "maxModelLen": 64,
+                "extraArgs": ["--enforce-eager", "--distillery-max-in-flight", "1"],
+            },
+            "maxLogprobs": 8,
+            "scaling": scaling,
+            "startupTimeoutSeconds": 300,
+        },
+    }
+
+
+class ReplicaSeries:
+    """The Deployment's desired replicas, read every second in a thread while the test runs: the count over
+    time, as `kubectl get deploy -w` would show it (consecutive repeats dropped)."""
+
+    def __init__(self, workspace: Workspace, name: str) -> None:
+        self.workspace, self.name = workspace, name
+        self.counts: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            out = self.workspace.installation.admin(
+                "get", "deployment", self.name, "-n", self.workspace.namespace, "-o",
+                "jsonpath={.spec.replicas}", check=False,
+            ).stdout.strip()  # fmt: skip
+            if out.isdigit() and (not self.counts or self.counts[-1] != int(out)):
+                self.counts.append(int(out))
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join()
+        return self.counts
+
+
+def scored_sequences(workspace: Workspace, selector: str) -> dict[str, float]:
+    """`distillery_teacher_scored_sequences_total` by client_job, summed over the teacher's pods (each
+    replica's own /metrics, read from inside its container)."""
+    read = "python -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/metrics').read().decode())\""
+    totals: dict[str, float] = {}
+    for pod in workspace.pods(selector):
+        for family in text_string_to_metric_families(
+            workspace.exec(pod["metadata"]["name"], "teacher", read)
+        ):
+            for sample in family.samples:
+                if sample.name == "distillery_teacher_scored_sequences_total":
+                    job = sample.labels["client_job"]
+                    totals[job] = totals.get(job, 0.0) + sample.value
+    return totals
+
+
+def test_two_jobs_share_a_teacher_that_scales_with_them_and_routes_by_a_data_field(
+    workspace: Workspace,
+) -> None:
+    """A DistillationTeacher that two jobs use at once: 0 replicas until the first starts, 1 for it, 2 under
+    the load of both, 0 again after both end (its idle time). Both jobs succeed with all their samples, and
+    the teacher scored for each exactly the samples its steps sent it. The second job routes by its
+    prompts' data field: its `add` samples to the shared teacher, its `sub` samples to a standalone one of
+    its own."""
+    workspace.apply(
+        shared_teacher("shared", minReplicas=0, maxReplicas=2, targetWaitingPerReplica=0, idleSeconds=20)
+    )
+    wait_until(lambda: workspace.installation.get("deployment", "shared", workspace.namespace),
+               what="the teacher's Deployment")  # fmt: skip
+    series = ReplicaSeries(workspace, "shared")
+    try:
+        ref = {"name": "teacher", "model": "shared", "placement": "shared", "teacherRef": {"name": "shared"}}
+        workspace.apply(tiny_job("first", teachers=[ref]))
+        routed = [{**ref, "name": "adder", "routes": ["add"]}, standalone_teacher("subber", routes=["sub"])]
+        workspace.apply(tiny_job("routed", teachers=routed))
+        first, second = assert_succeeded(workspace, "first"), assert_succeeded(workspace, "routed")
+        sent = {
+            "first": sum(r["samples_per_teacher"].get("teacher", 0) for r in first),
+            "routed": sum(r["samples_per_teacher"].get("adder", 0) for r in second),
+        }
+        per_teacher: dict[str, int] = {}
+        for record in second:
+            for teacher, count in record["samples_per_teacher"].items():
+                per_teacher[teacher] = per_teacher.get(teacher, 0) + count
+        # The prompts' data_source picks the teacher: both scored, and nothing else did.
+        assert set(per_teacher) == {"adder", "subber"} and sum(per_teacher.values()) == 4 * SAMPLES_PER_STEP
+        assert sent["first"] == 4 * SAMPLES_PER_STEP
+        # Read before the idle time takes the replicas away.
+        scored = scored_sequences(workspace, "app.kubernetes.io/component=shared-teacher")
+        assert scored == {f"{workspace.namespace}/{job}": count for job, count in sent.items()}, (
+            scored,
+            sent,
+        )
+        wait_until(
+            lambda: (
+                workspace.installation.get("deployment", "shared", workspace.namespace)["spec"]["replicas"]
+                == 0
+            ),
+            timeout=180,
+            what="the teacher scaled to 0 after both jobs",
+        )
+    finally:
+        counts = series.stop()
+    assert counts[0] == 0 and counts[-1] == 0 and 2 in counts, counts
+    assert counts.index(1) < counts.index(2), counts
+    reasons = [e["reason"] for e in workspace.events_of("shared")]
+    assert {"ScaledFromZero", "QueueAboveTarget", "Idle"} <= set(reasons), reasons
 
 
 @contextlib.contextmanager
