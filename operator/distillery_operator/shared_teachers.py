@@ -76,10 +76,8 @@ class SharedTeacherSettings:
     metrics_timeout: float = 3.0
 
 
-def job_uses(
-    jobs: Mapping[JobKey, Mapping[str, Any]], teacher: TeacherKey, using: Iterable[JobKey]
-) -> list[TeacherUse]:
-    """The jobs `using` the teacher, each active or not (from its last status and spec)."""
+def job_uses(jobs: Mapping[JobKey, Mapping[str, Any]], using: Iterable[JobKey]) -> list[TeacherUse]:
+    """The jobs `using` a teacher, each active or not (from its last status and spec)."""
     uses = []
     for key in using:
         body = jobs.get(key) or {}
@@ -113,8 +111,8 @@ class SharedTeachers:
 
     def __post_init__(self) -> None:
         self._wake = asyncio.Event()
-        self._busy_since_start: dict[TeacherKey, float] = {}
-        """When each teacher was last seen busy (or first seen)."""
+        self._last_busy: dict[TeacherKey, float] = {}
+        """When each teacher was last seen busy (or first seen): its idle time runs from there."""
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._previous: dict[TeacherKey, dict[str, tuple[float, float]]] = {}
@@ -177,14 +175,14 @@ class SharedTeachers:
     async def reconcile(self, key: TeacherKey) -> None:
         body = self.jobs.teachers.get(key)
         if body is None:
-            self._busy_since_start.pop(key, None)
+            self._last_busy.pop(key, None)
             self._previous.pop(key, None)
             return
         namespace, name = key
         children = list(self.children_of(key))
         deployment = next((c for c in children if c.kind == "Deployment"), None)
         service = next((c for c in children if c.kind == "Service"), None)
-        uses = job_uses(self.jobs.jobs, key, self.jobs.jobs_using(key))
+        uses = job_uses(self.jobs.jobs, self.jobs.jobs_using(key))
         loads: list[ReplicaLoad] = []
         if (
             not self.settings.hpa
@@ -193,9 +191,9 @@ class SharedTeachers:
         ):
             loads = await self._loads(key)
         clock = time.monotonic()
-        last_busy = self._busy_since_start.setdefault(key, clock)
+        last_busy = self._last_busy.setdefault(key, clock)
         if any(load.busy for load in loads):
-            last_busy = self._busy_since_start[key] = clock
+            last_busy = self._last_busy[key] = clock
         decision = decide_teacher(
             body,
             deployment=deployment,

@@ -7,6 +7,7 @@ DistillationTeacher and the jobs that reference it.
   finalizer on it; the teacher's status lists the job;
 - a job referencing a teacher that does not exist makes nothing and waits (phase Pending, the field named),
   and is made once the teacher appears;
+- a job deleted mid-run leaves the other job and the teachers as they were;
 - deleting the teacher while a job uses it is held by the finalizer, and the job says so; once the job is
   deleted the finalizer goes and the teacher with its objects is collected.
 
@@ -132,6 +133,15 @@ def test_a_shared_teacher_scales_from_zero_for_its_first_job_and_is_held_while_j
         lambda: v.get("rayjob", naming.rayjob_name("second")),
         what="the second job made once its teacher exists",
     )
+
+    # A job deleted mid-run takes nothing of the teacher's or the other job's with it.
+    v.kubectl("delete", "dj", "second")
+    wait_until(
+        lambda: v.get("rayjob", naming.rayjob_name("second")) is None, what="the second job's RayJob gone"
+    )
+    assert v.get("rayjob", naming.rayjob_name("first")) is not None
+    assert v.get("deployment", "shared")["spec"]["replicas"] == 1 and v.get("dt", "later") is not None
+    wait_until(lambda: v.get("dt", "later")["status"].get("jobs") == [], what="the later teacher unused")
 
     # Deleting a teacher in use: held by its finalizer; the job says so.
     v.kubectl("delete", "dt", "shared", "--wait=false")
