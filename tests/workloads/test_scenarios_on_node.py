@@ -181,8 +181,11 @@ def test_two_jobs_share_a_teacher_that_scales_with_them_and_routes_by_a_data_fie
         ref = {"name": "teacher", "model": "shared", "placement": "shared", "teacherRef": {"name": "shared"}}
         workspace.apply(tiny_job("first", teachers=[ref]))
         routed = [{**ref, "name": "adder", "routes": ["add"]}, standalone_teacher("subber", routes=["sub"])]
-        workspace.apply(tiny_job("routed", teachers=routed))
-        first, second = assert_succeeded(workspace, "first"), assert_succeeded(workspace, "routed")
+        # Its own checkpoint claim: two runs never write one folder (the second would refuse the first's).
+        folder = workspace.add_checkpoint_claim("checkpoints-routed")
+        workspace.apply(tiny_job("routed", teachers=routed, checkpoint={"pvc": "checkpoints-routed"}))
+        first = assert_succeeded(workspace, "first")
+        second = assert_succeeded(workspace, "routed", checkpoints=folder)
         sent = {
             "first": sum(r["samples_per_teacher"].get("teacher", 0) for r in first),
             "routed": sum(r["samples_per_teacher"].get("adder", 0) for r in second),
