@@ -148,11 +148,14 @@ class ReplicaSeries:
 
 
 def scored_sequences(workspace: Workspace, selector: str) -> dict[str, float]:
-    """`distillery_teacher_scored_sequences_total` by client_job, summed over the teacher's pods (each
+    """`distillery_teacher_scored_sequences_total` by client_job, summed over the teacher's ready pods (each
     replica's own /metrics, read from inside its container)."""
     read = "python -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/metrics').read().decode())\""
     totals: dict[str, float] = {}
     for pod in workspace.pods(selector):
+        conditions = pod["status"].get("conditions") or []
+        if not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            continue  # a replica still loading has served nothing (and does not answer yet)
         for family in text_string_to_metric_families(
             workspace.exec(pod["metadata"]["name"], "teacher", read)
         ):
