@@ -61,7 +61,8 @@ def served_limit_problems(config: RuntimeConfig, infos: Mapping[str, Mapping[str
 
 async def check_served_limits(config: RuntimeConfig, timeout: float = 30.0) -> None:
     """Ask every teacher that runs our server (compact protocol) for its limits; ServedLimitsError with
-    every problem. Call once the teachers answer their health check."""
+    every problem. Call once the teachers answer their health check; one that does not answer this is
+    skipped."""
     import aiohttp
     import orjson
 
@@ -70,9 +71,14 @@ async def check_served_limits(config: RuntimeConfig, timeout: float = 30.0) -> N
         for teacher in config.teachers:
             if teacher.protocol != TeacherProtocol.COMPACT or not teacher.endpoints:
                 continue
-            async with session.get(teacher.endpoints[0].rstrip("/") + INFO_PATH) as response:
-                response.raise_for_status()
-                infos[teacher.name] = orjson.loads(await response.read())
+            try:
+                async with session.get(teacher.endpoints[0].rstrip("/") + INFO_PATH) as response:
+                    response.raise_for_status()
+                    infos[teacher.name] = orjson.loads(await response.read())
+            except (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError):
+                # Not checked here, not refused: the scoring client reads the same limits on its first
+                # request and fails there with the teacher's name (`teachers.compact_http`).
+                continue
     problems = served_limit_problems(config, infos)
     if problems:
         raise ServedLimitsError("\n".join(problems))
