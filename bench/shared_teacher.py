@@ -1,7 +1,7 @@
 """One shared teacher for two jobs vs a dedicated teacher per job, on the same cores, in one invocation.
 
-    python bench/shared_teacher.py --quick      # ~5 min on 2 cores: one round of each setup
-    python bench/shared_teacher.py              # more steps, 2 rounds alternating the order
+    python bench/shared_teacher.py --quick      # ~6 min on 2 cores: 80 steps a job, one round of each setup
+    python bench/shared_teacher.py              # 200 steps a job, 2 rounds alternating the order
 
 Both setups run the same two jobs at once: examples/local-addition.yaml (the bundled synthetic addition
 task, tiny models built locally, vLLM CPU rollout, Ray trainer) with only the teacher's placement, the
@@ -210,12 +210,13 @@ def prepare_task() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps, one round")
-    parser.add_argument("--steps", type=int, default=None, help="steps per job (quick 15, full 40)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per job (quick 80, full 200)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of both setups (quick 1, full 2)")
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "bench-shared-teacher")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON summary here")
     args = parser.parse_args(argv)
-    steps = args.steps or (15 if args.quick else 40)
+    # Enough steps that the jobs' steady state, not only their start-up, is under the teacher's up time.
+    steps = args.steps or (80 if args.quick else 200)
     rounds = args.rounds or (1 if args.quick else 2)
     prepare_task()
     results: dict[str, list[SetupRun]] = {"shared": [], "dedicated": []}
