@@ -7,6 +7,7 @@ the cluster and the laptop agree on what a spec means.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 
 from pydantic import Field
@@ -119,14 +120,49 @@ def teacher_endpoints(job: DistillationJob, teacher: Teacher, namespace: str | N
     return []
 
 
-def resolve_runtime_config(job: DistillationJob, namespace: str | None, *, in_cluster: bool) -> RuntimeConfig:
+class UnservedSharedTeacher(ValueError):
+    """A local run of a job whose shared teacher has no local server: one line per such teacher, naming its
+    field."""
+
+
+def local_shared_endpoints(job: DistillationJob, served: Mapping[str, str]) -> dict[str, list[str]]:
+    """Where a local run reaches its shared teachers (keyed by the job's teacher name): at the URL that
+    `served` (`--shared-teacher NAME=URL`) gives for its DistillationTeacher. Raises UnservedSharedTeacher
+    naming every shared teacher that has none: with no cluster there is no Service to fall back on."""
+    endpoints: dict[str, list[str]] = {}
+    missing: list[str] = []
+    for index, teacher in enumerate(job.spec.teachers):
+        if teacher.placement != Placement.SHARED or teacher.teacher_ref is None:
+            continue
+        ref = teacher.teacher_ref.name
+        if ref in served:
+            endpoints[teacher.name] = [served[ref].rstrip("/")]
+        else:
+            missing.append(
+                f"spec.teachers[{index}].teacherRef: DistillationTeacher {ref} has no local server; start one "
+                f"with distillery serve-teacher and pass --shared-teacher {ref}=URL"
+            )
+    if missing:
+        raise UnservedSharedTeacher("\n".join(missing))
+    return endpoints
+
+
+def resolve_runtime_config(
+    job: DistillationJob,
+    namespace: str | None,
+    *,
+    in_cluster: bool,
+    shared_teachers: Mapping[str, str] | None = None,
+) -> RuntimeConfig:
     """The runtime config of a job: standalone and shared teachers at their Service (Distillery's teacher
-    server, its compact protocol), external at their URL."""
+    server, its compact protocol), external at their URL. Out of a cluster a shared teacher is at the URL
+    that `shared_teachers` (DistillationTeacher name -> URL) gives; UnservedSharedTeacher if none."""
     spec = job.spec
     engines = resolve(spec).engines
+    local_shared = {} if in_cluster else local_shared_endpoints(job, shared_teachers or {})
     teachers: list[ResolvedTeacher] = []
     for teacher in spec.teachers:
-        endpoints = teacher_endpoints(job, teacher, namespace)
+        endpoints = local_shared.get(teacher.name) or teacher_endpoints(job, teacher, namespace)
         if teacher.placement in (Placement.STANDALONE, Placement.SHARED):
             protocol = TeacherProtocol.COMPACT
         elif teacher.placement == Placement.EXTERNAL:

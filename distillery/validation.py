@@ -25,6 +25,7 @@ from distillery.api import (
     DistillationJobStatus,
     DistillationTeacherSpec,
 )
+from distillery.api.shared_teacher import TEACHER_KIND, DistillationTeacher
 
 
 @dataclass(frozen=True)
@@ -269,6 +270,46 @@ def load_jobs(path: str | Path) -> list[DistillationJob]:
     if problems:
         raise InvalidManifest(source, problems)
     return jobs
+
+
+def parse_teacher(document: Any, source: str = "<manifest>") -> DistillationTeacher:
+    """Validates one decoded YAML document as a DistillationTeacher; raises InvalidManifest with every
+    problem (its status, the operator's, is not read)."""
+    if not isinstance(document, dict):
+        raise InvalidManifest(
+            source, [Problem("", f"expected a mapping (a Kubernetes object), got {type(document).__name__}")]
+        )
+    problems: list[Problem] = []
+    if document.get("apiVersion") != API_VERSION:
+        problems.append(Problem("apiVersion", f"must be {API_VERSION!r}, got {document.get('apiVersion')!r}"))
+    if document.get("kind") != TEACHER_KIND:
+        problems.append(Problem("kind", f"must be {TEACHER_KIND!r}, got {document.get('kind')!r}"))
+    if problems:
+        raise InvalidManifest(source, problems)
+    document = {k: v for k, v in as_decoded(document, problems).items() if k != "status"}
+    document.setdefault("metadata", {})
+    try:
+        teacher = DistillationTeacher.model_validate_json(_as_json(document), strict=True)
+    except ValidationError as error:
+        problems += _new(problems, problems_from_error(error, DistillationTeacher))
+    if problems:
+        raise InvalidManifest(source, problems)
+    return teacher
+
+
+def load_teacher(path: str | Path) -> DistillationTeacher:
+    """The single DistillationTeacher of a file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise InvalidManifest(source, [Problem("", f"cannot read: {error.strerror or error}")]) from None
+    documents = list(iter_documents(text, source))
+    if len(documents) != 1:
+        raise InvalidManifest(
+            source, [Problem("", f"expected one DistillationTeacher, found {len(documents)}")]
+        )
+    return parse_teacher(documents[0], source)
 
 
 def load_job(path: str | Path) -> DistillationJob:

@@ -156,6 +156,22 @@ def _run(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def _serve_teacher(args: argparse.Namespace) -> int:
+    from distillery_runtime.serve_teacher import serve_teacher_command
+
+    return serve_teacher_command(args)
+
+
+def _name_url(value: str) -> tuple[str, str]:
+    """`--shared-teacher NAME=URL` as (NAME, URL); which teachers it serves is the runtime config's to say."""
+    name, equals, url = value.partition("=")
+    if not equals or not name or not url.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=URL (a DistillationTeacher's name and http URL), got {value!r}"
+        )
+    return name, url
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="distillery", description="On-policy LLM distillation on Kubernetes."
@@ -211,7 +227,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="override schedule.steps")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    p.add_argument(
+        "--shared-teacher",
+        action="append",
+        type=_name_url,
+        default=[],
+        metavar="NAME=URL",
+        help="locally: DistillationTeacher NAME (a teacherRef) is served at URL, e.g. by serve-teacher (repeatable)",
+    )
     p.set_defaults(func=_run)
+
+    p = sub.add_parser(
+        "serve-teacher", help="serve a DistillationTeacher on this machine for local runs (until Ctrl-C)"
+    )
+    p.add_argument("file", help="DistillationTeacher manifest")
+    p.add_argument("--port", type=int, default=None, help="loopback port (default 8000; 0: a free one)")
+    p.set_defaults(func=_serve_teacher)
     return parser
 
 

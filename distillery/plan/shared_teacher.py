@@ -6,7 +6,8 @@ spec and `teacher_server` builds for a job's standalone teacher. What differs is
 come from: a standalone teacher's context length and top-k follow its job's data and loss; a shared one
 serves jobs it does not know in advance, so it has its own (`inference.maxModelLen`, default
 `SHARED_MAX_MODEL_LEN`, and `maxLogprobs`), and each job that references it is checked against them
-(`job_fits_teacher`) before anything of the job is made.
+(`job_fits_teacher`) before anything of the job is made. `distillery serve-teacher` runs the same engine
+(`shared_teacher_engine`) on this machine.
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ from distillery.plan.pod_scheduling import PodScheduling, pod_scheduling, teache
 from distillery.plan.rollout import sequence_length
 
 SHARED_MAX_MODEL_LEN = 4096
-"""The context a DistillationTeacher serves when its spec sets none: a job needs prompt + response + 1."""
+"""The context of a DistillationTeacher that sets no inference.maxModelLen. Unlike a job's teacher it
+cannot size itself from one job's prompts and responses, and the model's own (often 32k or more) would
+spend a GPU's KV cache on lengths no distillation job scores; a job whose sequences are longer is refused
+(the operator before it makes anything, `job_fits_teacher`; a local run at its start, against the server's
+/distillery/v1/info)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ def teacher_server(
 
 def shared_teacher_engine(name: str, spec: DistillationTeacherSpec) -> EngineSettings:
     """A DistillationTeacher's engine: served under its own name (every job reaches it by it), with its own
-    context length and top-k bound."""
+    context length and top-k bound, compiled (a shared teacher starts rarely and serves long)."""
     pool = spec.pool
     return EngineSettings(
         served_model_name=name,

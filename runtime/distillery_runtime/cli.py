@@ -1,7 +1,7 @@
 """`distillery run FILE [--output DIR] [--resume | --overwrite]`: one entry point for a laptop and a cluster.
 
 FILE is a DistillationJob manifest (local run: the runtime starts an embedded Ray and the job's teachers
-on loopback) or the resolved runtime config JSON the operator mounts at /etc/distillery (cluster run:
+on loopback; its shared teachers are the servers that `--shared-teacher NAME=URL` names) or the resolved runtime config JSON the operator mounts at /etc/distillery (cluster run:
 joins the Ray cluster, waits for the teachers with a bounded timeout, serves Prometheus metrics, patches
 the job's status). Validation comes first: every problem is printed before any work starts. Ctrl-C stops
 after the current step, saves a checkpoint and writes the report; a second Ctrl-C aborts.
@@ -17,14 +17,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from distillery.plan.grader import GraderKind, resolve_grader
-from distillery.runtime_config import RuntimeConfig, resolve_runtime_config
+from distillery.runtime_config import RuntimeConfig, UnservedSharedTeacher, resolve_runtime_config
 from distillery.validation import InvalidManifest, load_job
 from distillery_runtime.local_gpus import LocalGpuPlan
 from distillery_runtime.startup import (
@@ -41,8 +41,9 @@ log = logging.getLogger("distillery.runtime")
 EXIT_OK, EXIT_INVALID, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-def load_config(path: str) -> tuple[RuntimeConfig, bool]:
-    """(config, in_cluster): a resolved runtime config JSON, or a manifest resolved for a local run."""
+def load_config(path: str, shared_teachers: Mapping[str, str] | None = None) -> tuple[RuntimeConfig, bool]:
+    """(config, in_cluster): a resolved runtime config JSON, or a manifest resolved for a local run, its
+    shared teachers at the URLs of `shared_teachers` (DistillationTeacher name -> URL)."""
     raw = Path(path).read_bytes()
     if path.endswith(".json"):
         try:
@@ -52,7 +53,7 @@ def load_config(path: str) -> tuple[RuntimeConfig, bool]:
         if isinstance(document, dict) and "jobName" in document:
             return RuntimeConfig.model_validate(document), True
     job = load_job(path)
-    return resolve_runtime_config(job, None, in_cluster=False), False
+    return resolve_runtime_config(job, None, in_cluster=False, shared_teachers=shared_teachers), False
 
 
 class Progress:
@@ -245,6 +246,7 @@ async def _run(
     from distillery_runtime.metrics import RuntimeMetrics
     from distillery_runtime.report import accuracy_label, graded_evals, write_report
     from distillery_runtime.teachers.outage import TeacherOutageError
+    from distillery_runtime.teachers.served_limits import check_served_limits
 
     stop = threading.Event()
     metrics = RuntimeMetrics()
@@ -341,6 +343,8 @@ async def _run(
         )
         clock.mark("teachers ready")
         progress.event(f"teachers ready after {waited:.1f} s")
+        # A shared teacher was started with its own maxLogprobs and context, not this job's.
+        await check_served_limits(config)
         await check_served_tokenizers(config, loop.tokenizer, progress.event)
         components = await components_task
         try:
@@ -411,7 +415,11 @@ def run_command(args: argparse.Namespace) -> int:
     """`distillery run`: validate, then run locally or in the cluster; returns the exit code."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        config, in_cluster = load_config(args.file)
+        config, in_cluster = load_config(args.file, dict(getattr(args, "shared_teacher", None) or []))
+    except UnservedSharedTeacher as error:
+        for line in str(error).splitlines():
+            print(f"{args.file}: {line}", file=sys.stderr)
+        return EXIT_INVALID
     except InvalidManifest as error:
         for problem in error.problems:
             print(problem.format(error.source), file=sys.stderr)
@@ -443,6 +451,7 @@ def run_command(args: argparse.Namespace) -> int:
     from distillery_runtime.local import TeachersNotReady
     from distillery_runtime.loop import ResumeError
     from distillery_runtime.tasks.graders import GraderError
+    from distillery_runtime.teachers.served_limits import ServedLimitsError
     from distillery_runtime.teachers.types import TeacherError
     from distillery_runtime.uris import UnresolvableLocation
 
@@ -453,6 +462,10 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     except (UnresolvableLocation, PreflightError, ResumeError, GraderError) as error:
         print(f"{args.file}: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    except ServedLimitsError as error:
+        for line in str(error).splitlines():
+            print(f"{args.file}: {line}", file=sys.stderr)
         return EXIT_INVALID
     except (TeachersNotReady, TeacherError) as error:
         print(f"teachers: {error}", file=sys.stderr)

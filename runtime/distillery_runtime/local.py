@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from distillery.api.spec import Placement
 from distillery.plan import resolve
@@ -87,31 +88,45 @@ def start_local_teachers(
     specs = {t.name: t for t in config.spec.teachers}
     engines = resolve(config.spec).engines
     log_dir.mkdir(parents=True, exist_ok=True)
-    # The teacher servers share the host's cores with the trainer and the rollout engine.
-    env = {**os.environ, **vllm_env(os.environ), **sleeping_threads_env(os.environ)}
     for resolved in config.teachers:
         if resolved.placement != Placement.STANDALONE:
             teachers.append(resolved)
             continue
         port = free_port()
-        placed = gpus.teachers.get(resolved.name)
-        command = teacher_server_command(
-            engines[resolved.name], resolve_location(specs[resolved.name].model), port, placed
-        )
-        model = specs[resolved.name].model
-        teacher_env = {**env, **_hub_env(os.environ, [model])}
-        if placed is not None:
-            teacher_env["CUDA_VISIBLE_DEVICES"] = ",".join(placed.devices)
         log_path = log_dir / f"teacher-{resolved.name}.log"
         with open(log_path, "wb") as log:
             started.processes.append(
-                subprocess.Popen(
-                    command, stdout=log, stderr=subprocess.STDOUT, env=teacher_env, start_new_session=True
+                launch_teacher_server(
+                    engines[resolved.name],
+                    specs[resolved.name].model,
+                    port,
+                    log,
+                    gpus.teachers.get(resolved.name),
                 )
             )
         started.logs.append(log_path)
         teachers.append(resolved.model_copy(update={"endpoints": [f"http://127.0.0.1:{port}"]}))
     return config.model_copy(update={"teachers": teachers}), started
+
+
+def launch_teacher_server(
+    engine: EngineSettings, model: str, port: int, log: IO[bytes] | None, gpus: TeacherGpus | None = None
+) -> subprocess.Popen:
+    """Start one teacher server on loopback `port` (a job's standalone teacher, or a DistillationTeacher
+    for `distillery serve-teacher`), writing to `log` (None: this process's output), in its own session so
+    that a Ctrl-C of the terminal reaches the caller, which stops it."""
+    command = teacher_server_command(engine, resolve_location(model), port, gpus)
+    # The teacher servers share the host's cores with the trainer and the rollout engine.
+    env = {
+        **os.environ,
+        **vllm_env(os.environ),
+        **sleeping_threads_env(os.environ),
+        **_hub_env(os.environ, [model]),
+    }
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus.devices)
+    output = subprocess.STDOUT if log is not None else None
+    return subprocess.Popen(command, stdout=log, stderr=output, env=env, start_new_session=True)
 
 
 def health_path(teacher: ResolvedTeacher) -> str:
