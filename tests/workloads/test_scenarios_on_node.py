@@ -134,16 +134,20 @@ class ReplicaSeries:
 
     def _run(self) -> None:
         while not self._stop.wait(1.0):
-            out = self.workspace.installation.admin(
-                "get", "deployment", self.name, "-n", self.workspace.namespace, "-o",
-                "jsonpath={.spec.replicas}", check=False,
-            ).stdout.strip()  # fmt: skip
-            if out.isdigit() and (not self.counts or self.counts[-1] != int(out)):
-                self.counts.append(int(out))
+            self._read()
+
+    def _read(self) -> None:
+        out = self.workspace.installation.admin(
+            "get", "deployment", self.name, "-n", self.workspace.namespace, "-o",
+            "jsonpath={.spec.replicas}", check=False,
+        ).stdout.strip()  # fmt: skip
+        if out.isdigit() and (not self.counts or self.counts[-1] != int(out)):
+            self.counts.append(int(out))
 
     def stop(self) -> list[int]:
         self._stop.set()
         self._thread.join()
+        self._read()  # the count as it is now, which the thread's last second may not have seen
         return self.counts
 
 
