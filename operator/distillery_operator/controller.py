@@ -188,6 +188,9 @@ class Controller:
     def teacher_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A DistillationTeacher changed: the jobs that reference it decide again (they may wait for it,
         or be refused by it)."""
+        if self._event_context is None:
+            # The teachers' Events are posted from this context too (`post_event`).
+            self._event_context = contextvars.copy_context()
         meta = body.get("metadata", {})
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
