@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,38 @@ def test_a_shared_teacher_without_a_local_server_is_refused_before_anything_star
         f"start one with distillery serve-teacher and pass --shared-teacher {TEACHER_NAME}=URL"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_student_whose_vocabulary_the_shared_teacher_does_not_extend_is_refused_alone(
+    job_files: JobFiles, served_teacher: str, tmp_path: Path
+) -> None:
+    """The served teacher's tokenizer is checked for each job: one whose student spells its ids otherwise is
+    refused naming the teacher and a token id, and the teacher goes on serving the others."""
+    import torch
+    from distillery_runtime.cli import EXIT_FAILED
+    from distillery_runtime.testing.tiny import build_tokenizer, save_tiny_model
+
+    letters = [" ".join(word) for word in ("distillation", "teacher", "student", "vocabulary")]
+    other = build_tokenizer(letters, 64, full_byte_alphabet=False, chat_template=None)
+    student = save_tiny_model(
+        tmp_path / "student", tokenizer=other, hidden=32, layers=1, heads=2, dtype=torch.float32
+    )
+    document = shared_manifest(job_files, "foreign")
+    document["spec"]["student"]["model"] = str(student)
+    job = write(tmp_path / "foreign.yaml", document)
+    result = subprocess.run(
+        distillery_command(
+            str(job), "-o", str(tmp_path / "out"), "--shared-teacher", f"{TEACHER_NAME}={served_teacher}"
+        ),
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # EXIT_FAILED, as for any teacher whose tokenizer does not fit (the spec is valid; the pairing is not).
+    assert result.returncode == EXIT_FAILED, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "teachers: spec.teachers[0] (teacher): token id " in result.stderr, result.stderr[-2000:]
+    assert "vocabulary must extend the student's" in result.stderr
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+    with urllib.request.urlopen(f"{served_teacher}/health", timeout=10) as response:
+        assert response.status == 200
