@@ -40,11 +40,16 @@ def _dump(objects: object) -> str:
     return yaml.safe_dump(objects, sort_keys=False, width=120)
 
 
+SERVED_LOCALLY = "http://127.0.0.1:8000"
+
+
 def _local_plan(path: Path) -> str:
     """The local launcher's decisions for each job of `path`, one YAML document per job."""
     docs = []
     for job in load_jobs(path):
-        config = resolve_runtime_config(job, None, in_cluster=False)
+        # A shared teacher runs locally as `--shared-teacher NAME=URL` names it: one local server here.
+        served = {t.teacher_ref.name: SERVED_LOCALLY for t in job.spec.teachers if t.teacher_ref is not None}
+        config = resolve_runtime_config(job, None, in_cluster=False, shared_teachers=served)
         engines = resolve(job.spec).engines
         placements: dict[str, object] = {}
         for visible in VISIBLE_GPUS:
