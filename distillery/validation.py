@@ -251,6 +251,15 @@ def iter_documents(text: str, source: str) -> Iterator[Any]:
 
 def load_jobs(path: str | Path) -> list[DistillationJob]:
     """Every DistillationJob in a YAML file; InvalidManifest lists all problems of all documents."""
+    jobs, _ = load_manifests(path, teachers=False)
+    return jobs
+
+
+def load_manifests(
+    path: str | Path, *, teachers: bool = True
+) -> tuple[list[DistillationJob], list[DistillationTeacher]]:
+    """Every DistillationJob and (with `teachers`) DistillationTeacher in a YAML file, each document read as
+    its kind says; InvalidManifest lists all problems of all documents."""
     source = str(path)
     try:
         text = Path(path).read_text()
@@ -261,15 +270,19 @@ def load_jobs(path: str | Path) -> list[DistillationJob]:
     documents = list(iter_documents(text, source))
     if not documents:
         raise InvalidManifest(source, [Problem("", "no YAML document in the file")])
+    found: list[DistillationTeacher] = []
     for index, document in enumerate(documents):
         try:
-            jobs.append(parse_job(document, source))
+            if teachers and isinstance(document, dict) and document.get("kind") == TEACHER_KIND:
+                found.append(parse_teacher(document, source))
+            else:
+                jobs.append(parse_job(document, source))
         except InvalidManifest as error:
             tag = f"document {index + 1}: " if len(documents) > 1 else ""
             problems.extend(Problem(p.path, tag + p.reason) for p in error.problems)
     if problems:
         raise InvalidManifest(source, problems)
-    return jobs
+    return jobs, found
 
 
 def parse_teacher(document: Any, source: str = "<manifest>") -> DistillationTeacher:

@@ -22,14 +22,14 @@ from distillery.plan.memory_features import job_memory_plan, resolve_memory_feat
 from distillery.plan.model_cache import cache_lines
 from distillery.plan.pod_resources import pod_resources
 from distillery.plan.rollout import rollout_line
-from distillery.validation import InvalidManifest, load_jobs
+from distillery.validation import InvalidManifest, load_jobs, load_manifests
 
 
 def _validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
         try:
-            jobs = load_jobs(path)
+            jobs, teachers = load_manifests(path)
         except InvalidManifest as error:
             failed = True
             for problem in error.problems:
@@ -56,7 +56,7 @@ def _validate(args: argparse.Namespace) -> int:
         if refused:
             continue
         if not args.quiet:
-            names = ", ".join(job.metadata.name for job in jobs)
+            names = ", ".join([job.metadata.name for job in jobs] + [t.metadata.name for t in teachers])
             print(f"{path}: valid ({names})", file=sys.stderr)
     return 1 if failed else 0
 

@@ -34,3 +34,31 @@ def test_examples_are_commented() -> None:
         assert path.read_text().lstrip().startswith("#"), (
             f"{path.name} should open with a comment for new users"
         )
+
+
+TEACHERS = sorted((EXAMPLES[0].parent / "teachers").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", TEACHERS, ids=[p.name for p in TEACHERS])
+def test_teacher_example_validates_and_renders(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`distillery validate` and `render` take DistillationTeachers as they take jobs: render prints its
+    Deployment (at minReplicas, where the operator makes it) and Service."""
+    assert cli_main(["validate", str(path)]) == 0
+    assert f"{path}: valid (" in capsys.readouterr().err
+    assert cli_main(["render", str(path)]) == 0
+    objects = list(yaml.safe_load_all(capsys.readouterr().out))
+    teacher = yaml.safe_load(path.read_text())
+    assert [o["kind"] for o in objects] == ["Deployment", "Service"]
+    assert objects[0]["spec"]["replicas"] == teacher["spec"]["scaling"]["minReplicas"]
+
+
+def test_a_bad_teacher_manifest_gets_one_line_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    teacher = yaml.safe_load(TEACHERS[0].read_text())
+    teacher["spec"]["scaling"] = {"minReplicas": 3, "maxReplicas": 2}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(teacher))
+    assert cli_main(["validate", str(bad)]) != 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert line.startswith(f"{bad}: spec.scaling.minReplicas: ") and "maxReplicas" in line

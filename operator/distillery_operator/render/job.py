@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from distillery.api import DistillationJob, Placement, Teacher
-from distillery.validation import load_jobs
+from distillery.validation import load_manifests
 from distillery_operator.render.claim import render_checkpoint_claim
 from distillery_operator.render.common import RenderContext
 from distillery_operator.render.config_map import render_config_map
@@ -16,6 +16,7 @@ from distillery_operator.render.disruption_budget import render_teacher_disrupti
 from distillery_operator.render.identity import render_trainer_identity
 from distillery_operator.render.network_policy import render_network_policy
 from distillery_operator.render.rayjob import render_rayjob
+from distillery_operator.render.shared_teacher import render_shared_teacher
 from distillery_operator.render.teacher import render_teacher_deployment, render_teacher_service
 
 
@@ -42,12 +43,23 @@ def render_job(job: DistillationJob, ctx: RenderContext) -> list[dict[str, Any]]
 
 
 def render_manifest_stream(path: str | Path, namespace: str = "default") -> str:
-    """`distillery render`: the objects of every job in a file as one YAML stream (InvalidManifest if bad)."""
+    """`distillery render`: the objects of every DistillationTeacher (at minReplicas) and job in a file as one
+    YAML stream (InvalidManifest if bad)."""
     chunks: list[str] = []
-    for job in load_jobs(path):
+    jobs, teachers = load_manifests(path)
+    sources: list[tuple[str, list[dict[str, Any]]]] = []
+    for teacher in teachers:
+        # At its floor: what the operator makes before any job uses it.
+        replicas = teacher.spec.scaling.min_replicas
+        sources.append(
+            (teacher.metadata.name, render_shared_teacher(teacher, namespace=namespace, replicas=replicas))
+        )
+    for job in jobs:
         ctx = RenderContext(namespace=namespace)
-        for obj in [*render_trainer_identity(job, ctx), *render_job(job, ctx)]:
-            header = f"# Source: {job.metadata.name} -> {obj['kind']}/{obj['metadata']['name']}\n"
+        sources.append((job.metadata.name, [*render_trainer_identity(job, ctx), *render_job(job, ctx)]))
+    for name, objects in sources:
+        for obj in objects:
+            header = f"# Source: {name} -> {obj['kind']}/{obj['metadata']['name']}\n"
             chunks.append("---\n" + header + yaml.safe_dump(obj, sort_keys=False, width=120))
     return "".join(chunks)
 
