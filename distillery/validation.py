@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import yaml
@@ -118,8 +118,8 @@ def _is_union_tag(part: str) -> bool:
     return part in {"int", "str", "float", "bool"} or "[" in part
 
 
-def parse_job(document: Any, source: str = "<manifest>") -> DistillationJob:
-    """Validates one decoded YAML document as a DistillationJob; raises InvalidManifest with every problem."""
+def _check_object(document: Any, kind: str, source: str) -> None:
+    """InvalidManifest unless `document` is a mapping of our apiVersion and `kind`."""
     if not isinstance(document, dict):
         raise InvalidManifest(
             source, [Problem("", f"expected a mapping (a Kubernetes object), got {type(document).__name__}")]
@@ -127,10 +127,16 @@ def parse_job(document: Any, source: str = "<manifest>") -> DistillationJob:
     problems: list[Problem] = []
     if document.get("apiVersion") != API_VERSION:
         problems.append(Problem("apiVersion", f"must be {API_VERSION!r}, got {document.get('apiVersion')!r}"))
-    if document.get("kind") != KIND:
-        problems.append(Problem("kind", f"must be {KIND!r}, got {document.get('kind')!r}"))
+    if document.get("kind") != kind:
+        problems.append(Problem("kind", f"must be {kind!r}, got {document.get('kind')!r}"))
     if problems:
         raise InvalidManifest(source, problems)
+
+
+def parse_job(document: Any, source: str = "<manifest>") -> DistillationJob:
+    """Validates one decoded YAML document as a DistillationJob; raises InvalidManifest with every problem."""
+    _check_object(document, KIND, source)
+    problems: list[Problem] = []
     document = as_decoded(document, problems)
     # An absent (or null) metadata is an empty one: the server then asks for metadata.name.
     document.setdefault("metadata", {})
@@ -144,30 +150,29 @@ def parse_job(document: Any, source: str = "<manifest>") -> DistillationJob:
     return job
 
 
-def parse_teacher_spec(spec: Any, source: str = "<spec>") -> DistillationTeacherSpec:
-    """Validates a DistillationTeacher's bare spec (as the operator receives it); paths start with `spec.`."""
+SpecModel = TypeVar("SpecModel", DistillationJobSpec, DistillationTeacherSpec)
+
+
+def _parse_bare_spec(model: type[SpecModel], spec: Any, source: str) -> SpecModel:
     problems: list[Problem] = []
     spec = as_decoded(spec, problems, "spec")
     try:
-        parsed = DistillationTeacherSpec.model_validate_json(_as_json(spec), strict=True)
+        parsed = model.model_validate_json(_as_json(spec), strict=True)
     except ValidationError as error:
-        problems += _new(problems, problems_from_error(error, DistillationTeacherSpec, ("spec",)))
+        problems += _new(problems, problems_from_error(error, model, ("spec",)))
     if problems:
         raise InvalidManifest(source, problems)
     return parsed
+
+
+def parse_teacher_spec(spec: Any, source: str = "<spec>") -> DistillationTeacherSpec:
+    """Validates a DistillationTeacher's bare spec (as the operator receives it); paths start with `spec.`."""
+    return _parse_bare_spec(DistillationTeacherSpec, spec, source)
 
 
 def parse_spec(spec: Any, source: str = "<spec>") -> DistillationJobSpec:
     """Validates a bare spec (as the operator receives it); problem paths start with `spec.`."""
-    problems: list[Problem] = []
-    spec = as_decoded(spec, problems, "spec")
-    try:
-        parsed = DistillationJobSpec.model_validate_json(_as_json(spec), strict=True)
-    except ValidationError as error:
-        problems += _new(problems, problems_from_error(error, DistillationJobSpec, ("spec",)))
-    if problems:
-        raise InvalidManifest(source, problems)
-    return parsed
+    return _parse_bare_spec(DistillationJobSpec, spec, source)
 
 
 INT64 = (-(2**63), 2**63 - 1)
@@ -249,6 +254,19 @@ def iter_documents(text: str, source: str) -> Iterator[Any]:
     yield from (d for d in documents if d is not None)
 
 
+def _read_documents(path: str | Path) -> list[Any]:
+    """The YAML documents of a file (at least one); InvalidManifest if it cannot be read or has none."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise InvalidManifest(source, [Problem("", f"cannot read: {error.strerror or error}")]) from None
+    documents = list(iter_documents(text, source))
+    if not documents:
+        raise InvalidManifest(source, [Problem("", "no YAML document in the file")])
+    return documents
+
+
 def load_jobs(path: str | Path) -> list[DistillationJob]:
     """Every DistillationJob in a YAML file; InvalidManifest lists all problems of all documents."""
     jobs, _ = load_manifests(path, teachers=False)
@@ -261,15 +279,9 @@ def load_manifests(
     """Every DistillationJob and (with `teachers`) DistillationTeacher in a YAML file, each document read as
     its kind says; InvalidManifest lists all problems of all documents."""
     source = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as error:
-        raise InvalidManifest(source, [Problem("", f"cannot read: {error.strerror or error}")]) from None
+    documents = _read_documents(path)
     jobs: list[DistillationJob] = []
     problems: list[Problem] = []
-    documents = list(iter_documents(text, source))
-    if not documents:
-        raise InvalidManifest(source, [Problem("", "no YAML document in the file")])
     found: list[DistillationTeacher] = []
     for index, document in enumerate(documents):
         try:
@@ -288,17 +300,8 @@ def load_manifests(
 def parse_teacher(document: Any, source: str = "<manifest>") -> DistillationTeacher:
     """Validates one decoded YAML document as a DistillationTeacher; raises InvalidManifest with every
     problem (its status, the operator's, is not read)."""
-    if not isinstance(document, dict):
-        raise InvalidManifest(
-            source, [Problem("", f"expected a mapping (a Kubernetes object), got {type(document).__name__}")]
-        )
+    _check_object(document, TEACHER_KIND, source)
     problems: list[Problem] = []
-    if document.get("apiVersion") != API_VERSION:
-        problems.append(Problem("apiVersion", f"must be {API_VERSION!r}, got {document.get('apiVersion')!r}"))
-    if document.get("kind") != TEACHER_KIND:
-        problems.append(Problem("kind", f"must be {TEACHER_KIND!r}, got {document.get('kind')!r}"))
-    if problems:
-        raise InvalidManifest(source, problems)
     document = {k: v for k, v in as_decoded(document, problems).items() if k != "status"}
     document.setdefault("metadata", {})
     try:
@@ -313,11 +316,7 @@ def parse_teacher(document: Any, source: str = "<manifest>") -> DistillationTeac
 def load_teacher(path: str | Path) -> DistillationTeacher:
     """The single DistillationTeacher of a file."""
     source = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as error:
-        raise InvalidManifest(source, [Problem("", f"cannot read: {error.strerror or error}")]) from None
-    documents = list(iter_documents(text, source))
+    documents = _read_documents(path)
     if len(documents) != 1:
         raise InvalidManifest(
             source, [Problem("", f"expected one DistillationTeacher, found {len(documents)}")]
