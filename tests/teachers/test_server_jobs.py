@@ -12,16 +12,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import pytest
 import uvicorn
-from distillery_runtime.teachers import CompactTeacher, ScoreRequest
+from distillery_runtime.teachers import CompactTeacher, ScoreRequest, server
 from distillery_runtime.teachers.engine_scoring import TensorPromptLogprobs
 from distillery_runtime.teachers.server_metrics import TeacherServerMetrics
 from distillery_runtime.workers import free_port
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, generate_latest
-
-server = pytest.importorskip("distillery_runtime.teachers.server")
 
 
 class FakeEngine:
