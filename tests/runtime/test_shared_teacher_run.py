@@ -43,6 +43,12 @@ def write(path: Path, document: dict[str, Any]) -> Path:
     return path
 
 
+def run_once(job: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`distillery run JOB -o OUT ARGS...` to its end, its output captured."""
+    command = distillery_command(str(job), "-o", str(out), *args)
+    return subprocess.run(command, env=run_env(), capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def served_teacher(job_files: JobFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`distillery serve-teacher` of the tiny teacher on a free port; yields its URL as it prints it."""
@@ -102,15 +108,7 @@ def test_a_top_k_above_the_teachers_max_logprobs_is_refused_naming_the_field(
     job_files: JobFiles, served_teacher: str, tmp_path: Path
 ) -> None:
     job = write(tmp_path / "greedy.yaml", shared_manifest(job_files, "greedy", top_k=MAX_LOGPROBS * 2))
-    result = subprocess.run(
-        distillery_command(
-            str(job), "-o", str(tmp_path / "out"), "--shared-teacher", f"{TEACHER_NAME}={served_teacher}"
-        ),
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_once(job, tmp_path / "out", "--shared-teacher", f"{TEACHER_NAME}={served_teacher}")
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert (
         f"spec.loss.topK: {MAX_LOGPROBS * 2} is more than DistillationTeacher {TEACHER_NAME}" in result.stderr
@@ -122,13 +120,7 @@ def test_a_shared_teacher_without_a_local_server_is_refused_before_anything_star
     job_files: JobFiles, tmp_path: Path
 ) -> None:
     job = write(tmp_path / "alone.yaml", shared_manifest(job_files, "alone"))
-    result = subprocess.run(
-        distillery_command(str(job), "-o", str(tmp_path / "out")),
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_once(job, tmp_path / "out")
     assert result.returncode == 1
     assert result.stderr.strip() == (
         f"{job}: spec.teachers[0].teacherRef: DistillationTeacher {TEACHER_NAME} has no local server; "
@@ -154,15 +146,7 @@ def test_a_student_whose_vocabulary_the_shared_teacher_does_not_extend_is_refuse
     document = shared_manifest(job_files, "foreign")
     document["spec"]["student"]["model"] = str(student)
     job = write(tmp_path / "foreign.yaml", document)
-    result = subprocess.run(
-        distillery_command(
-            str(job), "-o", str(tmp_path / "out"), "--shared-teacher", f"{TEACHER_NAME}={served_teacher}"
-        ),
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_once(job, tmp_path / "out", "--shared-teacher", f"{TEACHER_NAME}={served_teacher}")
     # EXIT_FAILED, as for any teacher whose tokenizer does not fit (the spec is valid; the pairing is not).
     assert result.returncode == EXIT_FAILED, result.stdout[-2000:] + result.stderr[-2000:]
     assert "teachers: spec.teachers[0] (teacher): token id " in result.stderr, result.stderr[-2000:]
