@@ -137,6 +137,7 @@ class Controller:
         self.jobs: dict[JobKey, dict[str, Any]] = {}
         self.teachers: dict[JobKey, dict[str, Any]] = {}
         """The DistillationTeachers, by (namespace, name), as their watch last showed them."""
+        self._teacher_facts: dict[JobKey, SharedTeacherFacts] = {}
         self.queue: WorkQueue[JobKey] = WorkQueue(
             Backoff(self.settings.backoff_base, self.settings.backoff_cap)
         )
@@ -195,8 +196,11 @@ class Controller:
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
             self.teachers.pop(key, None)
+            self._teacher_facts.pop(key, None)
         else:
             self.teachers[key] = dict(body)
+            # Parsed once a change, not at every reconcile of every job that references it.
+            self._teacher_facts[key] = teacher_facts(body)
         for job in self.jobs_using(key):
             self.enqueue(job, "DistillationTeacher")
 
@@ -213,9 +217,9 @@ class Controller:
         """The DistillationTeachers a job references that exist, by name."""
         out = {}
         for name in referenced_teachers(self.jobs.get(key) or {}):
-            body = self.teachers.get((key[0], name))
-            if body is not None:
-                out[name] = teacher_facts(body)
+            facts = self._teacher_facts.get((key[0], name))
+            if facts is not None:
+                out[name] = facts
         return out
 
     def job_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
