@@ -5,6 +5,7 @@ supervised fine-tuning on teacher-generated answers (off-policy distillation), f
     python bench/quality.py --quick                    # k3 and forward_kl_topk vs SFT (~15 min on 2 cores)
     python bench/quality.py                            # every loss mode vs SFT
     python bench/quality.py --task fibonacci --quick   # the long-generation task (74-134-token traces)
+    python bench/quality.py --protocol continue --quick  # past the SFT plateau (worked-sum, one seed)
 
 The task is a bundled synthetic one (`synthetic://TASK/*`, prepared and cached on first use):
 addition (5-token answers, the default) or fibonacci (long traces graded on their last number). Each
@@ -16,6 +17,14 @@ target" is the first evaluation at or above the target; "train s" sums the step 
 (start-up and evaluation excluded). Each on-policy run also gets `OUTPUT/MODE/vs-sft/report.md`: its
 accuracy plot with the teacher and the SFT baseline as the lines it is measured against. The last line
 is a JSON summary.
+
+`--protocol continue` is the field's claim (Thinking Machines' "On-Policy Distillation", GKD): the student
+starts at its SFT plateau (the task's student, which the worked-sum build trains by SFT to the end of its
+schedule) and, from that same checkpoint, for the same steps and prompts per step, gets (a) more SFT on
+the teacher's answers, (b) on-policy distillation with a top-k loss and with a sampled-token one, (c) the
+mix (`onPolicyFraction` 0.5). Each method runs once per seed (`--seeds`; `--quick`: one); the summary is
+each method's final held-out accuracy (mean and spread over seeds) and the share of the plateau-to-teacher
+gap it closed, with `OUTPUT/accuracy.png` (mean accuracy per step, the teacher and the plateau as lines).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-TASKS = ("addition", "fibonacci")
+TASKS = ("addition", "fibonacci", "worked-sum")
 
 
 def example_path(task: str) -> Path:
@@ -55,6 +64,13 @@ LOSSES: dict[str, dict] = {
     "k1_pg": {"mode": "k1", "objective": "policy_gradient"},
 }
 QUICK = ("k3", "forward_kl_topk")
+# The continuation's on-policy methods: a top-k loss over the teacher's top 16 (the task's whole alphabet
+# but the specials), a sampled-token one, and GKD's mix of on- and off-policy steps (the rows' traces).
+CONTINUE: dict[str, dict] = {
+    "opd reverse_kl_topk": {"mode": "reverse_kl_topk", "topK": 16},
+    "opd k3": {"mode": "k3"},
+    "mix 0.5 reverse_kl_topk": {"mode": "reverse_kl_topk", "topK": 16, "onPolicyFraction": 0.5},
+}
 
 
 @dataclass
@@ -74,14 +90,17 @@ class Curve:
         return None
 
 
-def job_manifest(example: Path, loss: dict, *, steps: int, eval_every: int, name: str) -> dict:
-    """The example manifest with another loss and step budget."""
+def job_manifest(example: Path, loss: dict, *, steps: int, eval_every: int, name: str, seed: int = 0) -> dict:
+    """The example manifest with another loss, step budget and seed."""
     doc = yaml.safe_load(example.read_text())
     doc = copy.deepcopy(doc)
     doc["metadata"]["name"] = name
     doc["spec"]["loss"] = loss
     doc["spec"]["schedule"]["steps"] = steps
     doc["spec"]["schedule"]["evalEvery"] = eval_every
+    doc["spec"]["schedule"]["seed"] = seed
+    if loss.get("onPolicyFraction", 1.0) < 1.0:
+        doc["spec"]["data"]["responseField"] = "response"  # the off-policy steps' traces
     # A constant learning rate after warm-up (here and in the SFT baseline): with the example's cosine
     # decay, a method's step budget would set its learning rate, and steps-to-target would compare schedules.
     doc["spec"]["student"]["optimizer"]["minLrRatio"] = 1.0
@@ -137,8 +156,10 @@ def run_sft(
     eval_every: int,
     target: float,
     max_new_tokens: int,
+    seed: int = 0,
 ) -> Curve:
-    """SFT of the student on the teacher's greedy answers; stops at the target or after `steps`."""
+    """SFT of the student on the teacher's greedy answers; stops at the target or after `steps`. `seed`
+    shifts where in the training rows the batches start (the order a seed gives a distillation run)."""
     import functools
 
     import torch
@@ -178,7 +199,7 @@ def run_sft(
         return done
 
     def batches(step: int) -> list[tuple[str, str]]:
-        start = (step * batch) % len(pairs)
+        start = (step * batch + seed * 7919) % len(pairs)
         return (pairs + pairs)[start : start + batch]
 
     train_sft(
@@ -225,16 +246,140 @@ def write_comparison(method_dir: Path, curve: Curve, sft: Curve, teacher_acc: fl
     )
 
 
+def spread(values: list[float]) -> dict:
+    """Mean, sample standard deviation, min and max of one method's per-seed results."""
+    mean = sum(values) / len(values)
+    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+    return {"mean": mean, "std": std, "min": min(values), "max": max(values), "per_seed": values}
+
+
+def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
+    """Accuracy per evaluated step, averaged over the seeds that evaluated it."""
+    by_step: dict[int, list[float]] = {}
+    for curve in curves:
+        for step, acc, _seconds in curve.points:
+            by_step.setdefault(step, []).append(acc)
+    steps = sorted(by_step)
+    return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
+
+
+def run_continue(args: argparse.Namespace, output: Path) -> int:
+    """The continuation protocol (module docstring): every method from the task's SFT-plateau student."""
+    from distillery_runtime.report import plot
+    from distillery_runtime.tasks import resolve_uri
+    from distillery_runtime.tasks.evaluate import model_accuracy
+    from distillery_runtime.tasks.uri import TASKS as GRADED
+
+    example_file = example_path(args.task)
+    example = yaml.safe_load(example_file.read_text())["spec"]
+    max_new_tokens = example["student"]["rollout"]["maxNewTokens"]
+    task_dir = resolve_uri(f"synthetic://{args.task}/student").parent
+    evals = read_jsonl(task_dir / "eval.jsonl")
+    graded = {"task": GRADED[args.task], "max_new_tokens": max_new_tokens}
+    teacher_acc = model_accuracy(task_dir / "teacher", evals, **graded)
+    plateau = model_accuracy(task_dir / "student", evals, **graded)
+    plateau_sft_steps = json.loads((task_dir / "manifest.json").read_text())["student"]["sft_steps"]
+    batch = example["schedule"]["promptsPerStep"]
+    lr = example["student"]["optimizer"]["lr"]
+    warmup = example["student"]["optimizer"].get("warmupSteps", 0)
+    seeds = args.seeds[:1] if args.quick else args.seeds
+
+    curves: dict[str, list[Curve]] = {"sft (teacher answers)": []}
+    curves.update({method: [] for method in CONTINUE})
+    for seed in seeds:
+        for method, loss in CONTINUE.items():
+            print(
+                f"seed {seed}, {method}: distillery run, {args.steps} steps ...", file=sys.stderr, flush=True
+            )
+            name = f"continue-{method.replace(' ', '-').replace('_', '-').replace('.', '')}-s{seed}"
+            doc = job_manifest(
+                example_file, loss, steps=args.steps, eval_every=args.eval_every, name=name, seed=seed
+            )
+            curves[method].append(run_distillery(doc, output / f"seed{seed}" / name, method))
+        print(f"seed {seed}, more SFT: {args.steps} steps ...", file=sys.stderr, flush=True)
+        curves["sft (teacher answers)"].append(
+            run_sft(
+                task_dir,
+                task=args.task,
+                max_new_tokens=max_new_tokens,
+                steps=args.steps,
+                batch=batch,
+                lr=lr,
+                warmup=warmup,
+                eval_every=args.eval_every,
+                target=2.0,  # never stops early: the same budget as every other method
+                seed=seed,
+            )
+        )
+
+    gap = teacher_acc - plateau
+    methods = {}
+    for method, runs in curves.items():
+        result = spread([run.points[-1][1] for run in runs])
+        result["gap_closed"] = (result["mean"] - plateau) / gap if gap > 0 else None
+        result["wall_seconds"] = [round(run.wall_s, 1) for run in runs]
+        result["curves"] = [run.points for run in runs]
+        methods[method] = result
+    figure = plot(
+        output / "accuracy.png",
+        f"{args.task}: from the SFT plateau, {args.steps} steps of {batch} prompts ({len(seeds)} seed(s))",
+        "held-out accuracy (mean over seeds)",
+        {method: mean_curve(runs) for method, runs in curves.items()},
+        {"teacher": teacher_acc, "SFT plateau": plateau},
+    )
+
+    print(
+        f"\nSynthetic {args.task}: {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f}); teacher "
+        f"{teacher_acc:.3f}; SFT plateau {plateau:.3f} (the student after {plateau_sft_steps} SFT steps); "
+        f"then {args.steps} steps of {batch} prompts, lr {lr}, seeds {seeds}"
+    )
+    print(f"{'method':<26} {'final acc mean':>14} {'spread (min-max)':>17} {'gap closed':>10}")
+    for method, r in methods.items():
+        closed = f"{r['gap_closed']:.0%}" if r["gap_closed"] is not None else "-"
+        print(f"{method:<26} {r['mean']:>14.3f} {r['min']:>8.3f}-{r['max']:<8.3f} {closed:>10}")
+    if figure:
+        print(f"plot: {figure}")
+    print(json.dumps({
+        "bench": "quality", "protocol": "continue", "task": f"synthetic://{args.task}",
+        "cpu_cores": os.cpu_count(), "load_average_at_end": os.getloadavg(), "steps": args.steps,
+        "prompts_per_step": batch, "seeds": seeds, "teacher": teacher_acc, "sft_plateau": plateau,
+        "sft_plateau_steps": plateau_sft_steps, "methods": methods,
+    }))  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", choices=TASKS, default="addition", help="the bundled synthetic task")
+    parser.add_argument(
+        "--task",
+        choices=TASKS,
+        default=None,
+        help="the bundled synthetic task (addition; continue: worked-sum)",
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=("from-start", "continue"),
+        default="from-start",
+        help="from-start: steps to 90%% of the teacher from the task's weak student; continue: from the SFT plateau",
+    )
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="continue: one run per seed")
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)} vs SFT")
     parser.add_argument("--modes", nargs="*", choices=sorted(LOSSES), help="loss modes to run (default: all)")
-    parser.add_argument("--steps", type=int, default=150, help="on-policy step budget")
+    parser.add_argument("--steps", type=int, default=None, help="on-policy step budget (150; continue: 400)")
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT step budget (default: 4x on-policy)")
-    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument(
+        "--eval-every", type=int, default=None, help="steps between evaluations (10; continue: 25)"
+    )
     parser.add_argument("--output", type=Path, default=None, help="default: runs/bench-quality[-TASK]")
     args = parser.parse_args(argv)
+    if args.protocol == "continue":
+        args.task = args.task or "worked-sum"
+        args.steps = args.steps or 400
+        args.eval_every = args.eval_every or 25
+        return run_continue(args, args.output or ROOT / "runs" / f"bench-quality-continue-{args.task}")
+    args.task = args.task or "addition"
+    args.steps = args.steps or 150
+    args.eval_every = args.eval_every or 10
     output = args.output or ROOT / "runs" / (
         "bench-quality" + ("" if args.task == "addition" else f"-{args.task}")
     )

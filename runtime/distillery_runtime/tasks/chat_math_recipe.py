@@ -139,3 +139,7 @@ class ChatMathRecipe:
             if not chat_math.is_held_out(p):
                 messages = p.row()["messages"]
                 return prompt_text(tokenizer, messages), p.response  # type: ignore[arg-type]
+
+    def teacher_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, str]:
+        """The teacher learns from the same pairs as the student."""
+        return self.training_pair(rng, tokenizer)

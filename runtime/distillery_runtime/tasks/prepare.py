@@ -1,10 +1,11 @@
 """Prepare a synthetic task: tokenizer, SFT-trained teacher, weak student, datasets.
 
 Run once, cached (see `cache.py`); `resolve_uri("synthetic://TASK/...")` calls it on first use. By
-hand: `python -m distillery_runtime.tasks.prepare [addition|fibonacci|chat-math]` prints the directory and
-the accuracies. A task's recipe (`AdditionRecipe`, `FibonacciRecipe`, `ChatMathRecipe`) holds everything
-that determines its artefacts and says how to draw its problems and make its models (`TaskModels`: the
-character-level tasks' small Llamas, chat-math's Qwen-like models); the build is the same for every task.
+hand: `python -m distillery_runtime.tasks.prepare [addition|fibonacci|chat-math|worked-sum]` prints the
+directory and the accuracies. A task's recipe (`AdditionRecipe`, `FibonacciRecipe`, `ChatMathRecipe`,
+`WorkedSumRecipe`) holds everything that determines its artefacts and says how to draw its problems and
+make its models (`TaskModels`: the character-level tasks' small Llamas, chat-math's Qwen-like models); the
+build is the same for every task.
 
 The teacher is a small Llama trained by SFT on fresh random problems for its full schedule (the
 cosine decay to zero matters: stopped while the learning rate is high, accuracy swings by tens of
@@ -17,7 +18,8 @@ run. Fibonacci (`fibonacci.py`): the student is smaller (hidden 64, one attentio
 teacher must reach `teacher_min_accuracy` or the build fails rather than cache a teacher that cannot
 show the student the way. Measured on 2 cores: a 128-wide teacher reaches 100% dev accuracy in 200
 steps (63 s); a 64-wide model in 300 (43 s), with a sharp rise from 0% near step 200, which is why
-the student is checked every 5 steps.
+the student is checked every 5 steps. Worked-sum (`worked_sum.py`) trains its student to the end of its
+schedule: the SFT checkpoint that `bench/quality.py --protocol continue` continues from.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import orjson
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from distillery_runtime.tasks import addition, chat_math, fibonacci
+from distillery_runtime.tasks import addition, chat_math, fibonacci, worked_sum
 from distillery_runtime.tasks.base import Task
 from distillery_runtime.tasks.cache import build_once, task_dir
 from distillery_runtime.tasks.chat_math_recipe import ChatMathRecipe
@@ -91,6 +93,14 @@ class CharRecipe:
     def graded(self, rows: list[dict], tokenizer: PreTrainedTokenizerFast) -> list[dict[str, str]]:
         """The rows as `evaluate.accuracy` reads them (`prompt`, `answer`): these rows already are."""
         return rows
+
+    def training_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, str]:
+        """A fresh problem outside the held-out split, as (prompt, response): the student's SFT pair."""
+        raise NotImplementedError
+
+    def teacher_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, str]:
+        """A teacher's SFT pair: the task's training pair unless the task trains its teacher otherwise."""
+        return self.training_pair(rng, tokenizer)
 
 
 @dataclass(frozen=True)
@@ -198,11 +208,73 @@ class FibonacciRecipe(CharRecipe):
         )
 
 
-Recipe = AdditionRecipe | FibonacciRecipe | ChatMathRecipe
+@dataclass(frozen=True)
+class WorkedSumRecipe(CharRecipe):
+    """The repairable task (`worked_sum.py`); fields as in `AdditionRecipe`. The student has no start target:
+    it is trained by SFT to the end of its schedule (`student_start` None) and is the checkpoint the
+    continuation protocol starts every method from. Half the teacher's rows (`repair_fraction`) put a
+    wrong guess in the prompt, so the loss is on a working done from the operands alone."""
+
+    version: int = 1
+    digits: int = 5
+    seed: int = 0
+    train_rows: int = 4096
+    eval_rows: int = 512
+    dev_rows: int = 128
+    teacher: ModelShape = ModelShape(hidden=128, layers=2)
+    teacher_steps: int = 1000
+    student: ModelShape = ModelShape(hidden=64, layers=2)
+    student_max_steps: int = 1000
+    student_start: float | None = None
+    repair_fraction: float = 0.5
+    batch_size: int = 64
+    lr: float = 1e-3
+    max_positions: int = 64
+    teacher_check_every: int = 250
+    student_check_every: int = 250
+
+    task: ClassVar[Task] = worked_sum.TASK
+    alphabet: ClassVar[str] = worked_sum.ALPHABET
+    teacher_min_accuracy: ClassVar[float] = 0.95
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The guess, `|`, four tokens a digit and EOS."""
+        return (self.digits + 1) + 1 + 4 * self.digits + 1
+
+    def held_out(self, n: int, seed: int) -> list[dict[str, str]]:
+        return [p.row() for p in worked_sum.sample_problems(n, digits=self.digits, seed=seed, held_out=True)]
+
+    def train(self, n: int, seed: int) -> list[dict[str, str]]:
+        return [p.row() for p in worked_sum.sample_problems(n, digits=self.digits, seed=seed, held_out=False)]
+
+    def _fresh(self, rng: random.Random) -> worked_sum.Problem:
+        while True:
+            p = worked_sum.random_problem(rng, self.digits)
+            if not worked_sum.is_held_out(p):
+                return p
+
+    def training_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, str]:
+        """The student's SFT pair: a right guess and its working (the teacher's own traces)."""
+        p = self._fresh(rng)
+        return p.prompt, p.response()
+
+    def teacher_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, str]:
+        """A right guess and its working, or (`repair_fraction` of rows) a wrong guess in the prompt and the
+        working as the target: the teacher learns to guess and to work the sum out whatever was guessed."""
+        p = self._fresh(rng)
+        if rng.random() < self.repair_fraction:
+            guessed = p.prompt + worked_sum.wrong_guess(rng, p) + worked_sum.GUESS_END
+            return guessed, worked_sum.working(p.a, p.b, p.digits)
+        return p.prompt, p.response()
+
+
+Recipe = AdditionRecipe | FibonacciRecipe | ChatMathRecipe | WorkedSumRecipe
 RECIPES: dict[str, type[Recipe]] = {
     addition.TASK.name: AdditionRecipe,
     fibonacci.TASK.name: FibonacciRecipe,
     chat_math.TASK.name: ChatMathRecipe,
+    worked_sum.TASK.name: WorkedSumRecipe,
 }
 
 
@@ -264,8 +336,10 @@ def _train_until(
     rng = random.Random(seed)
     tokenizer = models.tokenizer
 
+    pair = recipe.teacher_pair if name == "teacher" else recipe.training_pair
+
     def batch(_step: int) -> list[tuple[str, str]]:
-        return [recipe.training_pair(rng, tokenizer) for _ in range(recipe.batch_size)]
+        return [pair(rng, tokenizer) for _ in range(recipe.batch_size)]
 
     state = {"steps": 0, "acc": 0.0}
 

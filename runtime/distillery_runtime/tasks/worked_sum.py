@@ -1,0 +1,135 @@
+"""The synthetic worked-sum task: an answer guessed in one go, then worked out; graded on the working. Pure.
+
+A problem is two W-digit numbers, written least significant digit first as in the addition task. The
+response first guesses the sum in one go (W + 1 digits, every carry implicit), then `|`, then works it
+out column by column as the Fibonacci task writes a line: per digit x's digit, y's digit, their sum's
+digit and the carry out (`^` carried, `_` not). Only the working is graded: its sum digits and, as the
+last digit, its final carry. With W=5, a=12345, b=67890 (sum 80235):
+
+    prompt    "54321+09876="
+    response  "532080|505_493^382^270^168_"     the guess 80235, then 5+0=5, 4+9=13, 3+8+1=12, ...
+    answer    "532080"                          the working's digits 5,3,2,0,8 and its last carry (none)
+
+Which property it tests: errors that later tokens can repair, where only the student's own mistakes
+show the repair. The teacher (hidden 128, two heads) writes a right guess; it is trained with half of
+its rows carrying a random wrong guess in the prompt, so it works the sum out from the operands whatever
+was guessed. Its own traces never contain a wrong guess, so in them the working always repeats the
+guess. The student (hidden 64, one head) is trained by SFT on those traces to the end of a 1,000-step
+schedule: it has not learned the one-go guess of a 5-digit sum by then, and its working copies its wrong
+guess (0% held out). On its own samples the guess is wrong and the teacher's next tokens are the working
+done from the operands: on-policy data shows the repair that the SFT data never contains.
+
+What was measured (`bench/quality.py --protocol continue`, bench/README.md): this is a stall, not the
+capacity plateau the design aimed at. From this student, 400 more SFT steps at a constant learning rate
+reach 95%, GKD's mix of on- and off-policy steps 71%, and on-policy steps alone 11-14% (in one run, its
+copies of the second operand's two high digits were off by one).
+
+The held-out split is a deterministic function of (a, b), as in the addition task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+from distillery_runtime.tasks.addition import little_endian
+from distillery_runtime.tasks.base import Task
+from distillery_runtime.tasks.fibonacci import CARRY, NO_CARRY, add_with_carries
+
+GUESS_END = "|"
+ALPHABET = "0123456789+=" + GUESS_END + CARRY + NO_CARRY
+DATA_SOURCE = "worked-sum"
+
+
+def working(a: int, b: int, digits: int) -> str:
+    """The column-by-column sum: per digit (little-endian) a's, b's, the sum's and the carry mark."""
+    z, carries = add_with_carries(a, b, digits)
+    return "".join(
+        f"{x}{y}{s}{CARRY if c else NO_CARRY}"
+        for x, y, s, c in zip(
+            little_endian(a, digits), little_endian(b, digits), little_endian(z, digits), carries, strict=True
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Problem:
+    a: int
+    b: int
+    digits: int = 5
+
+    @property
+    def prompt(self) -> str:
+        return f"{little_endian(self.a, self.digits)}+{little_endian(self.b, self.digits)}="
+
+    @property
+    def answer(self) -> str:
+        """The sum, W + 1 digits, little-endian: what a right guess and a right working both say."""
+        return little_endian(self.a + self.b, self.digits + 1)
+
+    def response(self, guess: str | None = None) -> str:
+        """The guess (the right one unless given), `|`, the working."""
+        return f"{self.answer if guess is None else guess}{GUESS_END}{working(self.a, self.b, self.digits)}"
+
+    def row(self) -> dict[str, str]:
+        """A dataset row: `answer` is the graded sum, `response` the full trace SFT learns."""
+        return {
+            "prompt": self.prompt,
+            "answer": self.answer,
+            "response": self.response(),
+            "data_source": DATA_SOURCE,
+        }
+
+
+def wrong_guess(rng: random.Random, problem: Problem) -> str:
+    """A random guess that is not the sum (W + 1 digits, little-endian): the teacher's repair rows."""
+    while True:
+        guess = little_endian(rng.randrange(2 * 10**problem.digits), problem.digits + 1)
+        if guess != problem.answer:
+            return guess
+
+
+def is_held_out(problem: Problem, eval_fraction: float = 0.05) -> bool:
+    """Whether a problem belongs to the held-out split (a stable hash of the operands)."""
+    digest = hashlib.blake2b(f"ws{problem.a},{problem.b}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < eval_fraction
+
+
+def random_problem(rng: random.Random, digits: int) -> Problem:
+    return Problem(rng.randrange(10**digits), rng.randrange(10**digits), digits)
+
+
+def sample_problems(n: int, *, digits: int, seed: int, held_out: bool) -> list[Problem]:
+    """`n` distinct problems from one split, reproducible from `seed`."""
+    rng = random.Random(seed)
+    seen: set[Problem] = set()
+    out: list[Problem] = []
+    while len(out) < n:
+        p = random_problem(rng, digits)
+        if p in seen or is_held_out(p) != held_out:
+            continue
+        seen.add(p)
+        out.append(p)
+    return out
+
+
+def worked_answer(response_text: str) -> str | None:
+    """The sum the working after the last `|` says (its sum digits, then its final carry as a digit); None
+    when there is no working or it is not whole groups of digit, digit, digit, carry mark."""
+    body = response_text.strip().rpartition(GUESS_END)[2] if GUESS_END in response_text else None
+    if not body or len(body) % 4:
+        return None
+    groups = [body[i : i + 4] for i in range(0, len(body), 4)]
+    if not all(g[:3].isdigit() and g[3] in (CARRY, NO_CARRY) for g in groups):
+        return None
+    return "".join(g[2] for g in groups) + ("1" if groups[-1][3] == CARRY else "0")
+
+
+def grade(response_text: str, answer: str) -> bool:
+    """The working's sum equals the reference; the guess is not graded."""
+    return worked_answer(response_text) == answer.strip()
+
+
+TASK = Task(name=DATA_SOURCE, grade=grade)
+"""Graded on the working, never the guess (`grade`)."""

@@ -1,0 +1,58 @@
+"""bench/quality.py's continuation protocol, its pure parts: each on-policy method's job is the example with
+its loss, budget and seed (a mix reads the rows' traces for its off-policy steps), and the summary's mean,
+spread and per-step mean curve. The runs themselves are the benchmark's (minutes each)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from distillery.api.spec import DistillationJobSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def quality():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import quality
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return quality
+
+
+def test_every_method_runs_the_example_with_its_loss_budget_and_seed(quality):
+    example = quality.example_path("worked-sum")
+    for method, loss in quality.CONTINUE.items():
+        doc = quality.job_manifest(example, loss, steps=40, eval_every=20, name="continue-x", seed=2)
+        spec = DistillationJobSpec.model_validate(doc["spec"])  # a job the API accepts, as run
+        assert (spec.schedule.steps, spec.schedule.eval_every, spec.schedule.seed) == (40, 20, 2), method
+        assert spec.student.model == "synthetic://worked-sum/student"  # the SFT checkpoint, every method
+        assert spec.student.optimizer.min_lr_ratio == 1.0  # constant after warm-up, as the SFT arm
+        assert spec.loss.on_policy_fraction == loss.get("onPolicyFraction", 1.0)
+
+
+def test_a_mix_reads_the_rows_traces_for_its_off_policy_steps(quality):
+    example = quality.example_path("fibonacci")  # an example that names no responseField
+    mixed, on_policy = (
+        DistillationJobSpec.model_validate(
+            quality.job_manifest(example, loss, steps=10, eval_every=5, name="x")["spec"]
+        )
+        for loss in (quality.CONTINUE["mix 0.5 reverse_kl_topk"], quality.CONTINUE["opd k3"])
+    )
+    assert mixed.data.response_field == "response" and on_policy.data.response_field is None
+
+
+def test_the_summary_is_the_mean_and_spread_over_seeds(quality):
+    result = quality.spread([0.5, 0.7, 0.6])
+    assert result["mean"] == pytest.approx(0.6) and result["std"] == pytest.approx(0.1)
+    assert (result["min"], result["max"], result["per_seed"]) == (0.5, 0.7, [0.5, 0.7, 0.6])
+    assert quality.spread([0.3])["std"] == 0.0
+    curves = [
+        quality.Curve("a", points=[(0, 0.0, 0.0), (25, 0.4, 1.0)]),
+        quality.Curve("a", points=[(0, 0.2, 0.0)]),  # a seed that evaluated step 0 only
+    ]
+    assert quality.mean_curve(curves) == ([0, 25], [pytest.approx(0.1), pytest.approx(0.4)])
