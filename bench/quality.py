@@ -20,7 +20,7 @@ is a JSON summary.
 
 `--protocol continue` is the field's claim (Thinking Machines' "On-Policy Distillation", GKD): the student
 starts at its SFT plateau (the task's student, which the worked-sum build trains by SFT to the end of its
-schedule) and, from that same checkpoint, for the same steps and prompts per step, gets (a) more SFT on
+schedule; the SFT arm below says whether it is one) and, from that same checkpoint, for the same steps and prompts per step, gets (a) more SFT on
 the teacher's answers, (b) on-policy distillation with a top-k loss and with a sampled-token one, (c) the
 mix (`onPolicyFraction` 0.5). Each method runs once per seed (`--seeds`; `--quick`: one); the summary is
 each method's final held-out accuracy (mean and spread over seeds) and the share of the plateau-to-teacher
@@ -264,7 +264,7 @@ def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
 
 
 def run_continue(args: argparse.Namespace, output: Path) -> int:
-    """The continuation protocol (module docstring): every method from the task's SFT-plateau student."""
+    """The continuation protocol (module docstring): every method from the task's SFT checkpoint."""
     from distillery_runtime.report import plot
     from distillery_runtime.tasks import resolve_uri
     from distillery_runtime.tasks.evaluate import model_accuracy
@@ -363,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         help="from-start: steps to 90%% of the teacher from the task's weak student; continue: from the SFT plateau",
     )
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="continue: one run per seed")
-    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)} vs SFT")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"from-start: only {', '.join(QUICK)} vs SFT; continue: one seed"
+    )
     parser.add_argument("--modes", nargs="*", choices=sorted(LOSSES), help="loss modes to run (default: all)")
     parser.add_argument("--steps", type=int, default=None, help="on-policy step budget (150; continue: 400)")
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT step budget (default: 4x on-policy)")

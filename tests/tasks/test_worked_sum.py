@@ -79,7 +79,7 @@ def test_half_the_teachers_rows_put_a_wrong_guess_in_the_prompt_and_learn_only_t
         a, b = (int(n[::-1]) for n in question.split("+"))
         assert guess.removesuffix(GUESS_END) != Problem(a, b).answer  # the guess is wrong
         assert target == worked_sum.working(a, b, 5)  # the loss is on the working alone
-    # the student's pairs are the teacher's own traces: a right guess, then its working
+    # the student's pairs are the reference traces: a right guess, then its working
     for prompt, target in (recipe.training_pair(rng, None) for _ in range(200)):  # type: ignore[arg-type]
         a, b = (int(n[::-1]) for n in prompt.removesuffix("=").split("+"))
         assert target == Problem(a, b).response()

@@ -255,7 +255,7 @@ class WorkedSumRecipe(CharRecipe):
                 return p
 
     def training_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, str]:
-        """The student's SFT pair: a right guess and its working (the teacher's own traces)."""
+        """The student's SFT pair: the reference trace, a right guess and its working."""
         p = self._fresh(rng)
         return p.prompt, p.response()
 

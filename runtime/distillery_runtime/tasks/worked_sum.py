@@ -10,19 +10,21 @@ last digit, its final carry. With W=5, a=12345, b=67890 (sum 80235):
     response  "532080|505_493^382^270^168_"     the guess 80235, then 5+0=5, 4+9=13, 3+8+1=12, ...
     answer    "532080"                          the working's digits 5,3,2,0,8 and its last carry (none)
 
-Which property it tests: errors that later tokens can repair, where only the student's own mistakes
-show the repair. The teacher (hidden 128, two heads) writes a right guess; it is trained with half of
-its rows carrying a random wrong guess in the prompt, so it works the sum out from the operands whatever
-was guessed. Its own traces never contain a wrong guess, so in them the working always repeats the
-guess. The student (hidden 64, one head) is trained by SFT on those traces to the end of a 1,000-step
-schedule: it has not learned the one-go guess of a 5-digit sum by then, and its working copies its wrong
-guess (0% held out). On its own samples the guess is wrong and the teacher's next tokens are the working
-done from the operands: on-policy data shows the repair that the SFT data never contains.
+Which property it is meant to test: errors that later tokens can repair, where only the student's own
+mistakes show the repair. The teacher (hidden 128, two heads) is trained with half of its rows carrying a
+random wrong guess in the prompt, so it works the sum out from the operands whatever was guessed. The
+student (hidden 64, one head) is trained by SFT on the reference traces (`Problem.response`: a right guess,
+so the working always repeats it) to the end of a 1,000-step schedule. It has not learned the one-go guess
+of a 5-digit sum by then and its working copies its wrong guess (0% held out). On its own samples the
+guess is wrong and the teacher's next tokens are the working done from the operands: on-policy data shows
+the repair that the reference traces never contain.
 
-What was measured (`bench/quality.py --protocol continue`, bench/README.md): this is a stall, not the
-capacity plateau the design aimed at. From this student, 400 more SFT steps at a constant learning rate
-reach 95%, GKD's mix of on- and off-policy steps 71%, and on-policy steps alone 11-14% (in one run, its
-copies of the second operand's two high digits were off by one).
+What was measured (`bench/quality.py --protocol continue`, bench/README.md) does not test that design
+cleanly. The build's teacher learned the working (100%) but not the guess (0% of its held-out guesses
+right; a prototype teacher of the same shape had 98% at step 800 and 100% at step 1,200 of a 1,600-step
+schedule), so its own traces, which the benchmark's SFT arm trains on, show the repair in almost every row: from this student, 400 steps of that SFT reach 95%,
+GKD's mix of on- and off-policy steps 71%, and on-policy steps alone 11-14%. And the student is not too
+small for the guess: at 6 digits the same shape learned it from scratch at a constant learning rate.
 
 The held-out split is a deterministic function of (a, b), as in the addition task.
 """
