@@ -67,10 +67,12 @@ QUICK = ("k3", "forward_kl_topk")
 # The continuation's on-policy methods: a top-k loss over the teacher's top 16 (the task's whole alphabet
 # but the specials), a sampled-token one, and GKD's mix of on- and off-policy steps (the rows' traces).
 CONTINUE: dict[str, dict] = {
-    "opd reverse_kl_topk": {"mode": "reverse_kl_topk", "topK": 16},
-    "opd k3": {"mode": "k3"},
-    "mix 0.5 reverse_kl_topk": {"mode": "reverse_kl_topk", "topK": 16, "onPolicyFraction": 0.5},
+    "opd-reverse-kl-topk": {"mode": "reverse_kl_topk", "topK": 16},
+    "opd-k3": {"mode": "k3"},
+    "mix-0.5-reverse-kl-topk": {"mode": "reverse_kl_topk", "topK": 16, "onPolicyFraction": 0.5},
 }
+SFT = "sft"
+"""The continuation's SFT arm: more SFT on the teacher's greedy answers."""
 
 
 @dataclass
@@ -284,20 +286,24 @@ def run_continue(args: argparse.Namespace, output: Path) -> int:
     warmup = example["student"]["optimizer"].get("warmupSteps", 0)
     seeds = args.seeds[:1] if args.quick else args.seeds
 
-    curves: dict[str, list[Curve]] = {"sft (teacher answers)": []}
-    curves.update({method: [] for method in CONTINUE})
+    chosen = args.methods or [SFT, *CONTINUE]
+    curves: dict[str, list[Curve]] = {method: [] for method in (SFT, *CONTINUE) if method in chosen}
     for seed in seeds:
         for method, loss in CONTINUE.items():
+            if method not in chosen:
+                continue
             print(
                 f"seed {seed}, {method}: distillery run, {args.steps} steps ...", file=sys.stderr, flush=True
             )
-            name = f"continue-{method.replace(' ', '-').replace('_', '-').replace('.', '')}-s{seed}"
+            name = f"continue-{method.replace('.', '')}-s{seed}"
             doc = job_manifest(
                 example_file, loss, steps=args.steps, eval_every=args.eval_every, name=name, seed=seed
             )
             curves[method].append(run_distillery(doc, output / f"seed{seed}" / name, method))
+        if SFT not in chosen:
+            continue
         print(f"seed {seed}, more SFT: {args.steps} steps ...", file=sys.stderr, flush=True)
-        curves["sft (teacher answers)"].append(
+        curves[SFT].append(
             run_sft(
                 task_dir,
                 task=args.task,
@@ -363,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         help="from-start: steps to 90%% of the teacher from the task's weak student; continue: from the SFT plateau",
     )
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="continue: one run per seed")
+    parser.add_argument(
+        "--methods", nargs="*", choices=[SFT, *CONTINUE], help="continue: the methods to run (default: all)"
+    )
     parser.add_argument(
         "--quick", action="store_true", help=f"from-start: only {', '.join(QUICK)} vs SFT; continue: one seed"
     )

@@ -41,7 +41,7 @@ def test_a_mix_reads_the_rows_traces_for_its_off_policy_steps(quality):
         DistillationJobSpec.model_validate(
             quality.job_manifest(example, loss, steps=10, eval_every=5, name="x")["spec"]
         )
-        for loss in (quality.CONTINUE["mix 0.5 reverse_kl_topk"], quality.CONTINUE["opd k3"])
+        for loss in (quality.CONTINUE["mix-0.5-reverse-kl-topk"], quality.CONTINUE["opd-k3"])
     )
     assert mixed.data.response_field == "response" and on_policy.data.response_field is None
 

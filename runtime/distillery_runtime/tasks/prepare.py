@@ -222,7 +222,7 @@ class WorkedSumRecipe(CharRecipe):
     eval_rows: int = 512
     dev_rows: int = 128
     teacher: ModelShape = ModelShape(hidden=128, layers=2)
-    teacher_steps: int = 1000
+    teacher_steps: int = 1400
     student: ModelShape = ModelShape(hidden=64, layers=2)
     student_max_steps: int = 1000
     student_start: float | None = None

@@ -10,21 +10,23 @@ last digit, its final carry. With W=5, a=12345, b=67890 (sum 80235):
     response  "532080|505_493^382^270^168_"     the guess 80235, then 5+0=5, 4+9=13, 3+8+1=12, ...
     answer    "532080"                          the working's digits 5,3,2,0,8 and its last carry (none)
 
-Which property it is meant to test: errors that later tokens can repair, where only the student's own
-mistakes show the repair. The teacher (hidden 128, two heads) is trained with half of its rows carrying a
-random wrong guess in the prompt, so it works the sum out from the operands whatever was guessed. The
-student (hidden 64, one head) is trained by SFT on the reference traces (`Problem.response`: a right guess,
-so the working always repeats it) to the end of a 1,000-step schedule. It has not learned the one-go guess
-of a 5-digit sum by then and its working copies its wrong guess (0% held out). On its own samples the
-guess is wrong and the teacher's next tokens are the working done from the operands: on-policy data shows
-the repair that the reference traces never contain.
+Which property it tests: errors that later tokens can repair, where only the student's own mistakes show
+the repair. The teacher (hidden 128, two heads) is trained with half of its rows carrying a random wrong
+guess in the prompt, so it works the sum out from the operands whatever was guessed; its own guesses are
+mostly right (90% held out, its working 100%), so about one trace in ten shows a repair. The student (hidden 64,
+one head) is trained by SFT on the reference traces (`Problem.response`: a right guess, the working
+repeating it) to the end of a 1,000-step schedule. It has not learned the one-go guess of a 5-digit sum by
+then and its working copies its wrong guess (0% held out). On its own samples the guess is wrong and the
+teacher's next tokens are the working done from the operands: on-policy data shows the repair that the
+SFT data does not.
 
-What was measured (`bench/quality.py --protocol continue`, bench/README.md) does not test that design
-cleanly. The build's teacher learned the working (100%) but not the guess (0% of its held-out guesses
-right; a prototype teacher of the same shape had 98% at step 800 and 100% at step 1,200 of a 1,600-step
-schedule), so its own traces, which the benchmark's SFT arm trains on, show the repair in almost every row: from this student, 400 steps of that SFT reach 95%,
-GKD's mix of on- and off-policy steps 71%, and on-policy steps alone 11-14%. And the student is not too
-small for the guess: at 6 digits the same shape learned it from scratch at a constant learning rate.
+Measured (`bench/quality.py --protocol continue`, bench/README.md): from this student, 400 more steps of
+SFT on the teacher's traces stay at 0% (three seeds); GKD's mix of on- and off-policy steps reaches 76%,
+79% and 0.2% (seeds 0, 1, 2: seed 2 had not started to rise by step 400); on-policy steps alone stall at
+12-16% (seed 0). A teacher trained 1,000 steps instead never learned the guess (0%), its traces
+showed the repair in nearly every row, and SFT on them reached 95%: the teacher's guess is what the
+task's claim rests on. The student is not too small for the guess in principle: at 6 digits the same
+shape learned it from scratch at a constant learning rate in 800 steps.
 
 The held-out split is a deterministic function of (a, b), as in the addition task.
 """
