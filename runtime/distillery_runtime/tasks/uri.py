@@ -3,7 +3,7 @@
 `synthetic://addition/teacher` and `.../student` are model directories (transformers + vLLM),
 `.../train` and `.../eval` are jsonl datasets; `synthetic://fibonacci/...` the same for the
 long-generation task, `synthetic://chat-math/...` for the chat-format one (Qwen-like models, messages
-rows), `synthetic://worked-sum/...` for the repairable one (its student is the SFT plateau). The first
+rows), `synthetic://worked-sum/...` for the repairable one (its student is an SFT checkpoint). The first
 resolution prepares the task (cached).
 `task_for(data_path)` is the task (and so the grader) a job's training data belongs to.
 """

@@ -13,12 +13,12 @@ last digit, its final carry. With W=5, a=12345, b=67890 (sum 80235):
 Which property it tests: errors that later tokens can repair, where only the student's own mistakes show
 the repair. The teacher (hidden 128, two heads) is trained with half of its rows carrying a random wrong
 guess in the prompt, so it works the sum out from the operands whatever was guessed; its own guesses are
-mostly right (90% held out, its working 100%), so about one trace in ten shows a repair. The student (hidden 64,
-one head) is trained by SFT on the reference traces (`Problem.response`: a right guess, the working
-repeating it) to the end of a 1,000-step schedule. It has not learned the one-go guess of a 5-digit sum by
-then and its working copies its wrong guess (0% held out). On its own samples the guess is wrong and the
-teacher's next tokens are the working done from the operands: on-policy data shows the repair that the
-SFT data does not.
+mostly right (90% held out, its working 100%), so about one trace in ten shows a repair. The student
+(hidden 64, one head) is trained by SFT on the reference traces (`Problem.response`: a right guess, the
+working repeating it) to the end of a 1,000-step schedule. It has not learned the one-go guess of a
+5-digit sum by then and its working copies its wrong guess (0% held out). On its own samples the guess is
+wrong and the teacher's next tokens are the working done from the operands: on-policy data shows the
+repair that the SFT data does not.
 
 Measured (`bench/quality.py --protocol continue`, bench/README.md): from this student, 400 more steps of
 SFT on the teacher's traces stay at 0% (three seeds); GKD's mix of on- and off-policy steps reaches 76%,
