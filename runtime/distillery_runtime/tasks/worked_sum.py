@@ -37,6 +37,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 
+from distillery_runtime.tasks import addition
 from distillery_runtime.tasks.addition import little_endian
 from distillery_runtime.tasks.base import Task
 from distillery_runtime.tasks.fibonacci import CARRY, NO_CARRY, add_with_carries
@@ -64,13 +65,18 @@ class Problem:
     digits: int = 5
 
     @property
+    def _sum(self) -> addition.Problem:
+        """The same sum as the addition task writes it: its prompt and answer are this task's."""
+        return addition.Problem(self.a, self.b, self.digits)
+
+    @property
     def prompt(self) -> str:
-        return f"{little_endian(self.a, self.digits)}+{little_endian(self.b, self.digits)}="
+        return self._sum.prompt
 
     @property
     def answer(self) -> str:
         """The sum, W + 1 digits, little-endian: what a right guess and a right working both say."""
-        return little_endian(self.a + self.b, self.digits + 1)
+        return self._sum.answer
 
     def response(self, guess: str | None = None) -> str:
         """The guess (the right one unless given), `|`, the working."""
