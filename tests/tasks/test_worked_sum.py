@@ -85,8 +85,15 @@ def test_half_the_teachers_rows_put_a_wrong_guess_in_the_prompt_and_learn_only_t
         assert target == Problem(a, b).response()
 
 
-def test_a_build_trains_the_student_to_the_end_of_its_schedule(tmp_path):
-    """No start target: the student is the SFT plateau, however the accuracy moves on the way."""
+def test_the_guess_grader_reads_the_guess_alone():
+    p = Problem(12345, 67890)
+    assert worked_sum.GUESS.grade(p.response(), p.answer)
+    assert not worked_sum.GUESS.grade(p.response("000000"), p.answer)  # a right working does not count
+    assert worked_sum.GUESS.grade("532080|999^", p.answer)  # nor does a wrong one
+    assert not worked_sum.GUESS.grade("532080", p.answer)  # no `|`: no guess was made
+
+
+def _cut_recipe() -> WorkedSumRecipe:
     recipe = replace(
         WorkedSumRecipe(),
         train_rows=64,
@@ -100,8 +107,25 @@ def test_a_build_trains_the_student_to_the_end_of_its_schedule(tmp_path):
         batch_size=4,
     )
     object.__setattr__(recipe, "teacher_min_accuracy", 0.0)  # a 4-step teacher: only the plumbing is tested
+    return recipe
+
+
+def test_a_build_refuses_a_teacher_whose_guess_is_mostly_wrong(tmp_path):
+    """A 4-step teacher guesses nothing right: its traces would show the repair in every row."""
+    with pytest.raises(
+        RuntimeError, match=r"teacher's guess_accuracy is 0\.000 after 4 SFT steps, below the 0\.8"
+    ):
+        build_task(tmp_path, _cut_recipe(), log=lambda _msg: None)
+    assert not (tmp_path / "student").exists()  # stopped before the student was trained
+
+
+def test_a_build_trains_the_student_to_the_end_of_its_schedule(tmp_path):
+    """No start target: the student is the SFT plateau, however the accuracy moves on the way."""
+    recipe = _cut_recipe()
+    object.__setattr__(recipe, "teacher_min_guess_accuracy", 0.0)
     manifest = build_task(tmp_path, recipe, log=lambda _msg: None)
     assert manifest["teacher"]["sft_steps"] == 4 and manifest["student"]["sft_steps"] == 3
+    assert manifest["teacher"]["guess_accuracy"] == 0.0 and "guess_accuracy" not in manifest["student"]
     rows = [orjson.loads(line) for line in (tmp_path / "eval.jsonl").read_bytes().splitlines()]
     assert len(rows) == 16 and all(TASK.grade(r["response"], r["answer"]) for r in rows)
     assert (tmp_path / "student" / "config.json").exists()

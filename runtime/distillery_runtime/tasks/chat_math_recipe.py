@@ -143,3 +143,9 @@ class ChatMathRecipe:
     def teacher_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, str]:
         """The teacher learns from the same pairs as the student."""
         return self.training_pair(rng, tokenizer)
+
+    def teacher_checks(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, str]]
+    ) -> dict[str, tuple[float, float]]:
+        """Nothing beyond dev accuracy (`prepare.CharRecipe.teacher_checks`)."""
+        return {}

@@ -102,6 +102,13 @@ class CharRecipe:
         """A teacher's SFT pair: the task's training pair unless the task trains its teacher otherwise."""
         return self.training_pair(rng, tokenizer)
 
+    def teacher_checks(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, str]]
+    ) -> dict[str, tuple[float, float]]:
+        """What the task's claim needs of its teacher beyond dev accuracy, measured on `rows`: {name: (value,
+        least allowed)}. The build records each and fails below the least. None by default."""
+        return {}
+
 
 @dataclass(frozen=True)
 class AdditionRecipe(CharRecipe):
@@ -248,6 +255,18 @@ class WorkedSumRecipe(CharRecipe):
     def train(self, n: int, seed: int) -> list[dict[str, str]]:
         return [p.row() for p in worked_sum.sample_problems(n, digits=self.digits, seed=seed, held_out=False)]
 
+    teacher_min_guess_accuracy: ClassVar[float] = 0.8
+    """The claim rests on the teacher's traces rarely showing a repair: a teacher whose guess is wrong
+    shows one in nearly every row, and SFT on its traces then learns the repair too (95% with a
+    1,000-step teacher whose guess was at 0%). This recipe's teacher guesses 90% right."""
+
+    def teacher_checks(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, str]]
+    ) -> dict[str, tuple[float, float]]:
+        """The teacher's one-go guess accuracy, greedy, on `rows`."""
+        guessed = accuracy(model, tokenizer, rows, task=worked_sum.GUESS, max_new_tokens=self.max_new_tokens)
+        return {"guess_accuracy": (guessed, self.teacher_min_guess_accuracy)}
+
     def _fresh(self, rng: random.Random) -> worked_sum.Problem:
         while True:
             p = worked_sum.random_problem(rng, self.digits)
@@ -369,7 +388,8 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 def build_task(out: Path, recipe: Recipe, log: Callable[[str], None] = print) -> dict:
     """Write tokenizer+teacher, student, train.jsonl, eval.jsonl into `out`; return the manifest.
 
-    RuntimeError when the teacher ends below the recipe's `teacher_min_accuracy` (nothing is cached).
+    RuntimeError when the teacher ends below the recipe's `teacher_min_accuracy` or one of its
+    `teacher_checks` (nothing is cached).
     """
     t0 = time.monotonic()
     torch.manual_seed(recipe.seed)
@@ -418,6 +438,13 @@ def build_task(out: Path, recipe: Recipe, log: Callable[[str], None] = print) ->
                 f"the {recipe.task.name} teacher reached {dev_acc:.3f} dev accuracy after {steps} SFT steps, "
                 f"below teacher_min_accuracy {recipe.teacher_min_accuracy}"
             )
+        checks = recipe.teacher_checks(model, tokenizer, dev_rows) if role == "teacher" else {}
+        for check, (value, least) in checks.items():
+            if value < least:
+                raise RuntimeError(
+                    f"the {recipe.task.name} teacher's {check} is {value:.3f} after {steps} SFT steps, "
+                    f"below the {least} the task's claim needs"
+                )
         saved = models.exported(model)
         models.save(saved, out / role)
         manifest[role] = {
@@ -425,6 +452,7 @@ def build_task(out: Path, recipe: Recipe, log: Callable[[str], None] = print) ->
             "sft_steps": steps,
             "dev_accuracy": dev_acc,
             "eval_accuracy": _accuracy(saved, tokenizer, eval_rows, recipe),
+            **{check: value for check, (value, _) in checks.items()},
             "seconds": round(time.monotonic() - started, 1),
         }
         log(f"{role}: {manifest[role]}")

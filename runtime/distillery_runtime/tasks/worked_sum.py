@@ -25,7 +25,8 @@ SFT on the teacher's traces stay at 0% (three seeds); GKD's mix of on- and off-p
 79% and 0.2% (seeds 0, 1, 2: seed 2 had not started to rise by step 400); on-policy steps alone stall at
 12-16% (seed 0). A teacher trained 1,000 steps instead never learned the guess (0%), its traces
 showed the repair in nearly every row, and SFT on them reached 95%: the teacher's guess is what the
-task's claim rests on. The student is not too small for the guess in principle: at 6 digits the same
+task's claim rests on, and the build fails a teacher that guesses under 80% of its dev split right
+(`grade_guess`; this recipe's guesses 90%). The student is not too small for the guess in principle: at 6 digits the same
 shape learned it from scratch at a constant learning rate in 800 steps.
 
 The held-out split is a deterministic function of (a, b), as in the addition task.
@@ -143,3 +144,18 @@ def grade(response_text: str, answer: str) -> bool:
 
 TASK = Task(name=DATA_SOURCE, grade=grade)
 """Graded on the working, never the guess (`grade`)."""
+
+
+def guessed_answer(response_text: str) -> str | None:
+    """The guess: what comes before the first `|`; None when there is no `|`."""
+    guess, sep, _ = response_text.strip().partition(GUESS_END)
+    return guess if sep else None
+
+
+def grade_guess(response_text: str, answer: str) -> bool:
+    """The one-go guess equals the reference: what the build checks of its teacher (`WorkedSumRecipe`)."""
+    return guessed_answer(response_text) == answer.strip()
+
+
+GUESS = Task(name=f"{DATA_SOURCE}-guess", grade=grade_guess)
+"""Graded on the guess alone: the teacher's guess accuracy, which the task's claim rests on."""
