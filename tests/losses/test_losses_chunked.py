@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from distillery_runtime.losses import ChunkedGatherLogSoftmax, gather_log_softmax
+from distillery_runtime.losses.chunked import gather_log_softmax_and_entropy
 
 
 def _inputs(n=7, v=23, j=5, dtype=torch.float64, seed=0):
@@ -94,4 +95,30 @@ def test_student_topk_only_on_selected_rows() -> None:
     _, top = gather_log_softmax(logits, ids, chunk_tokens=4, student_topk=3, topk_rows=rows)
     assert (top[~rows] == -1).all()
     expected = logits[rows].topk(3, dim=-1).indices
+    assert torch.equal(top[rows].sort(-1).values, expected.sort(-1).values)
+
+
+@pytest.mark.parametrize("chunk", [6, 7, 15, 4, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_grouped_in_blocks_match_the_full_log_softmax(chunk: int, dtype: torch.dtype) -> None:
+    """Whole rows share a block when a row fits (5 rows of 3 tokens: blocks of 2, 2 and 1 rows at 6 and
+    7 tokens, one block at 15), or each row is cut (4, 2): values, gradient, entropy and the student's
+    top-k on selected (row, token) positions match the plain computation."""
+    g = torch.Generator().manual_seed(6)
+    full = torch.randn(5, 4, 30, generator=g).to(dtype)
+    ids = torch.randint(0, 30, (5, 3, 4), generator=g)
+    rows = torch.rand(5, 3, generator=g) < 0.5
+    weights = torch.randn(ids.shape, generator=g)
+    a = full.clone().requires_grad_(True)
+    out, top, ent = gather_log_softmax_and_entropy(a[:, 1:], ids, 0.7, chunk, student_topk=3, topk_rows=rows)
+    (out * weights).sum().backward()
+    b = full.float().requires_grad_(True)
+    logp = F.log_softmax(b[:, 1:] / 0.7, -1)
+    (logp.gather(-1, ids) * weights).sum().backward()
+    tol = {"rtol": 1e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(out, logp.gather(-1, ids), **tol)
+    torch.testing.assert_close(a.grad.float(), b.grad, **tol)
+    torch.testing.assert_close(ent, -(logp.exp() * logp).sum(-1).detach(), **tol)
+    assert (top[~rows] == -1).all()
+    expected = (full[:, 1:].float() / 0.7).topk(3, dim=-1).indices[rows]
     assert torch.equal(top[rows].sort(-1).values, expected.sort(-1).values)

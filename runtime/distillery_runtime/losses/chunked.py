@@ -38,8 +38,26 @@ def _normaliser(x: torch.Tensor, ids: torch.Tensor, logp_at_ids: torch.Tensor) -
     return lse
 
 
-def _chunks(batch: int, tokens: int, chunk: int) -> list[tuple[int, slice]]:
-    return [(i, slice(s, min(s + chunk, tokens))) for i in range(batch) for s in range(0, tokens, chunk)]
+def _chunks(batch: int, tokens: int, chunk: int) -> list[tuple[slice, slice]]:
+    """(rows, tokens) blocks of at most `chunk` tokens each: whole rows grouped when a row fits (a short
+    response's step is then one or a few blocks, not one per row: each block is a dozen kernel launches,
+    and at a small vocabulary those launches were a quarter of a trainer step on CPU), else each row
+    cut along its tokens."""
+    if tokens <= chunk:
+        rows = max(1, chunk // max(1, tokens))
+        return [(slice(i, min(i + rows, batch)), slice(0, tokens)) for i in range(0, batch, rows)]
+    return [
+        (slice(i, i + 1), slice(s, min(s + chunk, tokens)))
+        for i in range(batch)
+        for s in range(0, tokens, chunk)
+    ]
+
+
+def _block_shape(batch: int, tokens: int, chunk: int) -> tuple[int, int]:
+    """The largest (rows, tokens) block `_chunks` yields: the shape of the reused buffers."""
+    if tokens <= chunk:
+        return min(batch, max(1, chunk // max(1, tokens))), tokens
+    return 1, chunk
 
 
 class ChunkedGatherLogSoftmax(torch.autograd.Function):
@@ -72,41 +90,44 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
         ent = torch.zeros((b, t if entropy else 0), dtype=dtype, device=logits.device)
         # Chunk buffers reused across chunks: a fresh [chunk, V] allocation per chunk is a
         # fresh mmap on CPU, and its page faults cost as much as the log-softmax itself.
-        rows = min(chunk_tokens, t)
-        logp_buf = torch.empty((rows, v), dtype=dtype, device=logits.device)
+        shape = (*_block_shape(b, t, chunk_tokens), v)
+        logp_buf = torch.empty(shape, dtype=dtype, device=logits.device)
         convert = logits.dtype != dtype or temperature != 1.0
-        x_buf = torch.empty((rows, v), dtype=dtype, device=logits.device) if convert else None
+        x_buf = torch.empty(shape, dtype=dtype, device=logits.device) if convert else None
         sel_buf: torch.Tensor | None = None
-        p_buf = torch.empty((rows, v), dtype=dtype, device=logits.device) if entropy else None
-        for i, c in _chunks(b, t, chunk_tokens):
-            x = logits[i, c]
+        p_buf = torch.empty(shape, dtype=dtype, device=logits.device) if entropy else None
+        for r, c in _chunks(b, t, chunk_tokens):
+            x = logits[r, c]
+            block = x.shape[:2]
             if x_buf is not None:
-                xb = x_buf[: x.shape[0]]
+                xb = x_buf[: block[0], : block[1]]
                 _scaled(x, temperature, out=xb)
                 x = xb
-            logp = logp_buf[: x.shape[0]]
+            logp = logp_buf[: block[0], : block[1]]
             # The fused log-softmax kernel (one pass, faster than torch.logsumexp, which
             # materialises x - max), written into the reused buffer; the normaliser is then
             # recovered from the gathered columns.
             torch.ops.aten._log_softmax.out(x, -1, False, out=logp)
-            torch.gather(logp, -1, ids[i, c], out=out[i, c])
-            lse[i, c] = _normaliser(x, ids[i, c], out[i, c])
+            torch.gather(logp, -1, ids[r, c], out=out[r, c])
+            lse[r, c] = _normaliser(x, ids[r, c], out[r, c])
             if student_topk:
                 kk = min(student_topk, v)
                 if topk_rows is None:
-                    top[i, c] = x.topk(kk, dim=-1, sorted=False).indices
+                    top[r, c] = x.topk(kk, dim=-1, sorted=False).indices
                 else:
-                    picked = topk_rows[i, c].nonzero().flatten()
+                    picked = topk_rows[r, c].nonzero()  # [n, 2]: (row, token) within the block
                     if picked.numel():
                         # Copy the picked rows into a reused buffer (batched top-k, no fresh mmap).
                         if sel_buf is None:
-                            sel_buf = torch.empty((rows, v), dtype=dtype, device=logits.device)
-                        sel = sel_buf[: picked.numel()]
-                        for j, r in enumerate(picked.tolist()):  # at most a few dozen rows
-                            sel[j].copy_(x[r])
-                        top[i, c.start + picked] = sel.topk(kk, dim=-1, sorted=False).indices
+                            sel_buf = torch.empty((shape[0] * shape[1], v), dtype=dtype, device=logits.device)
+                        sel = sel_buf[: picked.shape[0]]
+                        for j, (pr, pt) in enumerate(picked.tolist()):  # at most a few dozen rows
+                            sel[j].copy_(x[pr, pt])
+                        top[r.start + picked[:, 0], c.start + picked[:, 1]] = sel.topk(
+                            kk, dim=-1, sorted=False
+                        ).indices
             if p_buf is not None:
-                ent[i, c] = _entropy(logp, p_buf[: x.shape[0]])
+                ent[r, c] = _entropy(logp, p_buf[: block[0], : block[1]])
         ctx.save_for_backward(logits, ids, lse)
         ctx.temperature = temperature  # type: ignore[attr-defined]
         ctx.chunk_tokens = chunk_tokens  # type: ignore[attr-defined]
@@ -132,22 +153,24 @@ class ChunkedGatherLogSoftmax(torch.autograd.Function):
             None
             if in_place
             else torch.empty(
-                (min(chunk, logits.shape[1]), logits.shape[2]), dtype=lse.dtype, device=grad.device
+                (*_block_shape(logits.shape[0], logits.shape[1], chunk), logits.shape[2]),
+                dtype=lse.dtype,
+                device=grad.device,
             )
         )
-        for i, c in _chunks(logits.shape[0], logits.shape[1], chunk):
-            buf = grad[i, c] if tmp is None else tmp[: c.stop - c.start]
+        for r, c in _chunks(logits.shape[0], logits.shape[1], chunk):
+            buf = grad[r, c] if tmp is None else tmp[: r.stop - r.start, : c.stop - c.start]
             if temperature != 1.0:
-                _scaled(logits[i, c], temperature, out=buf)
-                buf.sub_(lse[i, c, None])
+                _scaled(logits[r, c], temperature, out=buf)
+                buf.sub_(lse[r, c, None])
             else:
-                torch.sub(logits[i, c], lse[i, c, None], out=buf)
-            buf.exp_().mul_(neg_gsum[i, c])
-            buf.scatter_add_(-1, ids[i, c], grad_out[i, c])
+                torch.sub(logits[r, c], lse[r, c, None], out=buf)
+            buf.exp_().mul_(neg_gsum[r, c])
+            buf.scatter_add_(-1, ids[r, c], grad_out[r, c])
             if temperature != 1.0:
                 buf.div_(temperature)
             if not in_place:
-                grad[i, c].copy_(buf)
+                grad[r, c].copy_(buf)
         return grad, None, None, None, None, None, None
 
 
