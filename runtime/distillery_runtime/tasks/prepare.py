@@ -106,7 +106,7 @@ class CharRecipe:
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, str]]
     ) -> dict[str, tuple[float, float]]:
         """What the task's claim needs of its teacher beyond dev accuracy, measured on `rows`: {name: (value,
-        least allowed)}. The build records each and fails below the least. None by default."""
+        least allowed)}. The build records each and fails below the least. Empty by default."""
         return {}
 
 
@@ -243,6 +243,10 @@ class WorkedSumRecipe(CharRecipe):
     task: ClassVar[Task] = worked_sum.TASK
     alphabet: ClassVar[str] = worked_sum.ALPHABET
     teacher_min_accuracy: ClassVar[float] = 0.95
+    teacher_min_guess_accuracy: ClassVar[float] = 0.8
+    """The claim rests on the teacher's traces rarely showing a repair: a teacher whose guess is wrong
+    shows one in nearly every row, and SFT on its traces then learns the repair too (95% with a
+    1,000-step teacher whose guess was at 0%). This recipe's teacher guesses 90% right."""
 
     @property
     def max_new_tokens(self) -> int:
@@ -254,11 +258,6 @@ class WorkedSumRecipe(CharRecipe):
 
     def train(self, n: int, seed: int) -> list[dict[str, str]]:
         return [p.row() for p in worked_sum.sample_problems(n, digits=self.digits, seed=seed, held_out=False)]
-
-    teacher_min_guess_accuracy: ClassVar[float] = 0.8
-    """The claim rests on the teacher's traces rarely showing a repair: a teacher whose guess is wrong
-    shows one in nearly every row, and SFT on its traces then learns the repair too (95% with a
-    1,000-step teacher whose guess was at 0%). This recipe's teacher guesses 90% right."""
 
     def teacher_checks(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, str]]
