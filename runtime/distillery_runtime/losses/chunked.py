@@ -38,26 +38,24 @@ def _normaliser(x: torch.Tensor, ids: torch.Tensor, logp_at_ids: torch.Tensor) -
     return lse
 
 
-def _chunks(batch: int, tokens: int, chunk: int) -> list[tuple[slice, slice]]:
-    """(rows, tokens) blocks of at most `chunk` tokens each: whole rows grouped when a row fits (a short
-    response's step is then one or a few blocks, not one per row: each block is a dozen kernel launches,
-    and at a small vocabulary those launches were a quarter of a trainer step on CPU), else each row
-    cut along its tokens."""
-    if tokens <= chunk:
-        rows = max(1, chunk // max(1, tokens))
-        return [(slice(i, min(i + rows, batch)), slice(0, tokens)) for i in range(0, batch, rows)]
-    return [
-        (slice(i, i + 1), slice(s, min(s + chunk, tokens)))
-        for i in range(batch)
-        for s in range(0, tokens, chunk)
-    ]
-
-
 def _block_shape(batch: int, tokens: int, chunk: int) -> tuple[int, int]:
-    """The largest (rows, tokens) block `_chunks` yields: the shape of the reused buffers."""
+    """(rows, tokens) of a block of at most `chunk` tokens, the shape of the reused buffers: whole rows
+    grouped when a row fits (a short response's step is then one or a few blocks, not one per row: each
+    block is a dozen kernel launches, and at a small vocabulary those launches were a quarter of a
+    trainer step on CPU), else one row cut along its tokens."""
     if tokens <= chunk:
-        return min(batch, max(1, chunk // max(1, tokens))), tokens
+        return max(1, min(batch, chunk // max(1, tokens))), max(1, tokens)
     return 1, chunk
+
+
+def _chunks(batch: int, tokens: int, chunk: int) -> list[tuple[slice, slice]]:
+    """The (rows, tokens) blocks that cover a [batch, tokens] grid, each at most `_block_shape`."""
+    rows, width = _block_shape(batch, tokens, chunk)
+    return [
+        (slice(i, min(i + rows, batch)), slice(s, min(s + width, tokens)))
+        for i in range(0, batch, rows)
+        for s in range(0, tokens, width)
+    ]
 
 
 class ChunkedGatherLogSoftmax(torch.autograd.Function):
