@@ -9,6 +9,7 @@ on servers and pods hide most of it. The build runs niced, so it takes the cores
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -74,6 +75,15 @@ def build_images(out: Path) -> list[BuiltImage]:
 
 
 def _build(out: Path, niced: bool) -> list[BuiltImage]:
+    out.mkdir(parents=True, exist_ok=True)
+    # Each pytest-xdist worker starts the build when it collects the scenarios: the first holds the lock
+    # and builds; the others wait for it and find the stamp fresh.
+    with open(out / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(out, niced)
+
+
+def _build_locked(out: Path, niced: bool) -> list[BuiltImage]:
     stamp, summary = out / "sources.sha256", out / "images.json"
     digest = sources_digest()
     fresh = stamp.exists() and stamp.read_text() == digest and summary.exists()
