@@ -9,12 +9,8 @@
   OpenAI API and the compact scoring endpoint. Every test that needs a vLLM server uses this
   one. If vLLM cannot start, the tests that need it fail with the server's log (never skip).
 
-The suite runs on two pytest-xdist workers (`-n 2 --dist loadgroup`, pyproject.toml): most of its time is
-spent waiting on servers, pods and training runs, and two groups of such waits side by side fill the two
-cores one group leaves idle. `pytest_collection_modifyitems` puts the tests that share an expensive session
-fixture (the node, the control plane, the vLLM server, the prepared addition task) in one group, so each
-starts once, and every other module in a group of its own (its module fixtures start once too); the
-longest groups are handed out first, so none is left to run alone at the end.
+The suite runs on two pytest-xdist workers (`-n 2`, pyproject.toml), split into work units by the hooks of
+`tests/support/work_groups.py`: the tests that share a server or cluster run on one worker.
 """
 
 from __future__ import annotations
@@ -31,6 +27,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pytest
+
+# The split of the suite between its xdist workers (hooks found here by name).
+from support.work_groups import (  # noqa: F401
+    pytest_collection_modifyitems,
+    pytest_configure_node,
+    pytest_xdist_make_scheduler,
+)
 
 if TYPE_CHECKING:
     from distillery_runtime.testing.teacher_server import TeacherServerProcess
@@ -84,46 +87,6 @@ def build_tiny_qwen(flavour: str = "qwen2.5", seed: int = 0) -> Path:
     import distillery_runtime.tasks.qwen_templates as templates
 
     return _build_cached((recipe, templates), recipe.save_tiny_qwen, None, flavour=flavour, seed=seed)
-
-
-# A test that uses one of these session fixtures runs in the fixture's group (the first that matches).
-SHARED_FIXTURE_GROUPS = {
-    "node_cluster": "node",
-    "control_plane": "control-plane",
-    "vllm_server": "vllm",
-    "prepared_task": "addition-task",
-}
-# The groups handed out first, longest first (minutes each in `--durations`): the two task builds, then
-# the node's scenarios (~20 minutes, which also gives the image build started at collection its time).
-FIRST_GROUPS = (
-    "tests/tasks/test_fibonacci_prepared.py",
-    "tests/tasks/test_chat_math_prepared.py",
-    "node",
-    "vllm",
-    "control-plane",
-    "addition-task",
-    "tests/runtime/test_run.py",
-)
-
-
-def xdist_group(item: pytest.Item) -> str:
-    """The work unit a test runs in: its shared fixture's group, else its module."""
-    names = set(getattr(item, "fixturenames", ()))
-    shared = [group for fixture, group in SHARED_FIXTURE_GROUPS.items() if fixture in names]
-    return shared[0] if shared else item.nodeid.split("::")[0]
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker: each test's group as its `xdist_group` mark, and the items in the order the
-    groups are handed out (every worker collects, and reorders, the same way)."""
-    if not hasattr(config, "workerinput"):
-        return  # one process: the order as collected (the image build hides behind the earlier tests)
-    groups = {item.nodeid: xdist_group(item) for item in items}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    rank = {group: index for index, group in enumerate(FIRST_GROUPS)}
-    items.sort(key=lambda item: rank.get(groups[item.nodeid], len(FIRST_GROUPS)))
 
 
 @pytest.fixture(scope="session")
