@@ -31,6 +31,7 @@ import pytest
 # The split of the suite between its xdist workers (hooks found here by name).
 from support.work_groups import (  # noqa: F401
     pytest_collection_modifyitems,
+    pytest_configure,
     pytest_configure_node,
     pytest_xdist_make_scheduler,
 )

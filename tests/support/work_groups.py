@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from distillery.plan.host_threads import sleeping_threads_env
+
 GROUPS_KEY = "distillery_work_groups"
 
 # A test that uses one of these session fixtures runs in the fixture's unit (the first that matches).
@@ -54,6 +56,16 @@ def work_unit(item: pytest.Item) -> str:
 
 
 FILE = "work-units.json"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With workers: OpenMP threads that sleep once their region ends, in every process the session starts.
+    torch's default keeps them spinning for a while, and two workers that train at once (the task builds)
+    each ran 5x slower beside the other's spinning threads (two processes of small matmuls on the two
+    cores: 1.6 s alone, 8.6 s each side by side, 2.7 s each with PASSIVE). Set before the workers start,
+    which inherit it; the caller's own setting wins."""
+    if getattr(config.option, "numprocesses", None):
+        os.environ.update(sleeping_threads_env(os.environ))
 
 
 @pytest.hookimpl(optionalhook=True)
