@@ -26,6 +26,8 @@ import pytest
 from distillery.plan.host_threads import sleeping_threads_env
 
 GROUPS_KEY = "distillery_work_groups"
+"""The key of each worker's input that names the file of units (`FILE`, in the session's base temp folder)."""
+FILE = "work-units.json"
 
 # A test that uses one of these session fixtures runs in the fixture's unit (the first that matches).
 SHARED_FIXTURE_UNITS = {
@@ -53,9 +55,6 @@ def work_unit(item: pytest.Item) -> str:
     names = set(getattr(item, "fixturenames", ()))
     shared = [unit for fixture, unit in SHARED_FIXTURE_UNITS.items() if fixture in names]
     return shared[0] if shared else item.nodeid.split("::")[0]
-
-
-FILE = "work-units.json"
 
 
 def pytest_configure(config: pytest.Config) -> None:
