@@ -43,7 +43,7 @@ def test_tests_sharing_a_server_run_on_one_worker_and_modules_stay_together(tmp_
         env={k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    worker = dict((test, gw) for gw, test in re.findall(r"\[(gw\d)\] .*?PASSED (\S+)", result.stdout))
+    worker = {test: gw for gw, test in re.findall(r"\[(gw\d)\] .*?PASSED (\S+)", result.stdout)}
     assert len(worker) == 24, result.stdout[-3000:]
     served = {gw for test, gw in worker.items() if "test_served_" in test}
     assert len(served) == 1, f"the server's tests ran on {sorted(served)}"

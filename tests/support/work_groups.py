@@ -54,7 +54,11 @@ def work_unit(item: pytest.Item) -> str:
     """The unit a test runs in: its shared fixture's, else its module's."""
     names = set(getattr(item, "fixturenames", ()))
     shared = [unit for fixture, unit in SHARED_FIXTURE_UNITS.items() if fixture in names]
-    return shared[0] if shared else item.nodeid.split("::")[0]
+    return shared[0] if shared else module_of(item.nodeid)
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::")[0]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -105,6 +109,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             if self.units is None:
                 # read once every worker has collected: scopes are first asked for when scheduling starts
                 self.units = json.loads(path.read_text())
-            return self.units.get(nodeid) or nodeid.split("::")[0]
+            return self.units.get(nodeid) or module_of(nodeid)
 
     return WorkUnitScheduling(config, log)
