@@ -9,7 +9,7 @@
   OpenAI API and the compact scoring endpoint. Every test that needs a vLLM server uses this
   one. If vLLM cannot start, the tests that need it fail with the server's log (never skip).
 
-With `-n 2` the suite runs on two pytest-xdist workers, split into work units by the hooks of
+The suite runs on two pytest-xdist workers, split into work units by the hooks of
 `tests/support/work_groups.py`: the tests that share a server or cluster run on one worker.
 """
 

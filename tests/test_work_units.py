@@ -1,9 +1,11 @@
 """The suite's split between xdist workers (tests/support/work_groups.py), run on a suite of its own: the
 tests that share an expensive session fixture all run on one worker, however many modules they are in,
-a module's tests stay together, and the workers' OpenMP threads sleep when idle."""
+a module's tests stay together, the node's scenarios never run beside a local run, and the workers' OpenMP
+threads sleep when idle."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -23,11 +25,33 @@ from support.work_groups import (  # noqa: F401
 @pytest.fixture(scope="session")
 def vllm_server():
     return "server"
+
+@pytest.fixture(scope="session")
+def node_cluster():
+    return "node"
+
+# each test's start and end: the node's tests and the local runs must never overlap
+@pytest.fixture(autouse=True)
+def _span(request):
+    import json, time
+    start = time.monotonic()
+    yield
+    with (request.config.rootpath / "spans.jsonl").open("a") as out:
+        out.write(json.dumps([request.node.nodeid, start, time.monotonic()]) + "\\n")
 """
 
 
 def test_tests_sharing_a_server_run_on_one_worker_and_modules_stay_together(tmp_path: Path) -> None:
     (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_node.py").write_text(
+        "import time\n"
+        + "".join(f"def test_scenario_{i}(node_cluster):\n    time.sleep(0.5)\n" for i in range(4))
+    )
+    for r in range(2):
+        (tmp_path / f"test_local_{r}.py").write_text(
+            "import time, pytest\npytestmark = pytest.mark.local_run\n"
+            + "".join(f"def test_run_{r}_{i}():\n    time.sleep(0.2)\n" for i in range(2))
+        )
     for m in range(6):
         # a short sleep each: the other worker is free to take work while one runs
         (tmp_path / f"test_m{m}.py").write_text(
@@ -44,10 +68,18 @@ def test_tests_sharing_a_server_run_on_one_worker_and_modules_stay_together(tmp_
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     worker = {test: gw for gw, test in re.findall(r"\[(gw\d)\] .*?PASSED (\S+)", result.stdout)}
-    assert len(worker) == 24, result.stdout[-3000:]
+    assert len(worker) == 32, result.stdout[-3000:]
     served = {gw for test, gw in worker.items() if "test_served_" in test}
     assert len(served) == 1, f"the server's tests ran on {sorted(served)}"
     for m in range(6):
         plain = {gw for test, gw in worker.items() if f"test_plain_{m}_" in test}
         assert len(plain) == 1, f"test_m{m}.py was split over {sorted(plain)}"
     assert len(set(worker.values())) == 2, "one worker ran everything: nothing was shared out"
+    # the node's scenarios and the local runs: apart in time, though the local runs' modules came first
+    spans = [json.loads(line) for line in (tmp_path / "spans.jsonl").read_text().splitlines()]
+    node = [(start, end) for test, start, end in spans if "test_scenario_" in test]
+    local = [(start, end) for test, start, end in spans if "test_run_" in test]
+    assert len(node) == 4 and len(local) == 4
+    node_span = (min(s for s, _ in node), max(e for _, e in node))
+    overlapping = [span for span in local if span[0] < node_span[1] and span[1] > node_span[0]]
+    assert not overlapping, f"local runs {overlapping} ran beside the node's scenarios {node_span}"

@@ -20,6 +20,7 @@ from tests.runtime.test_run import finish, read_records, start
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.local_run,
     pytest.mark.skipif(
         os.geteuid() != 0, reason="mounting a size-limited tmpfs needs root (CI runs as root)"
     ),

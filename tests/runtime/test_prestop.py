@@ -42,6 +42,7 @@ def test_the_driver_is_found_however_it_was_started(argv: list[str], driver: boo
 
 
 @pytest.mark.slow
+@pytest.mark.local_run
 def test_the_hook_stops_the_driver_after_its_checkpoint(job_files, tmp_path) -> None:
     # A local run stands in for the driver; the hook is pointed at its job file instead of the pod's config
     # (so that it never touches another test session's runs on this machine).

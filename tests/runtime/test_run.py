@@ -217,6 +217,7 @@ def test_asking_for_more_gpus_than_the_machine_has_fails_at_once(job_files, writ
 
 
 @pytest.mark.slow
+@pytest.mark.local_run
 def test_standalone_teacher_with_one_step_off_stops_cleanly_on_ctrl_c(job_files, write_manifest, tmp_path):
     doc = manifest(
         job_files,
@@ -287,6 +288,7 @@ def test_standalone_teacher_with_one_step_off_stops_cleanly_on_ctrl_c(job_files,
 
 
 @pytest.mark.slow
+@pytest.mark.local_run
 def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(job_files, write_manifest, tmp_path):
     # lambda = 0.5: steps 2 and 5 train on the dataset's responses (the coin is fixed by seed and step).
     doc = manifest(

@@ -78,6 +78,7 @@ def served_teacher(job_files: JobFiles, tmp_path_factory: pytest.TempPathFactory
         assert process.wait(timeout=60) == 0
 
 
+@pytest.mark.local_run
 def test_two_local_runs_share_one_served_teacher_and_both_finish(
     job_files: JobFiles, served_teacher: str, tmp_path: Path
 ) -> None:

@@ -20,7 +20,7 @@ from tests.runtime.conftest import distillery_command, manifest, run_env
 from tests.runtime.test_run import finish, read_records, start
 from tests.teachers.fault_proxy import FaultProxy
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.local_run, pytest.mark.vllm, pytest.mark.timeout(600)]
 
 BUDGET = 24
 """spec.teacherOutageTimeoutSeconds: each scoring call retries BUDGET / 4 = 6 s, then the run waits."""

@@ -16,6 +16,7 @@ from tests.runtime.test_run import read_records
 
 
 @pytest.mark.slow
+@pytest.mark.local_run
 def test_a_tensor_parallel_rollout_engine_stays_on_policy(job_files, write_manifest, tmp_path):
     doc = manifest(
         job_files,

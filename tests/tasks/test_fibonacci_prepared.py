@@ -12,7 +12,7 @@ import pytest
 from tests.tasks.prepared_checks import run_example, vllm_greedy_accuracy
 
 # Preparation trains both models (~2.5 minutes on 2 cores; more on a loaded machine).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.local_run, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")

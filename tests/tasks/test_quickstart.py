@@ -14,7 +14,7 @@ import pytest
 from tests.tasks.prepared_checks import run_example
 
 # The first test of the session prepares the task (minutes; many more on a loaded machine).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.local_run, pytest.mark.timeout(2400)]
 
 
 def test_local_addition_example_improves_held_out_accuracy(prepared_task, tmp_path):
