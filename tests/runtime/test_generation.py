@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import shutil
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -151,3 +152,35 @@ def test_vllm_engine_samples_a_step_whose_prompts_pass_the_token_budget(job_file
     finally:
         del engine
         gc.collect()
+
+
+def test_transformers_engine_decodes_a_step_together_as_each_request_alone(job_files) -> None:
+    """The step's requests decode in one left-padded batch, each row from its own seed: every sample is the one
+    its request gets alone, rows are out as they end (shortest first), and the log-probs are the model's."""
+    engine = build_engine("transformers", str(job_files.student), dtype=torch.float32, max_model_len=64)
+    prompts = [PROMPT, PROMPT[:2], (*PROMPT, 11, 6, 8), PROMPT[1:], (9,), PROMPT, (*PROMPT, 5), (13, 7)]
+    requests = [GenerationRequest(f"r{i}", prompt, seed=i) for i, prompt in enumerate(prompts)]
+    # a top-k and top-p to filter through; as end tokens, the ones the free responses use most, so that the
+    # responses end at different lengths
+    free = SamplingSettings(temperature=1.5, top_k=20, top_p=0.95, max_new_tokens=16)
+    used = Counter(
+        token for batch in engine.generate(requests, free) for s in batch for token in s.response_ids
+    )
+    sampling = replace(free, stop_token_ids=tuple(token for token, _ in used.most_common(3)))
+    batches = list(engine.generate(requests, sampling))
+    together = {sample.sample_id: sample for batch in batches for sample in batch}
+    assert sorted(together) == sorted(r.sample_id for r in requests)
+    lengths = [len(sample.response_ids) for batch in batches for sample in batch]
+    assert lengths == sorted(lengths) and len(set(lengths)) > 2, lengths
+    assert len(batches) > 2  # out as they end, not all at the end
+    for request in requests:
+        (alone,) = [sample for batch in engine.generate([request], sampling) for sample in batch]
+        sample = together[request.sample_id]
+        assert sample.response_ids == alone.response_ids and sample.finish_reason == alone.finish_reason
+        assert sample.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+        model = engine.sequence_logprobs(request.prompt_ids, sample.response_ids)
+        assert sample.logprobs == pytest.approx(model, abs=1e-4)
+    # the same seed and prompt in one batch sample the same; other seeds, other samples
+    again = [GenerationRequest(f"again{i}", PROMPT, seed=seed) for i, seed in enumerate((0, 0, 1, 2, 3))]
+    samples = [tuple(s.response_ids) for batch in engine.generate(again, free) for s in batch]
+    assert len(samples) == 5 and len(set(samples)) == 4, samples

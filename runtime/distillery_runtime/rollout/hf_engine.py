@@ -1,8 +1,12 @@
-"""The transformers rollout engine: `model.generate`, the slow fallback (no vLLM on the machine).
+"""The transformers rollout engine: the student's forward in a decode loop of our own, the fallback where vLLM
+is not installed.
 
-Each request is sampled on its own with a torch generator seeded from the request, so that a sample
-does not depend on which other prompts share its step (the same reproducibility vLLM's per-request
-seed gives). Weights are loaded with `load_state_dict`.
+A step's requests decode together, left-padded into one batch: one forward a token for every row still
+sampling, and a row leaves the batch (its KV cache rows with it) when it ends, so the batch shrinks to the
+long ones. Each row draws its tokens from its own torch generator seeded from its request, so a sample does
+not depend on which other prompts share its step (the reproducibility vLLM's per-request seed gives; as
+with vLLM, up to the float rounding a batched kernel may differ in). Rows are out the moment they end, so
+the teacher scores them while the rest decode. Weights are loaded with `load_state_dict`.
 """
 
 from __future__ import annotations
@@ -16,11 +20,18 @@ from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.samples import RolloutSample
 from distillery_runtime.weight_sync import SyncGroup, TensorMeta
 
+BATCH_ROWS = 64
+"""Requests decoded together: a step's requests in one batch on a tiny CPU student, and a bound on the KV
+cache a batch holds on a real one (rows x (prompt + response) tokens)."""
+
+Ended = tuple[GenerationRequest, list[int], list[float], str]
+"""A request, its response's ids and raw log-probs, and why it ended (vLLM's finish reasons)."""
+
 
 class TransformersRolloutEngine:
-    """Student sampling with transformers generate."""
+    """Student sampling with the model's forward and a KV cache, a batch of requests at a time."""
 
-    def __init__(self, model_dir: str, *, dtype: torch.dtype) -> None:
+    def __init__(self, model_dir: str, *, dtype: torch.dtype, batch_rows: int = BATCH_ROWS) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -29,6 +40,7 @@ class TransformersRolloutEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
+        self.batch_rows = batch_rows
         self.policy_version = 0
         self.sync_ranks = 1
         self.sync_group: SyncGroup | None = None
@@ -49,56 +61,106 @@ class TransformersRolloutEngine:
         before = self.tokenizer.decode(tail[:-1], skip_special_tokens=False)
         return any(s in text and s not in before for s in stop)
 
+    def _draw(
+        self, logits: torch.Tensor, sampling: SamplingSettings, generators: list[torch.Generator]
+    ) -> torch.Tensor:
+        """One token a row from its filtered distribution: top-k (ties at the k-th kept, as vLLM), the
+        temperature, top-p, then the inverse of the row's CDF at a uniform draw from the row's generator."""
+        if 0 < sampling.top_k < logits.shape[-1]:
+            kth = logits.topk(sampling.top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits / sampling.temperature, dim=-1)
+        if sampling.top_p < 1.0:
+            ordered, order = probs.sort(dim=-1, descending=True)
+            kept = ordered * (ordered.cumsum(-1) - ordered < sampling.top_p)
+            probs = torch.zeros_like(probs).scatter(-1, order, kept)
+        cdf = probs.cumsum(-1)
+        uniform = torch.stack([torch.rand((), generator=g, device=self.device) for g in generators])
+        # the first token whose CDF passes the draw: never one of probability 0 (its CDF equals the one before)
+        tokens = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)[:, 0]
+        return tokens.clamp(max=logits.shape[-1] - 1)  # a draw that rounds up to the total
+
     @torch.no_grad()
-    def _sample_one(
-        self, request: GenerationRequest, sampling: SamplingSettings
-    ) -> tuple[list[int], list[float], str]:
-        """The response's ids, their raw log-probs, and why it ended (vLLM's finish reasons)."""
-        generator = torch.Generator(device=self.device).manual_seed(request.seed)
-        ids = torch.tensor([list(request.prompt_ids)], device=self.device)
+    def _sample_batch(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
+    ) -> Iterator[list[Ended]]:
+        """The requests decoded together; yields the rows that end at each token, as they end."""
+        from transformers import DynamicCache
+
         ends = self._end_ids(sampling)
-        past = None
-        out: list[int] = []
-        logprobs: list[float] = []
-        step_input = ids
+        generators = [torch.Generator(device=self.device).manual_seed(r.seed) for r in requests]
+        width = max(len(r.prompt_ids) for r in requests)
+        ids = torch.full((len(requests), width), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, request in enumerate(requests):  # left padding: every row's next token is at the end
+            ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
+            mask[row, width - len(request.prompt_ids) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        outs: list[list[int]] = [[] for _ in requests]
+        logprobs: list[list[float]] = [[] for _ in requests]
+        live = list(range(len(requests)))  # the request of each row still in the batch
+        cache = DynamicCache()
         for _ in range(sampling.max_new_tokens):
-            result = self.model(input_ids=step_input, past_key_values=past, use_cache=True)
-            past = result.past_key_values
-            raw = torch.log_softmax(result.logits[0, -1].float(), dim=-1)
-            if sampling.greedy:
-                token = int(raw.argmax())
-            else:
-                logits = result.logits[0, -1].float()
-                if sampling.top_k > 0:
-                    logits = _top_k(logits, sampling.top_k)
-                probs = torch.softmax(logits / sampling.temperature, dim=-1)
-                if sampling.top_p < 1.0:
-                    probs = _top_p(probs, sampling.top_p)
-                token = int(torch.multinomial(probs, 1, generator=generator))
-            out.append(token)
-            logprobs.append(float(raw[token]))
-            if token in ends or self._wrote_stop(out, sampling.stop):
-                return out, logprobs, "stop"
-            step_input = torch.tensor([[token]], device=self.device)
-        return out, logprobs, "length"
+            logits = (
+                self.model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                .logits[:, -1]
+                .float()
+            )
+            raw = torch.log_softmax(logits, dim=-1)
+            tokens = (
+                raw.argmax(-1)
+                if sampling.greedy
+                else self._draw(logits, sampling, [generators[i] for i in live])
+            )
+            chosen = raw.gather(-1, tokens[:, None])[:, 0].tolist()
+            ended: list[Ended] = []
+            kept: list[int] = []
+            for row, (i, token) in enumerate(zip(live, tokens.tolist(), strict=True)):
+                outs[i].append(token)
+                logprobs[i].append(chosen[row])
+                if token in ends or self._wrote_stop(outs[i], sampling.stop):
+                    ended.append((requests[i], outs[i], logprobs[i], "stop"))
+                else:
+                    kept.append(row)
+            if ended:
+                yield ended
+            if not kept:
+                return
+            if len(kept) < len(live):
+                index = torch.tensor(kept, device=self.device)
+                cache.batch_select_indices(index)
+                tokens, mask, positions = tokens[index], mask[index], positions[index]
+                live = [live[row] for row in kept]
+            ids = tokens[:, None]
+            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=-1)
+            positions = positions[:, -1:] + 1
+        yield [(requests[i], outs[i], logprobs[i], "length") for i in live]
 
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
     ) -> Iterator[list[RolloutSample]]:
-        for request in requests:  # one sample at a time: each is out as soon as it is sampled
-            ids, logprobs, finish = self._sample_one(request, sampling)
-            yield [
-                RolloutSample(
-                    sample_id=request.sample_id,
-                    prompt_ids=list(request.prompt_ids),
-                    response_ids=ids,
-                    logprobs=logprobs if sampling.logprobs else None,
-                    route=request.route,
-                    answer=request.answer,
-                    policy_version=self.policy_version,
-                    finish_reason=finish,
-                )
-            ]
+        for first in range(0, len(requests), self.batch_rows):
+            for ended in self._sample_batch(requests[first : first + self.batch_rows], sampling):
+                yield [
+                    RolloutSample(
+                        sample_id=request.sample_id,
+                        prompt_ids=list(request.prompt_ids),
+                        response_ids=ids,
+                        logprobs=logprobs if sampling.logprobs else None,
+                        route=request.route,
+                        answer=request.answer,
+                        policy_version=self.policy_version,
+                        finish_reason=finish,
+                    )
+                    for request, ids, logprobs, finish in ended
+                ]
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
         state = {name: tensor for name, tensor in weights}
@@ -134,18 +196,3 @@ class TransformersRolloutEngine:
 
     def wake_up(self) -> None:
         """Nothing to restore."""
-
-
-def _top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Logits outside the k largest set to -inf (ties at the k-th kept, as vLLM)."""
-    if k >= logits.numel():
-        return logits
-    kth = logits.topk(k).values[-1]
-    return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    sorted_probs, order = probs.sort(descending=True)
-    keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
-    filtered = torch.zeros_like(probs).scatter(0, order, sorted_probs * keep)
-    return filtered / filtered.sum()

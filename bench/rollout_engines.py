@@ -1,0 +1,148 @@
+"""One step's rollout on CPU: vLLM against the transformers engine, batched and one request at a time.
+
+A step of the e2e bench's speed settings (`bench/e2e_vs_trl.py`): 32 prompts of six words, 128 new tokens at
+temperature 1.0, random Llamas that rarely emit EOS (so every response runs to 128 tokens), the tiny (0.4M)
+and small (11.5M) students. Engines, each in this process, each timed on the same requests:
+
+- vllm: `VllmRolloutEngine` as a run builds it (eager at tiny, compiled at small, as the e2e bench);
+- transformers: `TransformersRolloutEngine`, the step's requests decoded in one batch;
+- transformers, one at a time (the old path): the same engine with `batch_rows=1`;
+- HF generate (TRL's path, the peer): `model.generate` on the left-padded batch, sampling.
+
+Seconds per step: median of `--repeats` after one warm-up step. Prints a table and writes JSON
+(bench/results/rollout_engines/DATE.json).
+
+    python bench/rollout_engines.py [--scales tiny small] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "runtime")]
+
+from distillery.plan.host_threads import sleeping_threads_env  # noqa: E402
+
+# as a local run's rollout actor: OpenMP threads that sleep when idle (set before torch starts them)
+os.environ.update(sleeping_threads_env(os.environ))
+
+import torch  # noqa: E402
+from distillery_runtime.rollout import GenerationRequest, SamplingSettings, build_engine  # noqa: E402
+from distillery_runtime.rollout.hf_engine import TransformersRolloutEngine  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from e2e_vs_trl import speed_setting  # noqa: E402
+
+PROMPTS, NEW_TOKENS, MAX_MODEL_LEN = 32, 128, 256
+
+
+def requests(prompts: list[str], tokenizer) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(f"s{i}", tuple(tokenizer(p)["input_ids"]), seed=i)
+        for i, p in enumerate(prompts[:PROMPTS])
+    ]
+
+
+def time_steps(step: Callable[[], int], repeats: int) -> tuple[list[float], int]:
+    """Seconds of each timed step (after one warm-up) and the tokens a step sampled."""
+    tokens = step()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - started)
+    return times, tokens
+
+
+def engine_step(engine, batch: list[GenerationRequest], sampling: SamplingSettings) -> Callable[[], int]:
+    return lambda: sum(len(s.response_ids) for out in engine.generate(batch, sampling) for s in out)
+
+
+def hf_generate_step(model, tokenizer, batch: list[GenerationRequest]) -> Callable[[], int]:
+    width = max(len(r.prompt_ids) for r in batch)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r in batch])
+    mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in batch])
+
+    @torch.no_grad()
+    def step() -> int:
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+            max_new_tokens=NEW_TOKENS, pad_token_id=pad,
+        )  # fmt: skip
+        return int((out[:, width:] != pad).sum())
+
+    return step
+
+
+def bench_scale(scale: str, work: Path, repeats: int) -> dict[str, dict]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    setting = speed_setting(work, 1, scale)
+    tokenizer = AutoTokenizer.from_pretrained(setting.student)
+    prompts = [json.loads(line)["prompt"] for line in Path(setting.train).read_text().splitlines()]
+    batch = requests(prompts, tokenizer)
+    sampling = SamplingSettings(temperature=1.0, max_new_tokens=NEW_TOKENS, logprobs=False)
+    results: dict[str, dict] = {}
+
+    def record(name: str, step: Callable[[], int]) -> None:
+        times, tokens = time_steps(step, repeats)
+        results[name] = {"median_s": statistics.median(times), "steps_s": times, "tokens": tokens}
+        print(f"  {scale:<6} {name:<32} {statistics.median(times):8.3f} s  ({tokens} tokens)", flush=True)
+
+    engine = build_engine(
+        "vllm",
+        setting.student,
+        dtype=torch.float32,
+        max_model_len=MAX_MODEL_LEN,
+        enforce_eager=setting.enforce_eager,
+    )
+    record("vllm", engine_step(engine, batch, sampling))
+    del engine
+    gc.collect()
+    batched = TransformersRolloutEngine(setting.student, dtype=torch.float32)
+    record("transformers (batched)", engine_step(batched, batch, sampling))
+    alone = TransformersRolloutEngine(setting.student, dtype=torch.float32, batch_rows=1)
+    record("transformers, one at a time (old)", engine_step(alone, batch, sampling))
+    model = AutoModelForCausalLM.from_pretrained(setting.student, dtype=torch.float32).eval()
+    record("HF generate (TRL's path)", hf_generate_step(model, tokenizer, batch))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scales", nargs="*", default=["tiny", "small"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "rollout_engines")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        results = {scale: bench_scale(scale, Path(work), args.repeats) for scale in args.scales}
+    names = list(next(iter(results.values())))
+    print(f"\n{'engine':<34}" + "".join(f"{scale + ' s/step':>14}" for scale in results))
+    for name in names:
+        print(f"{name:<34}" + "".join(f"{results[scale][name]['median_s']:>14.3f}" for scale in results))
+    args.out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "date": datetime.date.today().isoformat(),
+        "torch_threads": torch.get_num_threads(),
+        "shape": {"prompts": PROMPTS, "new_tokens": NEW_TOKENS, "temperature": 1.0},
+        "results": results,
+    }
+    path = args.out / f"{record['date']}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
