@@ -75,6 +75,8 @@ class Setting:
     bf16 rollout and teacher engines, autocast training; TRL: teacher in bf16, `bf16=True` autocast)."""
     eval_max_new_tokens: int = 8
     """Greedy budget of the TRL child's evaluations (Distillery's evaluate with the rollout's)."""
+    rollout_engine: str | None = None
+    """Distillery's `student.rollout.engine`; None leaves it to the job's default."""
     device: str = "cpu"
     """Both systems' device: cpu, or cuda (Distillery's student on one GPU with CUDA-graph rollout; its
     teacher server on the next GPU, or sharing the student's on a one-GPU machine)."""
@@ -178,6 +180,8 @@ def distillery_manifest(s: Setting) -> dict:
             "checkpointEvery": 0,
         },
     }
+    if s.rollout_engine:
+        spec["student"]["rollout"]["engine"] = s.rollout_engine
     if s.eval:
         spec["data"]["eval"] = {"path": s.eval}
         spec["schedule"]["evalEvery"] = s.eval_every
@@ -521,6 +525,11 @@ def main(argv: list[str] | None = None) -> int:
         "--threshold", type=float, default=0.5, help="held-out accuracy for time-to-threshold"
     )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both systems run")
+    parser.add_argument(
+        "--rollout-engine",
+        choices=["vllm", "transformers"],
+        help="Distillery's rollout engine (default: the job's)",
+    )
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "bench-e2e")
     parser.add_argument("--child", choices=SYSTEMS[1:], help=argparse.SUPPRESS)
     parser.add_argument("--setting", type=Path, help=argparse.SUPPRESS)
@@ -546,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     if "learning" in args.parts:
         settings.append(replace(learning_setting(args.task, learn_steps, eval_every), device=args.device))
+    settings = [replace(s, rollout_engine=args.rollout_engine) for s in settings]
 
     machine_before = {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")}
     results: dict[str, dict[str, list[dict]]] = {}

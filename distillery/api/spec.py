@@ -151,7 +151,8 @@ class Rollout(ApiModel):
     """How the student samples its responses."""
 
     engine: RolloutEngine = RolloutEngine.VLLM
-    """vllm (in-process engine, weights synced after each step) or transformers (generate; slow fallback)."""
+    """vllm (in-process engine, weights synced after each step) or transformers (a batched decode loop of
+    the student's forward, where vLLM is not installed; slower than vLLM on a compiled or larger model)."""
     temperature: float = Field(default=1.0, gt=0.0, le=10.0)
     """Sampling temperature of the rollout."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)

@@ -4,7 +4,10 @@ unchanged: a stamp beside the archives holds the hash of everything the Dockerfi
 On a clean clone the build takes ~6 minutes, most of it downloads and layer writes, so a session that
 will run the node scenarios starts it in the background when collection ends (`start_build`, from
 tests/conftest.py) and the scenarios' fixture waits for it (`build_images`): the earlier tests' own waits
-on servers and pods hide most of it. The build runs niced, so it takes the cores the tests leave idle.
+on servers and pods hide most of it. In one process the build runs niced, so it takes the cores the tests
+leave idle. On xdist workers it does not: the node's scenarios are the first unit handed out
+(tests/support/work_groups.py), so their fixture waits on the build at once, and a niced build beside the
+other worker's tests held it up 12 minutes (751 s of fixture set-up, 2026-11-29).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def start_build(out: Path) -> Future[list[BuiltImage]]:
 
             def run() -> None:
                 try:
-                    future.set_result(_build(out, niced=True))
+                    future.set_result(_build(out, niced="PYTEST_XDIST_WORKER" not in os.environ))
                 except BaseException as error:  # handed to the waiting fixture, which fails with it
                     future.set_exception(error)
 
