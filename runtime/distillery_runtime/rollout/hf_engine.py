@@ -39,7 +39,9 @@ class TransformersRolloutEngine:
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' decorated `to`
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.eos = self.tokenizer.eos_token_id
-        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
+        # the left padding's id: masked out, so any id does where the tokenizer names neither
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
+        self.pad: int = 0 if pad is None else pad
         self.batch_rows = batch_rows
         self.policy_version = 0
         self.sync_ranks = 1
