@@ -1,4 +1,4 @@
-"""How the suite is split between two pytest-xdist workers (`pytest -n 2 --dist loadscope --no-loadscope-reorder`).
+"""How the suite is split between its two pytest-xdist workers (the default: `-n 2`, pyproject.toml's addopts).
 
 Most of the suite's time is spent waiting on servers, pods and training runs, so two workers fill the cores
 one leaves idle. What must not be split: the tests that share an expensive session fixture (the node, the
