@@ -32,10 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "runtime")]
 
-from distillery.plan.host_threads import sleeping_threads_env  # noqa: E402
+from distillery.plan.host_threads import turn_taking_threads_env  # noqa: E402
 
-# as a local run's rollout actor: OpenMP threads that sleep when idle (set before torch starts them)
-os.environ.update(sleeping_threads_env(os.environ))
+# as a local run's rollout actor: OpenMP threads that spin briefly, then sleep (set before torch starts them)
+os.environ.update(turn_taking_threads_env(os.environ))
 
 import torch  # noqa: E402
 from distillery_runtime.rollout import GenerationRequest, SamplingSettings, build_engine  # noqa: E402

@@ -1,12 +1,23 @@
-"""The OpenMP settings of the compute processes that share one host's cores in a local run.
+"""The OpenMP settings of the compute processes that share one host's cores.
 
-A local run puts the trainer, the rollout engine and the teacher servers on the same few cores, taking
-turns: the rollout samples, the teacher scores, the trainer steps. OpenMP's default wait policy keeps a
-finished parallel region's threads spinning on their cores for a while, so the process whose turn it is
-runs beside the spinning threads of the one before. Measured on the 2-core machine (examples/local-addition
-.yaml, 30 steps, medians): the rollout took 0.303 s a step with the default policy and 0.106 s with
-`OMP_WAIT_POLICY=PASSIVE` (threads sleep when their region ends), the whole step 0.48 s and 0.34 s.
-What the caller's environment (a shell, a pod) sets wins.
+Two regimes, measured on the 2-core machine with torch's libgomp (vLLM's CPU engine preloads the same one):
+
+- **Taking turns** (a local run: the rollout samples, the teacher scores, the trainer steps, one after the
+  other on the same few cores). libgomp's default keeps a finished region's threads spinning ~300,000
+  iterations, so the process whose turn it is ran beside the spinning threads of the one before
+  (examples/local-addition.yaml, 30 steps, medians: rollout 0.303 s a step by default, 0.106 s with
+  `OMP_WAIT_POLICY=PASSIVE`). But PASSIVE threads sleep the moment a region ends, and every small kernel
+  of a decode step then pays a futex wake-up: a tiny model's rollout took 0.815 s a step at PASSIVE, 0.572 s
+  at ACTIVE and 0.542 s with `GOMP_SPINCOUNT=10000` (`bench/rollout_engines.py --scales tiny`, vLLM). A
+  short spin keeps the threads awake between one kernel and the next and asleep microseconds after the
+  process's turn ends. End to end, in an A/B on a steady host (`bench/README.md`): a tiny speed step 1.531
+  -> 1.445 s, an addition step 0.192 -> 0.182 s, the trainer's forward+backward lower in both.
+- **Computing at once** (the test suite's two xdist workers, each with threads on both cores). Any spin
+  then steals the other process's cores: two processes of small matmuls, 2 threads each, took 5.1 s each
+  at PASSIVE, 18 s at libgomp's default and 43 s at `GOMP_SPINCOUNT=10000` (2.4-2.9 s alone). There
+  threads must sleep at once.
+
+What the caller's environment (a shell, a pod, a test worker) sets for either variable wins.
 """
 
 from __future__ import annotations
@@ -14,15 +25,37 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 WAIT_POLICY_VAR = "OMP_WAIT_POLICY"
+SPIN_COUNT_VAR = "GOMP_SPINCOUNT"
+SHORT_SPIN = 10_000
+"""libgomp spin iterations before a waiting thread sleeps (its default is 300,000): microseconds, longer
+than the gap between two kernels of a decode step, far shorter than another process's turn."""
+
+
+def _callers_wait(environ: Mapping[str, str]) -> dict[str, str] | None:
+    """The caller's own wait setting, if it sets one (an explicit spin count overrides a wait policy in
+    libgomp, so adding ours to the caller's policy would undo it)."""
+    callers = {var: environ[var] for var in (WAIT_POLICY_VAR, SPIN_COUNT_VAR) if var in environ}
+    return callers or None
 
 
 def sleeping_threads_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """OpenMP threads that sleep, not spin, once their work is done (every local compute process)."""
-    return {WAIT_POLICY_VAR: (environ or {}).get(WAIT_POLICY_VAR, "PASSIVE")}
+    """Processes that compute at the same time on shared cores: threads sleep once their region ends."""
+    environ = environ or {}
+    return _callers_wait(environ) or {WAIT_POLICY_VAR: "PASSIVE"}
+
+
+def turn_taking_threads_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Processes that take turns on shared cores (a local run's actors and teacher servers): threads spin
+    briefly between kernels, then sleep."""
+    environ = environ or {}
+    return _callers_wait(environ) or {SPIN_COUNT_VAR: str(SHORT_SPIN)}
 
 
 def shared_host_env(threads: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The trainer and rollout actors of a local run: all `threads` of the host (they take turns; Ray would
-    give each one), and sleeping threads. A teacher server keeps vLLM's own thread binding."""
+    give each one), and threads that spin briefly. A teacher server keeps vLLM's own thread binding."""
     environ = environ or {}
-    return {"OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS", str(threads)), **sleeping_threads_env(environ)}
+    return {
+        "OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS", str(threads)),
+        **turn_taking_threads_env(environ),
+    }

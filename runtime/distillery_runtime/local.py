@@ -19,7 +19,7 @@ from typing import IO
 from distillery.api.spec import Placement
 from distillery.plan import resolve
 from distillery.plan.engines import EngineSettings
-from distillery.plan.host_threads import shared_host_env, sleeping_threads_env
+from distillery.plan.host_threads import shared_host_env, turn_taking_threads_env
 from distillery.plan.vllm_env import vllm_env
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
 from distillery_runtime.local_gpus import LocalGpuPlan, TeacherGpus
@@ -120,7 +120,7 @@ def launch_teacher_server(
     env = {
         **os.environ,
         **vllm_env(os.environ),
-        **sleeping_threads_env(os.environ),
+        **turn_taking_threads_env(os.environ),
         **_hub_env(os.environ, [model]),
     }
     if gpus is not None:

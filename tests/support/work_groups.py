@@ -85,7 +85,9 @@ def pytest_configure(config: pytest.Config) -> None:
     torch's default keeps them spinning for a while, and two workers that train at once (the task builds)
     each ran 5x slower beside the other's spinning threads (two processes of small matmuls on the two
     cores: 1.6 s alone, 8.6 s each side by side, 2.7 s each with PASSIVE). Set before the workers start,
-    which inherit it; the caller's own setting wins."""
+    which inherit it; the caller's own setting wins. The local runs the workers start inherit it too, in
+    place of a local run's short spin (`distillery.plan.host_threads`): two of them may run side by side,
+    where a spin of any length steals the other's cores."""
     config.addinivalue_line(
         "markers", f"{LOCAL_RUN}: starts a local run; never runs beside the node's scenarios"
     )

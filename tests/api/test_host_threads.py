@@ -1,0 +1,33 @@
+"""The OpenMP wait settings of processes sharing a host's cores (`distillery.plan.host_threads`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from distillery.plan.host_threads import (
+    SHORT_SPIN,
+    shared_host_env,
+    sleeping_threads_env,
+    turn_taking_threads_env,
+)
+
+
+def test_processes_taking_turns_spin_briefly_and_those_computing_at_once_sleep() -> None:
+    assert turn_taking_threads_env({}) == {"GOMP_SPINCOUNT": str(SHORT_SPIN)}
+    assert sleeping_threads_env({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    # a local run's actors: every core, and the short spin
+    assert shared_host_env(2, {}) == {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": str(SHORT_SPIN)}
+
+
+@pytest.mark.parametrize(
+    "callers",
+    [{"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "0"},
+     {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "500"}],
+)  # fmt: skip
+def test_the_callers_wait_setting_wins_alone(callers: dict[str, str]) -> None:
+    # libgomp lets an explicit spin count override the wait policy: adding ours to a caller's policy
+    # (a test worker's PASSIVE) would undo it, so neither function adds a variable the caller lacks
+    environ = {"PATH": "/bin", **callers}
+    assert turn_taking_threads_env(environ) == callers
+    assert sleeping_threads_env(environ) == callers
+    assert shared_host_env(2, {**environ, "OMP_NUM_THREADS": "1"}) == {"OMP_NUM_THREADS": "1", **callers}
