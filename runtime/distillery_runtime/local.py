@@ -226,7 +226,7 @@ def init_ray(address: str | None, gpus: list[str] | None = None, model_locations
     # Ray gives every worker OMP_NUM_THREADS=1 (it assumes one CPU per task). Locally the trainer and the
     # rollout engine take turns on the machine's cores (and vLLM's CPU worker cannot raise its thread
     # count once bound), so each gets them all: 1.4x faster rollout and 2x faster training on 2 cores;
-    # their OpenMP threads sleep when idle (distillery.plan.host_threads).
+    # their OpenMP threads spin briefly, then sleep (distillery.plan.host_threads).
     env.update(shared_host_env(local_threads(), os.environ))
     if gpus is not None and visible_gpus():
         # Ray hands out the GPUs it sees when it starts, and workers that ask for none see them all: keep

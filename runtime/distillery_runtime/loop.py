@@ -3,7 +3,8 @@
 One step, top to bottom (`Loop.step`):
   rollout   the rollout actors (student.rollout.replicas) sample the step's responses, each a share, and
             stream each one out as it finishes (rollout_pool.py)
-  teacher   each sample goes to its routed teacher the moment it arrives (scoring overlaps rollout)
+  teacher   each sample goes to its routed teacher the moment it arrives (scoring overlaps rollout); a
+            teacher on the rollout's own CPU cores gets them once the rollout is done (plan.scoring_overlap)
   train     the trainer ranks take one optimizer step on their shards (gradients all-reduced)
   sync      the new weights stream from the trainers' shards to the rollout engine in buckets, over a
             torch.distributed group of their own (weight_sync.py), not through Ray's object store
@@ -28,6 +29,7 @@ from typing import Any
 from distillery.api.spec import Placement, ResumePolicy
 from distillery.plan import resolve
 from distillery.plan.generation import EVAL_SAMPLES_LOGGED, end_token_ids, resolve_generation
+from distillery.plan.scoring_overlap import teachers_scoring_after_rollout
 from distillery.runtime_config import RuntimeConfig
 from distillery_runtime import checkpoint, plan
 from distillery_runtime.data import PreparedData, PromptRecord, check_training_rows, prepare, take
@@ -129,6 +131,8 @@ class Loop:
         self.options = options
         self.plan = resolve(spec, steps=options.steps)
         """Every setting derived from the spec (distillery.plan): the run reads them from here."""
+        self.scored_after_rollout = teachers_scoring_after_rollout(spec, local=options.local)
+        """Teachers on the rollout's own CPU cores: they score a step's samples once its rollout is done."""
         self.grader = load_grader(self.plan.grader)
         """Grades responses against `data.answerField` (eval accuracy, task reward); first, so that a
         grader that cannot be used (its module does not import) stops the job before anything loads."""
@@ -294,15 +298,20 @@ class Loop:
         records = self.prompts_for(step)
         started = time.perf_counter()
         on_policy = plan.is_on_policy(spec.schedule.seed, step, spec.loss.on_policy_fraction)
-        scoring_tasks: list[asyncio.Task] = []
+        scoring_tasks: dict[int, asyncio.Task] = {}
+        held: dict[int, ScoreRequest] = {}
         samples: list[RolloutSample] = []
         if self.plan.rollout.sleeps:
             await c.scoring.wake_up()
 
         def submit(sample: RolloutSample) -> None:
+            index = len(samples)
             samples.append(sample)
             request = ScoreRequest(sample.prompt_ids, sample.response_ids, sample.sample_id, sample.route)
-            scoring_tasks.append(asyncio.create_task(c.scoring.score_one(request)))
+            if self.scored_after_rollout and c.scoring.teacher_name(request) in self.scored_after_rollout:
+                held[index] = request
+            else:
+                scoring_tasks[index] = asyncio.create_task(c.scoring.score_one(request))
 
         if on_policy:
             requests = plan.generation_requests(
@@ -322,10 +331,12 @@ class Loop:
             for sample in dataset:
                 submit(sample)
         rollout_done = time.perf_counter()
+        scoring_tasks.update({i: asyncio.create_task(c.scoring.score_one(r)) for i, r in held.items()})
+        tasks = [scoring_tasks[i] for i in range(len(samples))]
         try:
-            scored = await asyncio.gather(*scoring_tasks)
+            scored = await asyncio.gather(*tasks)
         except BaseException:
-            for task in scoring_tasks:  # a teacher gave up: the samples still waiting on others stop too
+            for task in tasks:  # a teacher gave up: the samples still waiting on others stop too
                 task.cancel()
             raise
         done = time.perf_counter()
