@@ -31,11 +31,10 @@ SHORT_SPIN = 10_000
 than the gap between two kernels of a decode step, far shorter than another process's turn."""
 
 
-def _callers_wait(environ: Mapping[str, str]) -> dict[str, str] | None:
-    """The caller's own wait setting, if it sets one (an explicit spin count overrides a wait policy in
-    libgomp, so adding ours to the caller's policy would undo it)."""
-    callers = {var: environ[var] for var in (WAIT_POLICY_VAR, SPIN_COUNT_VAR) if var in environ}
-    return callers or None
+def _callers_wait(environ: Mapping[str, str]) -> dict[str, str]:
+    """The caller's own wait settings, empty where it sets none (an explicit spin count overrides a wait
+    policy in libgomp, so adding ours to the caller's policy would undo it)."""
+    return {var: environ[var] for var in (WAIT_POLICY_VAR, SPIN_COUNT_VAR) if var in environ}
 
 
 def sleeping_threads_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
