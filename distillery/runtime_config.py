@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from distillery.api import ApiModel, DistillationJob, DistillationJobSpec, Placement, Teacher
+from distillery.api import ApiModel, DistillationJob, DistillationJobSpec, Placement, Teacher, TeacherEngine
 from distillery.plan import resolve
 from distillery.plan.checkpoint_storage import checkpoint_storage
 
@@ -31,7 +31,8 @@ class TeacherProtocol(StrEnum):
     OPENAI = "openai"
     """The OpenAI-compatible /v1/completions path with prompt_logprobs (external teachers)."""
     IN_PROCESS = "in_process"
-    """A vLLM engine in the trainer's process (colocated teachers)."""
+    """An engine in a Ray actor of the run (colocated teachers, and the standalone teachers a CPU
+    `distillery run` scores with the transformers forward: `plan.scoring_engine`)."""
 
 
 class ResolvedTeacher(ApiModel):
@@ -153,22 +154,28 @@ def resolve_runtime_config(
     *,
     in_cluster: bool,
     shared_teachers: Mapping[str, str] | None = None,
+    local_gpus: int = 0,
 ) -> RuntimeConfig:
     """The runtime config of a job: standalone and shared teachers at their Service (Distillery's teacher
     server, its compact protocol), external at their URL. Out of a cluster a shared teacher is at the URL
-    that `shared_teachers` (DistillationTeacher name -> URL) gives; UnservedSharedTeacher if none."""
+    that `shared_teachers` (DistillationTeacher name -> URL) gives; UnservedSharedTeacher if none. A teacher
+    computed in the run's processes (`plan.scoring_engine`; out of a cluster it depends on `local_gpus`, the
+    CUDA GPUs the machine shows) is reached in process."""
     spec = job.spec
-    engines = resolve(spec).engines
+    engines = resolve(spec, local_gpus=None if in_cluster else local_gpus).engines
     local_shared = {} if in_cluster else local_shared_endpoints(job, shared_teachers or {})
     teachers: list[ResolvedTeacher] = []
     for teacher in spec.teachers:
         endpoints = local_shared.get(teacher.name) or teacher_endpoints(job, teacher, namespace)
-        if teacher.placement in (Placement.STANDALONE, Placement.SHARED):
+        if (
+            teacher.placement == Placement.COLOCATED
+            or engines[teacher.name].engine == TeacherEngine.TRANSFORMERS
+        ):
+            protocol, endpoints = TeacherProtocol.IN_PROCESS, []
+        elif teacher.placement in (Placement.STANDALONE, Placement.SHARED):
             protocol = TeacherProtocol.COMPACT
-        elif teacher.placement == Placement.EXTERNAL:
-            protocol = TeacherProtocol.OPENAI
         else:
-            protocol = TeacherProtocol.IN_PROCESS
+            protocol = TeacherProtocol.OPENAI
         teachers.append(
             ResolvedTeacher(
                 name=teacher.name,

@@ -22,6 +22,7 @@ from distillery.plan.memory_features import job_memory_plan, resolve_memory_feat
 from distillery.plan.model_cache import cache_lines
 from distillery.plan.pod_resources import pod_resources
 from distillery.plan.rollout import rollout_line
+from distillery.plan.scoring_engine import scoring_engine_lines
 from distillery.validation import InvalidManifest, load_jobs, load_manifests
 
 
@@ -75,6 +76,8 @@ def _plan(args: argparse.Namespace) -> int:
         print("\n".join(f"  {line}" for line in checkpoint_storage(job.metadata.name, job.spec).lines()))
         # How many rollout engines sample, on which GPUs.
         print(f"  {rollout_line(job.spec)}")
+        # Which engine computes each teacher's log-probs, in a cluster and in `distillery run`.
+        print("\n".join(f"  {line}" for line in scoring_engine_lines(job.spec)))
         # Where each pod keeps what it downloads (HF_HOME), and how big.
         print("\n".join(f"  {line}" for line in cache_lines(job.spec)))
         # What each pod of it asks the cluster for (CPU, memory, GPUs) and why.

@@ -16,7 +16,7 @@ from pydantic import Field
 from distillery.api.base import ApiModel, Rule
 from distillery.api.bounds import MAX_INT, MAX_MAP, MAX_NAME, MAX_TOP_K, LabelValue, Location, label_keys_rule
 from distillery.api.pod import MAX_PULL_SECRETS, PullSecretName
-from distillery.api.spec import GROUP, VERSION, Inference, ObjectMeta, TeacherPool, pvc_rule
+from distillery.api.spec import GROUP, VERSION, Inference, ObjectMeta, TeacherEngine, TeacherPool, pvc_rule
 from distillery.api.status import Condition
 
 TEACHER_KIND = "DistillationTeacher"
@@ -77,7 +77,16 @@ class DistillationTeacherSpec(ApiModel):
     image_pull_secrets: list[PullSecretName] = Field(default_factory=list, max_length=MAX_PULL_SECRETS)
     """Secrets (of the teacher's namespace) to pull the image with, after the cluster's own."""
 
-    rules = (label_keys_rule("labels", "labels"), pvc_rule("model", "model"))
+    rules = (
+        label_keys_rule("labels", "labels"),
+        pvc_rule("model", "model"),
+        Rule(
+            check=lambda s: s.inference.engine != TeacherEngine.TRANSFORMERS,
+            cel="!has(self.inference) || !has(self.inference.engine) || self.inference.engine != 'transformers'",
+            message="transformers is for a job's colocated teachers; a DistillationTeacher is a vLLM server",
+            field="inference.engine",
+        ),
+    )
 
 
 class DistillationTeacherStatus(ApiModel):

@@ -338,9 +338,21 @@ SERVED_ELSEWHERE = frozenset({Placement.EXTERNAL, Placement.SHARED})
 """The placements whose server is not the job's: it loads nothing of theirs and makes no pods for them."""
 
 
-class Inference(ApiModel):
-    """vLLM settings of a teacher."""
+class TeacherEngine(StrEnum):
+    AUTO = "auto"
+    VLLM = "vllm"
+    TRANSFORMERS = "transformers"
 
+
+class Inference(ApiModel):
+    """How a teacher computes its log-probs: the engine, and vLLM's settings."""
+
+    engine: TeacherEngine = TeacherEngine.AUTO
+    """auto: vLLM wherever the teacher has GPUs or a server of its own; the model's transformers forward in
+    the job's own processes where it computes on the student's CPU cores (a colocated teacher of a CPU
+    student, a standalone teacher of a CPU `distillery run`), where vLLM's scoring costs more than the
+    forward. vllm: always vLLM. transformers: colocated teachers only (it runs in the job's processes).
+    `distillery plan` prints the choice."""
     max_model_len: int | None = Field(default=None, ge=16, le=MAX_INT)
     """Context length; default: maxPromptTokens + maxNewTokens + 1, the least that scoring needs."""
     memory_fraction: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -399,6 +411,16 @@ class Teacher(ApiModel):
             cel="has(self.endpoint) == (self.placement == 'external')",
             message="is required for placement external and not allowed for the other placements",
             field="endpoint",
+        ),
+        Rule(
+            check=lambda t: (
+                t.inference.engine != TeacherEngine.TRANSFORMERS or t.placement == Placement.COLOCATED
+            ),
+            cel="!has(self.inference) || !has(self.inference.engine) || self.inference.engine != 'transformers' "
+            "|| self.placement == 'colocated'",
+            message="transformers is for placement colocated (it runs in the job's own processes); a served "
+            "teacher runs vLLM",
+            field="inference.engine",
         ),
         Rule(
             check=lambda t: (t.teacher_ref is not None) == (t.placement == Placement.SHARED),

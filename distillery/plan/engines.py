@@ -1,4 +1,5 @@
-"""A teacher's vLLM engine settings, resolved once (vLLM's `EngineArgs` is the shape).
+"""A teacher's engine settings, resolved once (vLLM's `EngineArgs` is the shape; `engine` says whether vLLM
+or the transformers forward computes, `scoring_engine`).
 
 One frozen object per teacher; each consumer only translates it: `server_args()` into the flags of our
 teacher server (the operator's Deployment, the local launcher, the test launcher), `engine_kwargs()` into
@@ -10,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from distillery.api.spec import DistillationJobSpec, Placement, Teacher
+from distillery.api.spec import DistillationJobSpec, Placement, Teacher, TeacherEngine
 from distillery.plan.rollout import sequence_length
+from distillery.plan.scoring_engine import scoring_engine
 
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """The settings of one teacher's vLLM engine."""
+    """The settings of one teacher's engine."""
 
     served_model_name: str
     max_logprobs: int
@@ -43,6 +45,8 @@ class EngineSettings:
     on_gpu: bool = True
     """The engine's GPUs, as the spec places it (`server_args` passes GPU flags only there); an in-process
     engine is told the device it found (`engine_kwargs(on_gpu=...)`)."""
+    engine: TeacherEngine = TeacherEngine.VLLM
+    """vllm, or transformers: the model's forward in a Ray actor of the run (`scoring_engine`); never auto."""
 
     def server_args(self) -> list[str]:
         """The flags of our teacher server (`distillery_runtime.teachers.server`) after its address."""
@@ -95,11 +99,16 @@ def served_model_name(teacher: Teacher) -> str:
     return teacher.name
 
 
-def teacher_engine(spec: DistillationJobSpec, teacher: Teacher, memory_fraction: float) -> EngineSettings:
-    """A teacher's engine settings. A colocated teacher computes in the student's precision (each engine
-    resolves `auto` on its own device), eagerly, without tensor parallelism, on the student's GPU when the
-    student has one."""
+def teacher_engine(
+    spec: DistillationJobSpec, teacher: Teacher, memory_fraction: float, *, local_gpus: int | None = None
+) -> EngineSettings:
+    """A teacher's engine settings (`local_gpus`: see `scoring_engine`). A colocated teacher computes in the
+    student's precision (each engine resolves `auto` on its own device), eagerly, without tensor parallelism,
+    on the student's GPU when the student has one. A transformers forward takes one request at a time: the
+    samples that arrive meanwhile join the next (a second one out would only queue behind it)."""
     colocated = teacher.placement == Placement.COLOCATED
+    engine = scoring_engine(spec, teacher, local_gpus=local_gpus)
+    in_flight = 2 * (max(1, teacher.replicas) if teacher.placement == Placement.STANDALONE else 1)
     return EngineSettings(
         served_model_name=served_model_name(teacher),
         max_logprobs=max_logprobs(spec),
@@ -109,8 +118,8 @@ def teacher_engine(spec: DistillationJobSpec, teacher: Teacher, memory_fraction:
         dtype=spec.student.precision.value if colocated else teacher.inference.dtype,
         extra_args=tuple(teacher.inference.extra_args),
         max_concurrency=teacher.max_concurrency,
-        coalesced_in_flight=2
-        * (max(1, teacher.replicas) if teacher.placement == Placement.STANDALONE else 1),
+        coalesced_in_flight=1 if engine == TeacherEngine.TRANSFORMERS else in_flight,
         enforce_eager=colocated,
         on_gpu=(spec.student.pool.gpus_per_worker if colocated else teacher.pool.gpus_per_replica) > 0,
+        engine=engine,
     )

@@ -48,13 +48,17 @@ class JobPlan:
     """What each checkpoint's `model/` folder holds: dtype, tokenizer (`export.resolve_export`)."""
 
 
-def resolve(spec: DistillationJobSpec, *, steps: int | None = None) -> JobPlan:
+def resolve(spec: DistillationJobSpec, *, steps: int | None = None, local_gpus: int | None = None) -> JobPlan:
     """The plan of a validated spec, for a run of `steps` optimizer steps (default: the schedule's; a local
-    run may be told to stop earlier, and its learning-rate schedule then spans the steps it takes)."""
+    run may be told to stop earlier, and its learning-rate schedule then spans the steps it takes).
+    `local_gpus`: None in a cluster; in `distillery run`, the GPUs this machine shows it (`scoring_engine`)."""
     budget = gpu_budget(spec)
     trainer = resolve_training(spec, steps or spec.schedule.steps)
     return JobPlan(
-        engines={t.name: teacher_engine(spec, t, budget.teacher_fractions[t.name]) for t in spec.teachers},
+        engines={
+            t.name: teacher_engine(spec, t, budget.teacher_fractions[t.name], local_gpus=local_gpus)
+            for t in spec.teachers
+        },
         top_k=max_logprobs(spec),
         routes=route_table(spec),
         gpu_budget=budget,

@@ -24,7 +24,12 @@ from typing import Any
 import orjson
 
 from distillery.plan.grader import GraderKind, resolve_grader
-from distillery.runtime_config import RuntimeConfig, UnservedSharedTeacher, resolve_runtime_config
+from distillery.runtime_config import (
+    RuntimeConfig,
+    TeacherProtocol,
+    UnservedSharedTeacher,
+    resolve_runtime_config,
+)
 from distillery.validation import InvalidManifest, load_job
 from distillery_runtime.local_gpus import LocalGpuPlan
 from distillery_runtime.startup import (
@@ -41,9 +46,12 @@ log = logging.getLogger("distillery.runtime")
 EXIT_OK, EXIT_INVALID, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-def load_config(path: str, shared_teachers: Mapping[str, str] | None = None) -> tuple[RuntimeConfig, bool]:
-    """(config, in_cluster): a resolved runtime config JSON, or a manifest resolved for a local run, its
-    shared teachers at the URLs of `shared_teachers` (DistillationTeacher name -> URL)."""
+def load_config(
+    path: str, shared_teachers: Mapping[str, str] | None = None, local_gpus: int = 0
+) -> tuple[RuntimeConfig, bool]:
+    """(config, in_cluster): a resolved runtime config JSON, or a manifest resolved for a local run on a
+    machine showing `local_gpus` CUDA GPUs, its shared teachers at the URLs of `shared_teachers`
+    (DistillationTeacher name -> URL)."""
     raw = Path(path).read_bytes()
     if path.endswith(".json"):
         try:
@@ -53,7 +61,10 @@ def load_config(path: str, shared_teachers: Mapping[str, str] | None = None) -> 
         if isinstance(document, dict) and "jobName" in document:
             return RuntimeConfig.model_validate(document), True
     job = load_job(path)
-    return resolve_runtime_config(job, None, in_cluster=False, shared_teachers=shared_teachers), False
+    config = resolve_runtime_config(
+        job, None, in_cluster=False, shared_teachers=shared_teachers, local_gpus=local_gpus
+    )
+    return config, False
 
 
 class Progress:
@@ -126,8 +137,8 @@ def root_cause(error: BaseException) -> BaseException:
 def check_teacher_tokenizers(config: RuntimeConfig, student_tokenizer: Any) -> None:
     """Refuse, before anything starts, a teacher whose files are a folder here and whose vocabulary does not
     extend the student's (`tokenizer_compat`). The others are checked once they run: served ones by what
-    their server reports (`check_served_tokenizers`), colocated ones by what their engine loaded
-    (`loop.start_components`)."""
+    their server reports (`check_served_tokenizers`), in-process ones (colocated, a local run's CPU
+    standalone) by what their engine loaded (`loop.start_components`)."""
     from transformers import AutoTokenizer
 
     from distillery_runtime.teachers.tokenizer_compat import check_vocabulary, tokenizer_vocabulary
@@ -161,7 +172,6 @@ async def check_served_tokenizers(config: RuntimeConfig, student_tokenizer: Any,
     reports every id; another server only what its `/tokenize` says of a probe text (`tokenizer_compat`)."""
     import aiohttp
 
-    from distillery.api.spec import Placement
     from distillery_runtime.teachers.tokenizer_compat import (
         check_vocabulary,
         served_vocabulary,
@@ -171,7 +181,10 @@ async def check_served_tokenizers(config: RuntimeConfig, student_tokenizer: Any,
     resolved = {t.name: t for t in config.teachers}
     student = tokenizer_vocabulary(student_tokenizer)
     for index, teacher in enumerate(config.spec.teachers):
-        if teacher.placement == Placement.COLOCATED or _local_folder(teacher) is not None:
+        if (
+            resolved[teacher.name].protocol == TeacherProtocol.IN_PROCESS
+            or _local_folder(teacher) is not None
+        ):
             continue  # checked from its files before anything started, or by its engine
         served = resolved[teacher.name]
         try:
@@ -239,7 +252,9 @@ async def _run(
     args: argparse.Namespace,
     out_dir: Path,
     gpus: LocalGpuPlan | None,
+    local_gpus: int = 0,
 ) -> int:
+    """`local_gpus`: the CUDA GPUs a local run's machine shows it (its plan's `scoring_engine` reads them)."""
     from distillery_runtime import local
     from distillery_runtime.checkpoint import CheckpointWriteError
     from distillery_runtime.loop import Loop, RunOptions, start_components, stop_components
@@ -265,6 +280,7 @@ async def _run(
         overwrite=args.overwrite,
         steps=args.steps,
         local=not in_cluster,
+        local_gpus=local_gpus,
         stop=stop,
         metrics=metrics,
         status=status,
@@ -414,8 +430,13 @@ def output_dir(config: RuntimeConfig, in_cluster: bool, requested: str | None) -
 def run_command(args: argparse.Namespace) -> int:
     """`distillery run`: validate, then run locally or in the cluster; returns the exit code."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from distillery_runtime.local import visible_gpus
+
+    # The GPUs a local run places its parts on (none where it joins a Ray cluster: its teachers then run here).
+    visible = [] if args.ray_address else visible_gpus()
     try:
-        config, in_cluster = load_config(args.file, dict(getattr(args, "shared_teacher", None) or []))
+        shared = dict(getattr(args, "shared_teacher", None) or [])
+        config, in_cluster = load_config(args.file, shared, local_gpus=len(visible))
     except UnservedSharedTeacher as error:
         for line in str(error).splitlines():
             print(f"{args.file}: {line}", file=sys.stderr)
@@ -429,11 +450,10 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     gpus = None
     if not in_cluster and not args.ray_address:
-        from distillery_runtime.local import visible_gpus
         from distillery_runtime.local_gpus import NotEnoughGpus, plan_local_gpus
 
         try:
-            gpus = plan_local_gpus(config.spec, visible_gpus())
+            gpus = plan_local_gpus(config.spec, visible)
         except NotEnoughGpus as error:
             print(f"{args.file}: spec.{error.field}: {error}", file=sys.stderr)
             return EXIT_INVALID
@@ -456,7 +476,7 @@ def run_command(args: argparse.Namespace) -> int:
     from distillery_runtime.uris import UnresolvableLocation
 
     try:
-        return asyncio.run(_run(config, in_cluster, args, out_dir, gpus))
+        return asyncio.run(_run(config, in_cluster, args, out_dir, gpus, len(visible)))
     except DataError as error:
         print(f"data: {error}", file=sys.stderr)
         return EXIT_INVALID

@@ -80,8 +80,8 @@ def teacher_server_command(
 def start_local_teachers(
     config: RuntimeConfig, log_dir: Path, gpus: LocalGpuPlan | None = None
 ) -> tuple[RuntimeConfig, LocalTeachers]:
-    """Start every standalone teacher on loopback (on its GPUs of `gpus`); returns the config pointing at
-    them."""
+    """Start every standalone teacher that is served (vLLM; a CPU one is a forward in the run's processes,
+    `plan.scoring_engine`) on loopback (on its GPUs of `gpus`); returns the config pointing at them."""
     gpus = gpus or LocalGpuPlan()
     started = LocalTeachers()
     teachers = []
@@ -89,7 +89,7 @@ def start_local_teachers(
     engines = resolve(config.spec).engines
     log_dir.mkdir(parents=True, exist_ok=True)
     for resolved in config.teachers:
-        if resolved.placement != Placement.STANDALONE:
+        if resolved.placement != Placement.STANDALONE or resolved.protocol == TeacherProtocol.IN_PROCESS:
             teachers.append(resolved)
             continue
         port = free_port()

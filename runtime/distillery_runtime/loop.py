@@ -30,7 +30,7 @@ from distillery.api.spec import Placement, ResumePolicy
 from distillery.plan import resolve
 from distillery.plan.generation import EVAL_SAMPLES_LOGGED, end_token_ids, resolve_generation
 from distillery.plan.scoring_overlap import teachers_scoring_after_rollout
-from distillery.runtime_config import RuntimeConfig
+from distillery.runtime_config import RuntimeConfig, TeacherProtocol
 from distillery_runtime import checkpoint, plan
 from distillery_runtime.data import PreparedData, PromptRecord, check_training_rows, prepare, take
 from distillery_runtime.export import DTYPE_BYTES
@@ -82,6 +82,8 @@ class RunOptions:
     steps: int | None = None
     local: bool = True
     """Local run: checkpoints under the output directory; in a cluster: spec.checkpoint.path."""
+    local_gpus: int = 0
+    """Local run: the CUDA GPUs the machine shows it, where its standalone teachers run (`scoring_engine`)."""
     on_step: Callable[[dict[str, Any]], None] | None = None
     on_event: Callable[[str], None] | None = None
     stop: threading.Event = field(default_factory=threading.Event)
@@ -114,7 +116,8 @@ class Components:
     trainers: list[Any]
     rollout: RolloutPool
     scoring: Any
-    colocated: list[Any]
+    teachers: list[Any]
+    """The actors of the teachers computed in the run (`workers.InProcessTeacherWorker`)."""
     rollout_dtype: str
     weight_metas: list[Any] | None = None
     """What a streamed weight sync sends (weight_sync.py); None: through the object store."""
@@ -129,7 +132,9 @@ class Loop:
         self.config = config
         self.spec = spec = config.spec
         self.options = options
-        self.plan = resolve(spec, steps=options.steps)
+        self.plan = resolve(
+            spec, steps=options.steps, local_gpus=options.local_gpus if options.local else None
+        )
         """Every setting derived from the spec (distillery.plan): the run reads them from here."""
         self.scored_after_rollout = teachers_scoring_after_rollout(spec, local=options.local)
         """Teachers on the rollout's own CPU cores: they score a step's samples once its rollout is done."""
@@ -650,7 +655,8 @@ def _combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
 
 
 async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
-    """Start the trainer ranks, the rollout engine and colocated teachers as Ray actors, and the clients."""
+    """Start the trainer ranks, the rollout engine and the teachers computed in the run as Ray actors, and the
+    clients."""
     import ray
 
     from distillery_runtime import workers
@@ -662,7 +668,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     plan = loop.plan
     gpus = spec.student.pool.gpus_per_worker
     world = plan.world_size
-    colocated = [t for t in spec.teachers if t.placement == Placement.COLOCATED]
+    in_process = {t.name for t in config.teachers if t.protocol == TeacherProtocol.IN_PROCESS}
     settings = plan.trainer
     trainer_cls = ray.remote(workers.TrainerWorker).options(
         **workers.actor_options("trainer", gpus_per_worker=gpus, budget=plan.gpu_budget)
@@ -684,29 +690,33 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
         [rollout_cls.remote(loop.model_dir, plan.rollout) for _ in range(plan.rollout.replicas)],
         tensor_parallel=plan.rollout.tensor_parallel,
     )
-    colocated_actors: dict[str, Any] = {}
-    for teacher in colocated:
+    teacher_actors: dict[str, Any] = {}
+    for teacher in spec.teachers:
+        if teacher.name not in in_process:
+            continue
+        # A colocated teacher shares the student's GPUs; a local run's CPU standalone takes none.
+        on_student = gpus if teacher.placement == Placement.COLOCATED else 0
         actor = (
-            ray.remote(workers.ColocatedTeacherWorker)
-            .options(**workers.actor_options("teacher", gpus_per_worker=gpus, budget=plan.gpu_budget))
+            ray.remote(workers.InProcessTeacherWorker)
+            .options(**workers.actor_options("teacher", gpus_per_worker=on_student, budget=plan.gpu_budget))
             .remote(resolve_location(teacher.model), plan.engines[teacher.name])
         )
-        colocated_actors[teacher.name] = actor
-    await asyncio.gather(*(a.start.remote() for a in colocated_actors.values()))
-    # A colocated teacher's vocabulary as its engine loaded it (a hub id has no files here to read first).
+        teacher_actors[teacher.name] = actor
+    await asyncio.gather(*(a.start.remote() for a in teacher_actors.values()))
+    # The vocabulary of a teacher in the run as its engine loaded it (a hub id has no files here to read first).
     student_vocabulary = tokenizer_vocabulary(loop.tokenizer)
     for index, teacher in enumerate(spec.teachers):
-        if teacher.name in colocated_actors:
+        if teacher.name in teacher_actors:
             check_vocabulary(
                 student_vocabulary,
-                await colocated_actors[teacher.name].vocabulary.remote(),
+                await teacher_actors[teacher.name].vocabulary.remote(),
                 teacher_name=f"spec.teachers[{index}] ({teacher.name})",
             )
     # Past a client's own retries a teacher counts as down: scoring waits for it, up to the job's budget.
     retry = client_retry(spec.teacher_outage_timeout_seconds)
     job = job_identity(config.job_name, config.namespace)
     clients = {
-        t.name: build_client(t, plan.engines[t.name], colocated_actors.get(t.name), retry, job)
+        t.name: build_client(t, plan.engines[t.name], teacher_actors.get(t.name), retry, job)
         for t in config.teachers
     }
     outages = OutageTracker(
@@ -721,7 +731,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
         trainers[0].join_weight_sync.remote(host, port, names), rollout.join_weight_sync(host, port, names)
     )
     metas = await trainers[0].weight_metas.remote(dtype)
-    components = Components(trainers, rollout, scoring, list(colocated_actors.values()), dtype, metas)
+    components = Components(trainers, rollout, scoring, list(teacher_actors.values()), dtype, metas)
     if loop.version:  # resumed: the trainers restore optimizer, schedule and RNG states
         assert loop.last_checkpoint is not None
         await asyncio.gather(*(t.load_state.remote(loop.last_checkpoint) for t in trainers))
@@ -732,6 +742,6 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
 
 async def stop_components(c: Components) -> None:
     await c.scoring.close()
-    for actor in c.colocated:
+    for actor in c.teachers:
         with contextlib.suppress(Exception):
             await actor.close.remote()

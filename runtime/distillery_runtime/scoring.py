@@ -2,8 +2,9 @@
 a time as rollouts finish, and keep per-teacher counts and latencies for the metrics.
 
 standalone teachers are reached through the compact endpoint of our teacher server, external ones
-through the OpenAI JSON API, colocated ones through a Ray actor holding an in-process vLLM engine on the
-student's devices (`workers.ColocatedTeacherWorker`), put to sleep while the student trains.
+through the OpenAI JSON API, the ones computed in the run's processes (colocated ones, and those the plan
+scores with the transformers forward) through a Ray actor holding their engine
+(`workers.InProcessTeacherWorker`), put to sleep while the student trains where it can sleep.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from distillery.plan import JobPlan
 from distillery.plan.engines import EngineSettings
 from distillery.runtime_config import ResolvedTeacher, TeacherProtocol
+from distillery_runtime.teachers.coalesce import Coalescer
 from distillery_runtime.teachers.outage import OutageTracker
 from distillery_runtime.teachers.retry import RetryPolicy
 from distillery_runtime.teachers.router import MultiTeacherScorer
@@ -33,17 +35,23 @@ class TeacherStats:
 
 
 class RayTeacher:
-    """A `Teacher` whose engine lives in a Ray actor (colocated placement)."""
+    """A `Teacher` whose engine lives in a Ray actor of the run (`workers.InProcessTeacherWorker`). Samples
+    scored one by one as the rollout streams them share calls (`teachers.coalesce`), as a served teacher's
+    share requests: one Ray call and one forward for a step's samples held until its rollout ends."""
 
-    def __init__(self, name: str, actor: Any) -> None:
+    def __init__(self, name: str, actor: Any, *, in_flight: int = 1, max_tokens: int = 16384) -> None:
         self.name = name
         self.actor = actor
+        self.coalescer = Coalescer(self._score_each, in_flight=in_flight, max_tokens=max_tokens)
+
+    async def _score_each(self, samples: Sequence[ScoreRequest], top_k: int) -> list[TeacherScores]:
+        return await self.actor.score_each.remote(list(samples), top_k)
 
     async def score(self, samples: Sequence[ScoreRequest], top_k: int) -> TeacherScores:
         return await self.actor.score.remote(list(samples), top_k)
 
     async def score_one(self, sample: ScoreRequest, top_k: int) -> TeacherScores:
-        return await self.score([sample], top_k)
+        return await self.coalescer.score_one(sample, top_k)
 
     async def sleep(self) -> None:
         await self.actor.sleep.remote()
@@ -52,7 +60,7 @@ class RayTeacher:
         await self.actor.wake_up.remote()
 
     async def close(self) -> None:
-        return None
+        await self.coalescer.close()
 
 
 def client_retry(outage_budget_seconds: float) -> RetryPolicy:
@@ -68,7 +76,7 @@ def client_retry(outage_budget_seconds: float) -> RetryPolicy:
 def build_client(
     teacher: ResolvedTeacher,
     engine: EngineSettings,
-    colocated_actor: Any | None = None,
+    in_process_actor: Any | None = None,
     retry: RetryPolicy | None = None,
     job: str | None = None,
 ) -> Teacher:
@@ -102,9 +110,11 @@ def build_client(
             resolve_dns=True,
             retry=retry,
         )
-    if colocated_actor is None:
-        raise ValueError(f"teacher {teacher.name}: a colocated teacher needs its engine actor")
-    return RayTeacher(teacher.name, colocated_actor)
+    if in_process_actor is None:
+        raise ValueError(f"teacher {teacher.name}: a teacher computed in the run needs its engine actor")
+    return RayTeacher(
+        teacher.name, in_process_actor, in_flight=engine.coalesced_in_flight, max_tokens=engine.request_tokens
+    )
 
 
 class TeacherScoring:

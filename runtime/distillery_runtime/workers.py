@@ -1,4 +1,4 @@
-"""The Ray actors of a run: trainer ranks, the rollout engine, colocated teachers.
+"""The Ray actors of a run: trainer ranks, the rollout engine, the teachers computed in the run's processes.
 
 Each class is a plain Python class; `loop.py` turns it into an actor with `ray.remote(...).options(...)`
 and the resources of its role (`actor_options`). Samples move through Ray's object store; the new weights
@@ -281,22 +281,44 @@ class RolloutWorker:
         self.engine.wake_up()
 
 
-class ColocatedTeacherWorker:
-    """A colocated teacher: an in-process vLLM engine in an async actor beside the student."""
+class InProcessTeacherWorker:
+    """A teacher computed in the run's own processes: a colocated one (an in-process vLLM engine beside the
+    student), or one the plan scores with the transformers forward (`plan.scoring_engine`)."""
 
     def __init__(self, model_dir: str, engine: EngineSettings) -> None:
-        """`engine`: the plan's settings; its dtype is the student's precision, resolved on this device."""
-        from distillery_runtime.teachers.colocated import ColocatedTeacher
+        """`engine`: the plan's settings; a colocated engine's dtype is the student's precision, resolved on
+        this device."""
+        from distillery.api.spec import TeacherEngine
 
-        here = dataclasses.replace(engine, dtype=compute_dtype_here(engine.dtype))
-        self.teacher = ColocatedTeacher(model_dir, here)
+        self.teacher: Any
+        if engine.engine == TeacherEngine.TRANSFORMERS:
+            from distillery.plan.scoring_engine import TRANSFORMERS_DTYPES
+            from distillery_runtime.teachers.transformers_forward import TransformersTeacher
+
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            dtype = TRANSFORMERS_DTYPES[engine.dtype]
+            if dtype == "auto":
+                dtype = compute_dtype_here("auto")
+            self.teacher = TransformersTeacher(model_dir, engine, dtype=getattr(torch, dtype), device=device)
+        else:
+            from distillery_runtime.teachers.colocated import ColocatedTeacher
+
+            here = dataclasses.replace(engine, dtype=compute_dtype_here(engine.dtype))
+            self.teacher = ColocatedTeacher(model_dir, here)
 
     async def start(self) -> bool:
-        await self.teacher.start()
+        from distillery_runtime.teachers.colocated import ColocatedTeacher
+
+        if isinstance(self.teacher, ColocatedTeacher):
+            await self.teacher.start()
         return True
 
     async def score(self, samples: Sequence[Any], top_k: int) -> Any:
         return await self.teacher.score(samples, top_k)
+
+    async def score_each(self, samples: Sequence[Any], top_k: int) -> list[Any]:
+        """Each sample's scores (B = 1), in order: one call for the samples a client gathered."""
+        return await self.teacher.score_each(samples, top_k)
 
     async def vocabulary(self) -> dict[int, str]:
         return self.teacher.vocabulary()

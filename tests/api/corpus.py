@@ -103,6 +103,25 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         AGREE,
     ),
     ("placement-unknown", {"spec.teachers[0].placement": "remote"}, "spec.teachers[0].placement", AGREE),
+    # The transformers forward runs in the job's processes: a served teacher is vLLM.
+    (
+        "standalone-transformers-engine",
+        {"spec.teachers[0].inference": {"engine": "transformers"}},
+        "spec.teachers[0].inference.engine",
+        AGREE,
+    ),
+    (
+        "external-transformers-engine",
+        {"spec.teachers[1].inference": {"engine": "transformers"}},
+        "spec.teachers[1].inference.engine",
+        AGREE,
+    ),
+    (
+        "teacher-engine-unknown",
+        {"spec.teachers[0].inference": {"engine": "sglang"}},
+        "spec.teachers[0].inference.engine",
+        AGREE,
+    ),
     # Shared teachers (issue 28): teacherRef is to shared what endpoint is to external.
     (
         "shared-without-teacher-ref",
@@ -724,6 +743,11 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
 ]
 
 ACCEPTED: list[tuple[str, dict[str, Any]]] = [
+    (
+        "colocated-transformers-engine",
+        {"spec.teachers[0].placement": "colocated", "spec.teachers[0].inference": {"engine": "transformers"}},
+    ),
+    ("standalone-vllm-engine", {"spec.teachers[0].inference": {"engine": "vllm"}}),
     (
         "shared-teacher",
         {"spec.teachers[0].placement": "shared", "spec.teachers[0].teacherRef": {"name": "qwen-7b.shared"}},

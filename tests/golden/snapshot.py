@@ -23,7 +23,7 @@ from distillery_operator.render import (
 from distillery_runtime.local import teacher_server_command
 from distillery_runtime.local_gpus import NotEnoughGpus, TeacherGpus, plan_local_gpus
 
-from distillery.api import Placement
+from distillery.api import Placement, TeacherEngine
 from distillery.crd import build_crd
 from distillery.plan import resolve
 from distillery.plan.memory_features import resolve_memory_features
@@ -60,8 +60,9 @@ def _local_plan(path: Path) -> str:
                 continue
             commands = {}
             for resolved in config.teachers:
-                if resolved.placement != Placement.STANDALONE:
-                    continue
+                engine = resolve(job.spec, local_gpus=len(visible)).engines[resolved.name].engine
+                if resolved.placement != Placement.STANDALONE or engine == TeacherEngine.TRANSFORMERS:
+                    continue  # a CPU teacher of a local run is a forward in the run's processes
                 gpus: TeacherGpus | None = plan.teachers.get(resolved.name)
                 command = teacher_server_command(engines[resolved.name], "MODEL_DIR", 8000, gpus)
                 commands[resolved.name] = ["python", *command[1:]]

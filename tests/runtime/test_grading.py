@@ -92,7 +92,7 @@ def components(loop: Loop, scoring: FixedTeacher | None = None) -> Components:
         trainers=[],
         rollout=EchoRollout(loop.tokenizer),  # type: ignore[arg-type]  # a stand-in for the RolloutPool
         scoring=scoring or FixedTeacher(),
-        colocated=[],
+        teachers=[],
         rollout_dtype="float32",
     )
 

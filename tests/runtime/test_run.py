@@ -227,7 +227,8 @@ def test_standalone_teacher_with_one_step_off_stops_cleanly_on_ctrl_c(job_files,
                 "name": "teacher",
                 "model": str(job_files.teacher),
                 "placement": "standalone",
-                "inference": {"dtype": "float32"},
+                # vLLM, not the CPU forward a local run picks by default: this is the server's test
+                "inference": {"dtype": "float32", "engine": "vllm"},
             }
         ],
         loss={"mode": "k3"},

@@ -106,7 +106,7 @@ async def test_the_loop_holds_a_sharing_teachers_samples_until_the_rollout_ends(
         trainers=[],
         rollout=TrickleRollout(log),  # type: ignore[arg-type]  # a stand-in for the RolloutPool
         scoring=LoggingTeacher(log),
-        colocated=[],
+        teachers=[],
         rollout_dtype="float32",
     )
     rolled = await loop.rollout_and_score(c, 1)

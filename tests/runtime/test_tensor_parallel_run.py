@@ -25,6 +25,9 @@ def test_a_tensor_parallel_rollout_engine_stays_on_policy(job_files, write_manif
         schedule={"steps": 3, "promptsPerStep": 4, "microBatchSize": 8, "checkpointEvery": 0, "evalEvery": 3},
     )
     doc["spec"]["student"]["rollout"]["tensorParallel"] = 2
+    # The colocated teacher in vLLM (on CPU a run picks the transformers forward): the one run of the suite
+    # whose in-process teacher actor holds a vLLM engine.
+    doc["spec"]["teachers"][0]["inference"] = {"engine": "vllm"}
     doc["spec"]["student"]["optimizer"]["lr"] = 5e-2  # every step moves the log-probs well past the tolerance
     out = tmp_path / "out"
     result = subprocess.run(

@@ -46,5 +46,11 @@ class BatchTeacher:
         """Score one sample as soon as its rollout finishes (streaming use); B = 1."""
         return await self.score([sample], top_k)
 
+    async def score_each(self, samples: Sequence[ScoreRequest], top_k: int) -> list[TeacherScores]:
+        """Score the samples together; each one's scores (B = 1), in order (a coalesced request's answer)."""
+        await self.validate(samples, top_k)
+        rows = await self._score_rows(samples, top_k) if samples else []
+        return [pack_rows([r], top_k, [s.sample_id]) for r, s in zip(rows, samples, strict=True)]
+
     async def close(self) -> None:
         return None

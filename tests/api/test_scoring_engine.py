@@ -1,0 +1,128 @@
+"""Which engine computes each teacher's log-probs (`distillery.plan.scoring_engine`), what the runtime config
+makes of it (in process, no server), and the API's rule on `inference.engine`."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from distillery.api import DistillationTeacher, TeacherEngine
+from distillery.plan import resolve
+from distillery.plan.scoring_engine import scoring_engine, scoring_engine_lines
+from distillery.runtime_config import TeacherProtocol, resolve_runtime_config
+from distillery.validation import InvalidManifest, parse_job
+
+VLLM, FORWARD = TeacherEngine.VLLM, TeacherEngine.TRANSFORMERS
+EXTERNAL = {"placement": "external", "endpoint": "http://t:8000", "model": "big"}
+SHARED = {"placement": "shared", "teacherRef": {"name": "qwen-7b"}}
+
+
+def job(base: dict[str, Any], teacher: dict[str, Any], *, student_gpus: int = 0) -> Any:
+    doc = copy.deepcopy(base)
+    doc["spec"]["teachers"] = [{"name": "t", "model": "Qwen/Qwen2.5-7B", **teacher}]
+    doc["spec"]["student"]["pool"] = {"gpusPerWorker": student_gpus}
+    return parse_job(doc)
+
+
+@pytest.mark.parametrize(
+    ("teacher", "student_gpus", "local_gpus", "engine"),
+    [
+        # colocated: the student's devices decide, wherever the job runs
+        ({"placement": "colocated"}, 0, None, FORWARD),
+        ({"placement": "colocated"}, 0, 0, FORWARD),
+        ({"placement": "colocated"}, 1, None, VLLM),
+        ({"placement": "colocated"}, 1, 1, VLLM),
+        # standalone: a Deployment of vLLM in a cluster, whatever its GPUs
+        ({}, 0, None, VLLM),
+        ({"pool": {"gpusPerReplica": 0}}, 0, None, VLLM),
+        # ... and in `distillery run` a forward where it gets no GPU: none on the machine, or none asked for
+        ({}, 0, 0, FORWARD),
+        ({}, 1, 0, FORWARD),
+        ({}, 0, 2, VLLM),
+        ({"pool": {"gpusPerReplica": 0}}, 0, 2, FORWARD),
+        # served elsewhere: always a vLLM server, never the job's
+        (EXTERNAL, 0, 0, VLLM),
+        (SHARED, 0, 0, VLLM),
+        (SHARED, 0, None, VLLM),
+        # what vLLM alone understands keeps vLLM
+        ({"inference": {"dtype": "fp8"}}, 0, 0, VLLM),
+        ({"inference": {"extraArgs": ["--enable-prefix-caching"]}}, 0, 0, VLLM),
+        ({"placement": "colocated", "inference": {"extraArgs": ["--kv-cache-dtype=fp8"]}}, 0, 0, VLLM),
+        # the user's choice wins
+        ({"inference": {"engine": "vllm"}}, 0, 0, VLLM),
+        ({"placement": "colocated", "inference": {"engine": "vllm"}}, 0, None, VLLM),
+        ({"placement": "colocated", "inference": {"engine": "transformers"}}, 1, None, FORWARD),
+    ],
+)
+def test_the_forward_where_the_teacher_computes_on_the_jobs_cpu_cores(
+    base_manifest: dict[str, Any],
+    teacher: dict[str, Any],
+    student_gpus: int,
+    local_gpus: int | None,
+    engine: TeacherEngine,
+) -> None:
+    spec = job(base_manifest, teacher, student_gpus=student_gpus).spec
+    assert scoring_engine(spec, spec.teachers[0], local_gpus=local_gpus) == engine
+    settings = resolve(spec, local_gpus=local_gpus).engines["t"]
+    assert settings.engine == engine
+    # One forward a call: the samples that arrive meanwhile join the next one instead of queueing beside it.
+    assert settings.coalesced_in_flight == (1 if engine == FORWARD else settings.coalesced_in_flight)
+
+
+def test_a_local_runs_cpu_teacher_is_reached_in_process_and_a_clusters_at_its_service(
+    base_manifest: dict[str, Any],
+) -> None:
+    doc = copy.deepcopy(base_manifest)
+    doc["spec"]["teachers"] = [
+        {"name": "t", "model": "Qwen/Qwen2.5-7B", "routes": ["math"]},
+        {"name": "u", **EXTERNAL, "default": True},
+    ]
+    doc["spec"]["student"]["pool"] = {"gpusPerWorker": 0}
+    local = resolve_runtime_config(parse_job(doc), None, in_cluster=False)
+    assert [(t.name, t.protocol, t.endpoints) for t in local.teachers] == [
+        ("t", TeacherProtocol.IN_PROCESS, []),
+        ("u", TeacherProtocol.OPENAI, ["http://t:8000"]),
+    ]
+    on_gpus = resolve_runtime_config(parse_job(doc), None, in_cluster=False, local_gpus=1)
+    assert on_gpus.teachers[0].protocol == TeacherProtocol.COMPACT
+    cluster = resolve_runtime_config(parse_job(doc), "ns", in_cluster=True)
+    assert cluster.teachers[0].protocol == TeacherProtocol.COMPACT
+    assert cluster.teachers[0].endpoints == [f"http://{doc['metadata']['name']}-teacher-t.ns.svc:8000"]
+
+
+def test_plan_prints_each_teachers_engine_and_why(base_manifest: dict[str, Any]) -> None:
+    spec = job(base_manifest, {}).spec
+    assert scoring_engine_lines(spec) == [
+        "teacher t: vllm (auto: on GPUs or a server of its own); distillery run without GPUs: transformers in "
+        "the run's processes"
+    ]
+    colocated = job(base_manifest, {"placement": "colocated"}).spec
+    assert scoring_engine_lines(colocated) == [
+        "teacher t: transformers (auto: colocated with a CPU student, a forward in its processes)"
+    ]
+    pinned = job(base_manifest, {"inference": {"engine": "vllm"}}).spec
+    assert scoring_engine_lines(pinned) == ["teacher t: vllm (spec: inference.engine vllm)"]
+
+
+@pytest.mark.parametrize("teacher", [{}, EXTERNAL, SHARED])
+def test_transformers_is_refused_for_a_served_teacher_naming_the_field(
+    base_manifest: dict[str, Any], teacher: dict[str, Any]
+) -> None:
+    with pytest.raises(InvalidManifest, match=r"spec\.teachers\[0\]\.inference\.engine: transformers is for"):
+        job(base_manifest, {**teacher, "inference": {"engine": "transformers"}})
+
+
+def test_a_distillation_teacher_is_a_vllm_server() -> None:
+    doc = {
+        "apiVersion": "distillery.io/v1alpha1",
+        "kind": "DistillationTeacher",
+        "metadata": {"name": "qwen-7b"},
+        "spec": {"model": "Qwen/Qwen2.5-7B-Instruct", "inference": {"engine": "transformers"}},
+    }
+    with pytest.raises(ValidationError, match="a DistillationTeacher is a vLLM server"):
+        DistillationTeacher.model_validate(doc)
+    doc["spec"]["inference"]["engine"] = "vllm"
+    assert DistillationTeacher.model_validate(doc).spec.inference.engine == VLLM
