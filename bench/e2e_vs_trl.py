@@ -426,6 +426,7 @@ def run_trl(system: str, s: Setting, out: Path) -> dict:
 SPEED_MODELS = {
     # name: (student hidden, layers, heads), (teacher hidden, layers, heads)
     "tiny": ((128, 2, 2), (256, 2, 4)),  # 0.4M / 1.6M parameters: fixed per-step costs dominate
+    "mini": ((256, 3, 4), (512, 4, 8)),  # 2.3M / 11.5M: about where the CPU rollout engines cross
     "small": ((512, 4, 8), (768, 6, 12)),  # 11.5M / 37M: the model's compute dominates
     "medium": ((768, 6, 12), (1024, 8, 16)),  # 37M / 86M
     # GPU scales (bench/gpu_breakdown.py): far too slow to train on a 2-core CPU.

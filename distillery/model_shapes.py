@@ -53,6 +53,12 @@ class ModelShape:
     def params(self) -> int:
         return self.layers * self.layer_params + self.embedding_params
 
+    @property
+    def token_params(self) -> int:
+        """Parameters a token's forward multiplies by: the layers and the output head (the input embedding
+        is a lookup)."""
+        return self.layers * self.layer_params + self.vocab * self.hidden
+
 
 def _qwen2(
     hidden: int, layers: int, intermediate: int, heads: int, kv: int, vocab: int, tied: bool

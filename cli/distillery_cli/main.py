@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from distillery import __version__
+from distillery.model_shapes import resolve_shape
 from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.plan.grader import pattern_refusal, resolve_grader
 from distillery.plan.host_memory import host_memory_refusal, plan_host_memory
@@ -75,7 +76,7 @@ def _plan(args: argparse.Namespace) -> int:
         # Where the checkpoints and the final model go in a cluster (a local run writes to --output).
         print("\n".join(f"  {line}" for line in checkpoint_storage(job.metadata.name, job.spec).lines()))
         # How many rollout engines sample, on which GPUs.
-        print(f"  {rollout_line(job.spec)}")
+        print(f"  {rollout_line(job.spec, resolve_shape(job.spec.student.model))}")
         # Which engine computes each teacher's log-probs, in a cluster and in `distillery run`.
         print("\n".join(f"  {line}" for line in scoring_engine_lines(job.spec)))
         # Where each pod keeps what it downloads (HF_HOME), and how big.

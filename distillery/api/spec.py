@@ -143,6 +143,7 @@ class TeacherPool(PodSettings):
 
 
 class RolloutEngine(StrEnum):
+    AUTO = "auto"
     VLLM = "vllm"
     TRANSFORMERS = "transformers"
 
@@ -150,9 +151,11 @@ class RolloutEngine(StrEnum):
 class Rollout(ApiModel):
     """How the student samples its responses."""
 
-    engine: RolloutEngine = RolloutEngine.VLLM
+    engine: RolloutEngine = RolloutEngine.AUTO
     """vllm (in-process engine, weights synced after each step) or transformers (a batched decode loop of
-    the student's forward, where vLLM is not installed; slower than vLLM on a compiled or larger model)."""
+    the student's forward, where vLLM is not installed; slower than vLLM on a compiled or larger model).
+    auto: vLLM, except for a student on CPU too small for vLLM's fixed cost of a decode step to pay off
+    (about 1.5M parameters a token computes; `distillery plan` prints the choice)."""
     temperature: float = Field(default=1.0, gt=0.0, le=10.0)
     """Sampling temperature of the rollout."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -186,9 +189,9 @@ class Rollout(ApiModel):
 
     rules = (
         Rule(
-            check=lambda r: r.tensor_parallel == 1 or r.engine == RolloutEngine.VLLM,
-            cel="self.tensorParallel == 1 || self.engine == 'vllm'",
-            message="tensorParallel needs engine: vllm (the transformers engine runs on one device)",
+            check=lambda r: r.tensor_parallel == 1 or r.engine != RolloutEngine.TRANSFORMERS,
+            cel="self.tensorParallel == 1 || self.engine != 'transformers'",
+            message="tensorParallel needs engine: vllm or auto (the transformers engine runs on one device)",
             field="tensorParallel",
         ),
     )

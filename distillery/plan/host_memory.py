@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine, Sharding
 from distillery.model_shapes import resolve_shape
 from distillery.plan.quantity import memory_bytes
-from distillery.plan.rollout import rollout_replicas, trainer_world_size
+from distillery.plan.rollout import rollout_engine, rollout_replicas, trainer_world_size
 from distillery.plan.training import resolve_training
 
 GIB = 1024**3
@@ -120,7 +120,7 @@ def plan_host_memory(spec: DistillationJobSpec) -> HostMemoryPlan | None:
         overhead = PINNED_OVERHEAD if settings.offload_pinned else 1.0
         resident.append(("offloaded state (pinned)", math.ceil(offloaded * overhead)))
     rollout = spec.student.rollout
-    if rollout.engine == RolloutEngine.VLLM:
+    if rollout_engine(spec, shape) == RolloutEngine.VLLM:
         # Replicas fill the pods' GPUs one tensor-parallel group at a time (Ray packs them in order).
         engines = min(rollout_replicas(spec), max(1, gpus // rollout.tensor_parallel))
         engine_bytes = 4 if spec.student.precision == Precision.FLOAT32 else 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distillery.api.spec import DistillationJobSpec
+from distillery.model_shapes import ModelShape
 from distillery.plan.engines import EngineSettings, max_logprobs, teacher_engine
 from distillery.plan.export import ExportSettings, resolve_export
 from distillery.plan.gpu_budget import GpuBudget, gpu_budget
@@ -48,10 +49,17 @@ class JobPlan:
     """What each checkpoint's `model/` folder holds: dtype, tokenizer (`export.resolve_export`)."""
 
 
-def resolve(spec: DistillationJobSpec, *, steps: int | None = None, local_gpus: int | None = None) -> JobPlan:
+def resolve(
+    spec: DistillationJobSpec,
+    *,
+    steps: int | None = None,
+    local_gpus: int | None = None,
+    student: ModelShape | None = None,
+) -> JobPlan:
     """The plan of a validated spec, for a run of `steps` optimizer steps (default: the schedule's; a local
     run may be told to stop earlier, and its learning-rate schedule then spans the steps it takes).
-    `local_gpus`: None in a cluster; in `distillery run`, the GPUs this machine shows it (`scoring_engine`)."""
+    `local_gpus`: None in a cluster; in `distillery run`, the GPUs this machine shows it (`scoring_engine`).
+    `student`: the student's shape, read from its files where the caller has them (`rollout.rollout_engine`)."""
     budget = gpu_budget(spec)
     trainer = resolve_training(spec, steps or spec.schedule.steps)
     return JobPlan(
@@ -65,7 +73,7 @@ def resolve(spec: DistillationJobSpec, *, steps: int | None = None, local_gpus: 
         loss=trainer.loss,
         trainer=trainer,
         world_size=trainer_world_size(spec),
-        rollout=resolve_rollout(spec),
+        rollout=resolve_rollout(spec, student),
         grader=resolve_grader(spec.data),
         prompts=resolve_prompts(spec.data),
         export=resolve_export(spec),

@@ -33,8 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from distillery.api.spec import RolloutEngine
 from distillery.model_shapes import ModelShape, resolve_shape
 from distillery.plan.gpu_budget import gpu_budget
+from distillery.plan.rollout import rollout_engine
 
 GIB = 1024**3
 CUDA_CONTEXT_BYTES = 1 * GIB
@@ -277,7 +279,7 @@ def base_layout(spec: Any) -> TrainingLayout | None:
         response_tokens=response,
         compute_bytes=4 if spec.student.precision == "float32" else 2,
         rollout_fraction=spec.student.rollout.memory_fraction
-        if spec.student.rollout.engine == "vllm"
+        if rollout_engine(spec, shape) == RolloutEngine.VLLM
         else 0.0,
         rollout_tensor_parallel=spec.student.rollout.tensor_parallel,
         teacher_fractions=tuple(budget.teacher_fractions[t.name] for t in colocated),

@@ -381,7 +381,7 @@ async def _run(
         "wall time": f"{time.monotonic() - started:.1f} s",
         "loss mode": config.spec.loss.mode.value,
         "teachers": ", ".join(f"{t.name} ({t.placement.value})" for t in config.spec.teachers),
-        "rollout engine": config.spec.student.rollout.engine.value,
+        "rollout engine": loop.plan.rollout.engine.value,
         "last checkpoint": result.last_checkpoint,
         **({"failed": str(root_cause(failure))} if failure is not None else {}),
         "prompts": f"{len(loop.train_data.records)} train"

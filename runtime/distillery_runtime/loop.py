@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from distillery.api.spec import Placement, ResumePolicy
+from distillery.model_shapes import resolve_shape
 from distillery.plan import resolve
 from distillery.plan.generation import EVAL_SAMPLES_LOGGED, end_token_ids, resolve_generation
+from distillery.plan.grader import resolve_grader
 from distillery.plan.scoring_overlap import teachers_scoring_after_rollout
 from distillery.runtime_config import RuntimeConfig, TeacherProtocol
 from distillery_runtime import checkpoint, plan
@@ -132,17 +134,21 @@ class Loop:
         self.config = config
         self.spec = spec = config.spec
         self.options = options
+        self.grader = load_grader(resolve_grader(spec.data))
+        """Grades responses against `data.answerField` (eval accuracy, task reward); first, so that a
+        grader that cannot be used (its module does not import) stops the job before anything loads (the
+        plan's `grader` is the same function's)."""
+        self.student_dir = resolve_location(spec.student.model)
         self.plan = resolve(
-            spec, steps=options.steps, local_gpus=options.local_gpus if options.local else None
+            spec,
+            steps=options.steps,
+            local_gpus=options.local_gpus if options.local else None,
+            student=resolve_shape(self.student_dir),
         )
         """Every setting derived from the spec (distillery.plan): the run reads them from here."""
         self.scored_after_rollout = teachers_scoring_after_rollout(spec, local=options.local)
         """Teachers on the rollout's own CPU cores: they score a step's samples once its rollout is done."""
-        self.grader = load_grader(self.plan.grader)
-        """Grades responses against `data.answerField` (eval accuracy, task reward); first, so that a
-        grader that cannot be used (its module does not import) stops the job before anything loads."""
         self.total = self.plan.trainer.total_steps
-        self.student_dir = resolve_location(spec.student.model)
         tok_dir = resolve_location(spec.student.tokenizer) if spec.student.tokenizer else self.student_dir
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         self.train_data: PreparedData = prepare(spec.data.train, spec.data, self.tokenizer)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from distillery.api import RolloutEngine
 from distillery.plan import JobPlan, resolve
 from distillery.plan.engines import EngineSettings
 from distillery.plan.gpu_budget import GpuBudgetExceeded, share_left
@@ -152,11 +153,7 @@ def test_rollout_settings_and_world_size(base_manifest: dict[str, Any]) -> None:
     base_manifest["spec"]["student"]["pool"] = {"workers": 2, "gpusPerWorker": 4}
     plan = plan_of(base_manifest)
     rollout, spec = plan.rollout, parse_job(base_manifest).spec
-    assert (rollout.replicas, rollout.memory_fraction, rollout.engine) == (
-        2,
-        0.3,
-        spec.student.rollout.engine,
-    )
+    assert (rollout.replicas, rollout.memory_fraction, rollout.engine) == (2, 0.3, RolloutEngine.VLLM)
     # The student's engines and a teacher without its own maxModelLen see the same longest sequence.
     assert rollout.max_model_len == spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens + 1
     plain = [t.name for t in spec.teachers if t.inference.max_model_len is None]

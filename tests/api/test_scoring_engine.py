@@ -1,5 +1,6 @@
 """Which engine computes each teacher's log-probs (`distillery.plan.scoring_engine`), what the runtime config
-makes of it (in process, no server), and the API's rule on `inference.engine`."""
+makes of it (in process, no server), and the API's rule on `inference.engine`; which engine samples the
+student (`distillery.plan.rollout.rollout_engine`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from distillery.api import DistillationTeacher, TeacherEngine
+from distillery.api import DistillationTeacher, RolloutEngine, TeacherEngine
+from distillery.model_shapes import ModelShape
 from distillery.plan import resolve
+from distillery.plan.rollout import CPU_TRANSFORMERS_MAX_TOKEN_PARAMS, rollout_engine, rollout_line
 from distillery.plan.scoring_engine import scoring_engine, scoring_engine_lines
 from distillery.runtime_config import TeacherProtocol, resolve_runtime_config
 from distillery.validation import InvalidManifest, parse_job
@@ -126,3 +129,54 @@ def test_a_distillation_teacher_is_a_vllm_server() -> None:
         DistillationTeacher.model_validate(doc)
     doc["spec"]["inference"]["engine"] = "vllm"
     assert DistillationTeacher.model_validate(doc).spec.inference.engine == VLLM
+
+
+# ------------------------------------------------------------------------------------- the rollout engine
+
+
+def shape(hidden: int, layers: int, vocab: int = 1031) -> ModelShape:
+    return ModelShape(hidden, layers, 2 * hidden, vocab, 4, 4)
+
+
+TINY, MINI = shape(128, 2), shape(256, 3)  # bench/rollout_engines.py's tiny and mini students: 0.46M, 2.23M
+
+
+@pytest.mark.parametrize(
+    ("rollout", "gpus", "student", "engine"),
+    [
+        ({}, 0, TINY, RolloutEngine.TRANSFORMERS),  # below the crossover on CPU
+        ({}, 0, MINI, RolloutEngine.VLLM),
+        ({}, 0, None, RolloutEngine.VLLM),  # a shape unknown where the plan is made
+        ({}, 1, TINY, RolloutEngine.VLLM),  # a GPU
+        ({"tensorParallel": 2}, 0, TINY, RolloutEngine.VLLM),  # only vLLM splits a model
+        ({"engine": "vllm"}, 0, TINY, RolloutEngine.VLLM),  # the user's choice wins
+        ({"engine": "transformers"}, 0, MINI, RolloutEngine.TRANSFORMERS),
+    ],
+)
+def test_auto_samples_with_the_transformers_engine_only_a_small_cpu_student(
+    base_manifest: dict[str, Any],
+    rollout: dict[str, Any],
+    gpus: int,
+    student: ModelShape | None,
+    engine: RolloutEngine,
+) -> None:
+    doc = copy.deepcopy(base_manifest)
+    doc["spec"]["student"].update(rollout=rollout, pool={"gpusPerWorker": gpus})
+    spec = parse_job(doc).spec
+    assert rollout_engine(spec, student) == engine
+    assert resolve(spec, student=student).rollout.engine == engine
+    line = rollout_line(spec, student)
+    if student is None and not gpus:  # decided where the run reads the student's config.json
+        assert "transformers if the student computes at most 1.5M parameters a token, else vllm" in line
+    else:
+        assert f"rollout: 1 {engine} engine(s)" in line
+    assert TINY.token_params < CPU_TRANSFORMERS_MAX_TOKEN_PARAMS < MINI.token_params
+
+
+def test_the_transformers_engine_cannot_split_a_model(base_manifest: dict[str, Any]) -> None:
+    doc = copy.deepcopy(base_manifest)
+    doc["spec"]["student"]["rollout"] = {"engine": "transformers", "tensorParallel": 2}
+    with pytest.raises(
+        InvalidManifest, match=r"spec\.student\.rollout\.tensorParallel: tensorParallel needs"
+    ):
+        parse_job(doc)

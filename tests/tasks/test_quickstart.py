@@ -1,8 +1,9 @@
 """The README's first command, as a new user runs it: `distillery run examples/local-addition.yaml`
 ends with a report in which the student's held-out accuracy rose by a clear margin.
 
-Real everything: the prepared task, Ray, the vLLM rollout engine, the teacher as a loopback vLLM
-teacher server, the trainer. Several minutes on 2 cores.
+Real everything: the prepared task, Ray, the rollout engine and the teacher engine the plan picks for a
+CPU run of a 0.5M-parameter student (the transformers decode loop, the teacher's forward in the run), the
+trainer. Several minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def test_local_addition_example_improves_held_out_accuracy(prepared_task, tmp_pa
     manifest = json.loads((prepared_task / "manifest.json").read_text())
     assert start["eval_accuracy"] == pytest.approx(
         manifest["student"]["eval_accuracy"], abs=0.03
-    )  # vLLM == HF
+    )  # the run's greedy eval == the task build's HF eval
     assert final["eval_accuracy"] >= start["eval_accuracy"] + 0.25, evals
     report = (tmp_path / "run" / "report.md").read_text()
     assert "Held-out addition accuracy" in report and f"{final['eval_accuracy']:.1%}" in report
