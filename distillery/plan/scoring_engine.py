@@ -7,9 +7,10 @@ vLLM server. Where the teacher computes on the student's CPU cores instead (a co
 student, a standalone teacher of a CPU `distillery run`, which would be a server process on this host),
 vLLM's scoring of a step's samples costs more than one forward of them: its scheduler chunks the prefill,
 ships the top-k back through its front end (a server adds HTTP), and it holds a KV cache that scoring never
-reads again. Measured on the 2-core host (the e2e bench's teacher, 32 samples of ~134 tokens, top-16,
-`bench/README.md`): the vLLM server's scoring tail 0.29 s against a plain forward's 0.16 s at the tiny
-setting, 2.98 s against 2.10 s at the small one. There the transformers forward is the default.
+reads again. Measured on the 2-core host (`bench/cpu_teacher_engines.py`: the e2e bench's teachers, one
+step's 32 samples of 136 tokens, top-16, float32): the vLLM server 0.256 s against the forward's 0.181 s for
+the 1.6M teacher, 2.653 s against 2.585 s for the 37M one; and no server process to start. There the
+transformers forward is the default.
 
 It computes in float32 where the dtype is `auto` on CPU: CPUs without bfloat16 matrix units run bfloat16
 matmuls hundreds of times slower (1 GFLOPS on the AVX2 host), and float32 scores the model exactly.
