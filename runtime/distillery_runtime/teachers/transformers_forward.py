@@ -39,15 +39,20 @@ def forward_groups(samples: Sequence[ScoreRequest], vocabulary: int) -> list[lis
     padded tokens and `LOGITS_BYTES` of logits (one sample a group at least)."""
     groups: list[list[int]] = []
     group: list[int] = []
+    first = 0  # the group's first kept position: its shortest prompt's last token
     for index in sorted(range(len(samples)), key=lambda i: _length(samples[i])):
-        trial = [*group, index]
-        width = max(_length(samples[i]) for i in trial)
-        first = min(len(samples[i].prompt_ids) for i in trial) - 1
-        logits = len(trial) * (width - 1 - first) * vocabulary * 4
-        if group and (len(trial) * width > BATCH_TOKENS or logits > LOGITS_BYTES):
+        width = _length(samples[index])  # the longest so far: the samples come shortest first
+        start = (
+            min(first, len(samples[index].prompt_ids) - 1) if group else len(samples[index].prompt_ids) - 1
+        )
+        rows = len(group) + 1
+        if group and (
+            rows * width > BATCH_TOKENS or rows * (width - 1 - start) * vocabulary * 4 > LOGITS_BYTES
+        ):
             groups.append(group)
-            trial = [index]
-        group = trial
+            group, start = [], len(samples[index].prompt_ids) - 1
+        group.append(index)
+        first = start
     if group:
         groups.append(group)
     return groups
