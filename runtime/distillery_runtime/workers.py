@@ -307,10 +307,7 @@ class InProcessTeacherWorker:
             self.teacher = ColocatedTeacher(model_dir, here)
 
     async def start(self) -> bool:
-        from distillery_runtime.teachers.colocated import ColocatedTeacher
-
-        if isinstance(self.teacher, ColocatedTeacher):
-            await self.teacher.start()
+        await self.teacher.start()
         return True
 
     async def score(self, samples: Sequence[Any], top_k: int) -> Any:

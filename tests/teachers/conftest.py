@@ -34,21 +34,24 @@ def make_samples(
 
 
 @pytest.fixture(scope="session")
-def hf_reference() -> Callable[[Path, Sequence[ScoreRequest]], list[torch.Tensor]]:
-    """`ref(model_dir, samples)` -> per sample, the transformers log-probs [T, V] (float32) that
-    predict each response token: a plain forward pass on prompt + response."""
+def hf_reference() -> Callable[..., list[torch.Tensor]]:
+    """`ref(model_dir, samples, dtype=bfloat16)` -> per sample, the transformers log-probs [T, V] (float32)
+    that predict each response token: a plain forward pass on prompt + response, of that sample alone."""
     from transformers import AutoModelForCausalLM
 
-    models: dict[Path, torch.nn.Module] = {}
+    models: dict[tuple[Path, torch.dtype], torch.nn.Module] = {}
 
-    def ref(model_dir: Path, samples: Sequence[ScoreRequest]) -> list[torch.Tensor]:
-        if model_dir not in models:
-            models[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    def ref(
+        model_dir: Path, samples: Sequence[ScoreRequest], dtype: torch.dtype = torch.bfloat16
+    ) -> list[torch.Tensor]:
+        key = (model_dir, dtype)
+        if key not in models:
+            models[key] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         out = []
         for s in samples:
             ids = torch.tensor([[*s.prompt_ids, *s.response_ids]])
             with torch.no_grad():
-                logits = models[model_dir](ids).logits[0].float()
+                logits = models[key](ids).logits[0].float()
             p = len(s.prompt_ids)
             out.append(torch.log_softmax(logits, -1)[p - 1 : p - 1 + len(s.response_ids)])
         return out

@@ -9,6 +9,7 @@ test_vllm_teacher.py / test_colocated_and_routing.py, so the two engines agree t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,6 @@ import torch
 from distillery_runtime.teachers import ScoreRequest, TeacherError
 from distillery_runtime.teachers import transformers_forward as forward
 from distillery_runtime.teachers.transformers_forward import TransformersTeacher, forward_groups
-from transformers import AutoModelForCausalLM
 
 from distillery.api.spec import TeacherEngine
 from distillery.plan.engines import EngineSettings
@@ -44,16 +44,10 @@ def teacher(model_dir) -> TransformersTeacher:
     return TransformersTeacher(str(model_dir), engine(), dtype=torch.float32, device=torch.device("cpu"))
 
 
-def reference(model_dir: Path, samples: list[ScoreRequest]) -> list[torch.Tensor]:
-    """Each sample's log-probs [T, V] from a forward of that sample alone."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    out = []
-    for s in samples:
-        with torch.no_grad():
-            logits = model(torch.tensor([[*s.prompt_ids, *s.response_ids]])).logits[0].float()
-        p = len(s.prompt_ids)
-        out.append(torch.log_softmax(logits, -1)[p - 1 : p - 1 + len(s.response_ids)])
-    return out
+@pytest.fixture
+def reference(hf_reference) -> Callable[[Path, list[ScoreRequest]], list[torch.Tensor]]:
+    """Each sample's log-probs [T, V] from a float32 forward of that sample alone."""
+    return lambda model_dir, samples: hf_reference(model_dir, samples, torch.float32)
 
 
 def assert_exact(scores, samples: list[ScoreRequest], refs: list[torch.Tensor]) -> None:
@@ -77,14 +71,14 @@ def assert_exact(scores, samples: list[ScoreRequest], refs: list[torch.Tensor]) 
 
 
 @pytest.mark.parametrize("top_k", [0, 1, 8, 16, 64])  # 16 and 64: numpy's exact top-k; below, torch's
-def test_scores_are_each_samples_own_forward(teacher, model_dir, top_k) -> None:
+def test_scores_are_each_samples_own_forward(teacher, model_dir, reference, top_k) -> None:
     samples = make_samples(12, 1024, seed=7, max_prompt=30, max_response=60)  # one with no response
     scores = asyncio.run(teacher.score(samples, top_k))
     assert scores.top_k == top_k and scores.batch_size == len(samples)
     assert_exact(scores, samples, reference(model_dir, samples))
 
 
-def test_a_batch_split_into_groups_scores_the_same(teacher, model_dir, monkeypatch) -> None:
+def test_a_batch_split_into_groups_scores_the_same(teacher, model_dir, reference, monkeypatch) -> None:
     samples = make_samples(10, 1024, seed=8, max_prompt=20, max_response=50)
     whole = asyncio.run(teacher.score(samples, 8))
     # Logits of ~40 positions at most per forward: several groups, each of similar lengths.
@@ -97,7 +91,7 @@ def test_a_batch_split_into_groups_scores_the_same(teacher, model_dir, monkeypat
     assert_exact(split, samples, reference(model_dir, samples))
 
 
-def test_score_each_answers_each_sample_in_order(teacher, model_dir) -> None:
+def test_score_each_answers_each_sample_in_order(teacher, model_dir, reference) -> None:
     samples = make_samples(5, 1024, seed=9, max_response=40)
     each = asyncio.run(teacher.score_each(samples, 4))
     refs = reference(model_dir, samples)
@@ -114,7 +108,7 @@ def test_limits_are_refused_before_any_forward(teacher) -> None:
         asyncio.run(teacher.score(make_samples(1, 1024, seed=1), 65))
 
 
-def test_a_real_vocabulary_is_scored_within_the_logits_budget(tiny_qwen_factory) -> None:
+def test_a_real_vocabulary_is_scored_within_the_logits_budget(tiny_qwen_factory, reference) -> None:
     """Qwen's 151,936-row head: 32 samples of ~130 positions would be 2.5 GB of float32 logits in one
     forward; the groups keep each within LOGITS_BYTES and still score every sample as alone."""
     model_dir = tiny_qwen_factory()

@@ -75,6 +75,10 @@ class TransformersTeacher(BatchTeacher):
         self.vocabulary_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.keeps_logits = "logits_to_keep" in inspect.signature(type(self.model).forward).parameters
 
+    async def start(self) -> TransformersTeacher:
+        """Nothing to start: the model loaded with the object (the same call as a vLLM teacher's)."""
+        return self
+
     async def _limits(self) -> tuple[int | None, int | None]:
         return self.engine_settings.max_model_len, self.engine_settings.max_logprobs
 
