@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -51,6 +52,35 @@ def start(args: list[str], cwd: Path) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def session_pids(session: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # Fields after the command's closing parenthesis: state, ppid, pgrp, session.
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+            if int(fields[3]) == session and fields[0] != "Z":  # a zombie has finished already
+                pids.append(int(entry.name))
+    return pids
+
+
+def kill_session(session: int, timeout: float = 30) -> None:
+    """SIGKILL every process of a session at once, as a node or pod failure does.
+
+    The run's group alone is not enough: Ray starts each worker in a process group of its own (same session),
+    and a worker that outlives the driver could still finish a checkpoint after the "crash".
+    """
+    deadline = time.monotonic() + timeout
+    while pids := session_pids(session):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # gone meanwhile
+                os.kill(pid, signal.SIGKILL)
+        assert time.monotonic() < deadline, f"session {session} still has processes {pids}"
+        time.sleep(0.05)
 
 
 def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
@@ -311,7 +341,7 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(job_files, wr
     process = start([str(path), "-o", str(out), "--no-progress"], tmp_path)
     wait_for_step(process, out / "metrics.jsonl", 3)
     time.sleep(0.05)  # inside step 4
-    os.killpg(process.pid, signal.SIGKILL)
+    kill_session(process.pid)
     process.wait(timeout=30)
     assert max(r["step"] for r in read_records(out / "metrics.jsonl")) < 5
     # Step 2's checkpoint, or step 4's where a loaded host let step 4 end (and save) before the kill.
