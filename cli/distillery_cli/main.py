@@ -22,7 +22,7 @@ from distillery.plan.memory import refusal
 from distillery.plan.memory_features import job_memory_plan, resolve_memory_features
 from distillery.plan.model_cache import cache_lines
 from distillery.plan.pod_resources import pod_resources
-from distillery.plan.rollout import rollout_line
+from distillery.plan.rollout_placement import rollout_line
 from distillery.plan.scoring_engine import scoring_engine_lines
 from distillery.validation import InvalidManifest, load_jobs, load_manifests
 

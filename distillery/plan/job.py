@@ -16,7 +16,8 @@ from distillery.plan.gpu_budget import GpuBudget, gpu_budget
 from distillery.plan.grader import GraderPlan, resolve_grader
 from distillery.plan.loss import LossConfig
 from distillery.plan.prompts import PromptPlan, resolve_prompts
-from distillery.plan.rollout import RolloutSettings, resolve_rollout, trainer_world_size
+from distillery.plan.rollout import RolloutSettings, resolve_rollout, rollout_engine, trainer_world_size
+from distillery.plan.rollout_placement import rollout_in_trainer
 from distillery.plan.routes import RouteTable, route_table
 from distillery.plan.training import TrainerSettings, resolve_training
 
@@ -73,7 +74,9 @@ def resolve(
         loss=trainer.loss,
         trainer=trainer,
         world_size=trainer_world_size(spec),
-        rollout=resolve_rollout(spec, student),
+        rollout=resolve_rollout(
+            spec, student, in_trainer=rollout_in_trainer(spec, rollout_engine(spec, student), trainer)
+        ),
         grader=resolve_grader(spec.data),
         prompts=resolve_prompts(spec.data),
         export=resolve_export(spec),

@@ -42,6 +42,9 @@ class RolloutSettings:
     """The engines on the student's GPUs (rollout, colocated teachers) sleep while the student trains
     (vLLM sleep mode frees their weights and KV cache for the trainer). Only on a GPU: on CPU vLLM has no
     sleep mode, and each sleep or wake-up would be a Ray call per engine for nothing, every step."""
+    in_trainer: bool = False
+    """The engine samples with the trainer's own model, in the trainer's process
+    (`rollout_placement.rollout_in_trainer`): no second copy of the student, no weight sync."""
 
     @property
     def sync_ranks(self) -> int:
@@ -76,8 +79,11 @@ def rollout_engine(spec: DistillationJobSpec, student: ModelShape | None) -> Rol
     return RolloutEngine.TRANSFORMERS if small and on_cpu else RolloutEngine.VLLM
 
 
-def resolve_rollout(spec: DistillationJobSpec, student: ModelShape | None = None) -> RolloutSettings:
-    """The rollout engines' settings of a spec; `student`: the student's shape where known (`rollout_engine`)."""
+def resolve_rollout(
+    spec: DistillationJobSpec, student: ModelShape | None = None, *, in_trainer: bool = False
+) -> RolloutSettings:
+    """The rollout engines' settings of a spec; `student`: the student's shape where known (`rollout_engine`);
+    `in_trainer`: `rollout_placement.rollout_in_trainer`'s decision."""
     rollout = spec.student.rollout
     return RolloutSettings(
         engine=rollout_engine(spec, student),
@@ -90,6 +96,7 @@ def resolve_rollout(spec: DistillationJobSpec, student: ModelShape | None = None
         tensor_parallel=rollout.tensor_parallel,
         logprobs_every=rollout_logprobs_every(spec),
         sleeps=spec.student.pool.gpus_per_worker > 0,
+        in_trainer=in_trainer,
     )
 
 
@@ -104,36 +111,6 @@ def rollout_replicas(spec: DistillationJobSpec) -> int:
     if pool.gpus_per_worker == 0:
         return 1
     return max(1, pool.workers * pool.gpus_per_worker // rollout.tensor_parallel)
-
-
-def rollout_line(spec: DistillationJobSpec, student: ModelShape | None) -> str:
-    """The rollout engines and why, for `distillery plan` (`student`: the student's shape where known)."""
-    rollout, pool = spec.student.rollout, spec.student.pool
-    engine = rollout_engine(spec, student)
-    replicas = rollout_replicas(spec)
-    if rollout.engine != RolloutEngine.AUTO:
-        engine_why = "student.rollout.engine"
-    elif engine == RolloutEngine.TRANSFORMERS and student is not None:
-        engine_why = f"auto: a student of {student.token_params / 1e6:.1f}M parameters a token on CPU"
-    elif pool.gpus_per_worker == 0 and rollout.tensor_parallel == 1 and student is None:
-        # The plan is made without the student's files (a URI, a hub id): the run decides once it has them.
-        return (
-            f"rollout: {replicas} engine(s) x tensorParallel {rollout.tensor_parallel} (auto: one on CPU), "
-            "transformers if the student computes at most 1.5M parameters a token, else vllm (auto: read from "
-            "its config.json when the run starts)"
-        )
-    else:
-        engine_why = "auto"
-    if rollout.replicas is not None:
-        why = "student.rollout.replicas"
-    elif pool.gpus_per_worker == 0:
-        why = "auto: one on CPU"
-    else:
-        why = f"auto: one per {rollout.tensor_parallel} of the student's {pool.workers * pool.gpus_per_worker} GPUs"
-    return (
-        f"rollout: {replicas} {engine} engine(s) ({engine_why}) x tensorParallel {rollout.tensor_parallel} "
-        f"({why})"
-    )
 
 
 def rollout_logprobs_every(spec: DistillationJobSpec) -> int:

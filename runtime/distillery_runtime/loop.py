@@ -7,7 +7,9 @@ One step, top to bottom (`Loop.step`):
             teacher on the rollout's own CPU cores gets them once the rollout is done (plan.scoring_overlap)
   train     the trainer ranks take one optimizer step on their shards (gradients all-reduced)
   sync      the new weights stream from the trainers' shards to the rollout engine in buckets, over a
-            torch.distributed group of their own (weight_sync.py), not through Ray's object store
+            torch.distributed group of their own (weight_sync.py), not through Ray's object store; none
+            where the engine samples with the trainer's own model in its process (plan.rollout_in_trainer:
+            one float32 CPU replica and the transformers engine)
 then metrics, status, checkpoint and evaluation when due. With `schedule.oneStepOff` the rollout of step
 i+1 is started before step i trains, so sampling overlaps training and each sample is one policy version
 stale (recorded as `staleness`). Everything stateful (engines, models, files) lives in the leaves.
@@ -391,6 +393,8 @@ class Loop:
         return _combine_rank_metrics(results)
 
     async def sync(self, c: Components) -> None:
+        if self.plan.rollout.in_trainer:  # the engine samples with the trainer's model: already in step
+            return
         if c.weight_metas is not None:
             # Streamed: bucket by bucket from the shards to the engine, over the weight-sync group.
             await asyncio.gather(
@@ -676,26 +680,31 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     world = plan.world_size
     in_process = {t.name for t in config.teachers if t.protocol == TeacherProtocol.IN_PROCESS}
     settings = plan.trainer
-    trainer_cls = ray.remote(workers.TrainerWorker).options(
-        **workers.actor_options("trainer", gpus_per_worker=gpus, budget=plan.gpu_budget)
-    )
+    trainer_options = workers.actor_options("trainer", gpus_per_worker=gpus, budget=plan.gpu_budget)
     # Actor handles: Ray's stubs type them as the worker class, whose methods have no `.remote`.
-    trainers: list[Any] = [trainer_cls.remote(loop.model_dir, settings, rank, world) for rank in range(world)]
-    if world > 1:
-        address = await trainers[0].rendezvous.remote()
-        await asyncio.gather(*(t.init_group.remote(address) for t in trainers))
-    rollout_cls = ray.remote(workers.RolloutWorker).options(
-        **workers.actor_options(
-            "rollout",
-            gpus_per_worker=gpus,
-            budget=plan.gpu_budget,
+    trainers: list[Any]
+    if plan.rollout.in_trainer:  # one rank, which samples with its own model: the rollout's one replica
+        hosting_cls = ray.remote(workers.TrainerWithRollout).options(**trainer_options)
+        trainers = [hosting_cls.remote(loop.model_dir, settings, plan.rollout)]
+        rollout = RolloutPool(trainers)
+    else:
+        trainer_cls = ray.remote(workers.TrainerWorker).options(**trainer_options)
+        trainers = [trainer_cls.remote(loop.model_dir, settings, rank, world) for rank in range(world)]
+        if world > 1:
+            address = await trainers[0].rendezvous.remote()
+            await asyncio.gather(*(t.init_group.remote(address) for t in trainers))
+        rollout_cls = ray.remote(workers.RolloutWorker).options(
+            **workers.actor_options(
+                "rollout",
+                gpus_per_worker=gpus,
+                budget=plan.gpu_budget,
+                tensor_parallel=plan.rollout.tensor_parallel,
+            )
+        )
+        rollout = RolloutPool(
+            [rollout_cls.remote(loop.model_dir, plan.rollout) for _ in range(plan.rollout.replicas)],
             tensor_parallel=plan.rollout.tensor_parallel,
         )
-    )
-    rollout = RolloutPool(
-        [rollout_cls.remote(loop.model_dir, plan.rollout) for _ in range(plan.rollout.replicas)],
-        tensor_parallel=plan.rollout.tensor_parallel,
-    )
     teacher_actors: dict[str, Any] = {}
     for teacher in spec.teachers:
         if teacher.name not in in_process:
@@ -730,13 +739,16 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     )
     scoring = TeacherScoring(plan, clients, outages)
     dtype = await rollout.dtype()
-    # The weight-sync group: trainer rank 0 sends, every rollout replica's workers receive (weight_sync.py).
-    host, port = await trainers[0].sync_address.remote()
-    names = ["trainer rank 0", *rollout.names]
-    await asyncio.gather(
-        trainers[0].join_weight_sync.remote(host, port, names), rollout.join_weight_sync(host, port, names)
-    )
-    metas = await trainers[0].weight_metas.remote(dtype)
+    metas = None
+    if not plan.rollout.in_trainer:
+        # The weight-sync group: trainer rank 0 sends, every rollout replica's workers receive (weight_sync.py).
+        host, port = await trainers[0].sync_address.remote()
+        names = ["trainer rank 0", *rollout.names]
+        await asyncio.gather(
+            trainers[0].join_weight_sync.remote(host, port, names),
+            rollout.join_weight_sync(host, port, names),
+        )
+        metas = await trainers[0].weight_metas.remote(dtype)
     components = Components(trainers, rollout, scoring, list(teacher_actors.values()), dtype, metas)
     if loop.version:  # resumed: the trainers restore optimizer, schedule and RNG states
         assert loop.last_checkpoint is not None

@@ -281,6 +281,54 @@ class RolloutWorker:
         self.engine.wake_up()
 
 
+class TrainerWithRollout(TrainerWorker):
+    """The one trainer rank, whose process also hosts the rollout engine, sampling with the trainer's own
+    model (`plan.rollout_in_trainer`). It answers the rollout engine's calls (`RolloutPool` drives it as
+    its one replica) besides the trainer's: the engine is always at the trainer's version, so no weight
+    sync group is formed and a step's sync is nothing."""
+
+    def __init__(self, model_dir: str, settings: Any, rollout: RolloutSettings) -> None:
+        from distillery_runtime.rollout.hf_engine import TransformersRolloutEngine
+
+        super().__init__(model_dir, settings, 0, 1)
+        self.engine = TransformersRolloutEngine(
+            model_dir, dtype=self.trainer.compute_dtype, model=self.trainer.model
+        )
+        self.dtype_name = compute_dtype_here(rollout.precision)
+
+    def train_step(self, samples: Sequence[TrainSample], normalizer: float) -> dict[str, float]:
+        metrics = super().train_step(samples, normalizer)
+        self.engine.policy_version = self.trainer.version
+        return metrics
+
+    def load_state(self, checkpoint_path: str) -> int:
+        self.engine.policy_version = super().load_state(checkpoint_path)
+        return self.engine.policy_version
+
+    def dtype(self) -> str:
+        return self.dtype_name
+
+    def stream(self, requests: Sequence[Any], sampling: Any) -> Iterator[list[RolloutSample]]:
+        """Samples as they finish (a Ray streaming generator), as `RolloutWorker.stream`."""
+        yield from self.engine.generate(requests, sampling)
+
+    def generate(self, requests: Sequence[Any], sampling: Any) -> list[RolloutSample]:
+        return [sample for finished in self.engine.generate(requests, sampling) for sample in finished]
+
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    def set_version(self, version: int) -> int:
+        self.engine.policy_version = version
+        return version
+
+    def sleep(self) -> None:
+        """Nothing to release: the weights are the trainer's."""
+
+    def wake_up(self) -> None:
+        """Nothing to restore."""
+
+
 class InProcessTeacherWorker:
     """A teacher computed in the run's own processes: a colocated one (an in-process vLLM engine beside the
     student), or one the plan scores with the transformers forward (`plan.scoring_engine`)."""

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from distillery.api import DistillationTeacher, RolloutEngine, TeacherEngine
 from distillery.model_shapes import ModelShape
 from distillery.plan import resolve
-from distillery.plan.rollout import CPU_TRANSFORMERS_MAX_TOKEN_PARAMS, rollout_engine, rollout_line
+from distillery.plan.rollout import CPU_TRANSFORMERS_MAX_TOKEN_PARAMS, rollout_engine
+from distillery.plan.rollout_placement import rollout_line
 from distillery.plan.scoring_engine import scoring_engine, scoring_engine_lines
 from distillery.runtime_config import TeacherProtocol, resolve_runtime_config
 from distillery.validation import InvalidManifest, parse_job
@@ -180,3 +181,32 @@ def test_the_transformers_engine_cannot_split_a_model(base_manifest: dict[str, A
         InvalidManifest, match=r"spec\.student\.rollout\.tensorParallel: tensorParallel needs"
     ):
         parse_job(doc)
+
+
+@pytest.mark.parametrize(
+    ("edit", "in_trainer"),
+    [
+        ({}, True),  # one float32 CPU replica: the engine samples with the trainer's module
+        ({"student": {"precision": "bfloat16"}}, False),  # bf16 engine weights, float32 masters
+        ({"student": {"pool": {"gpusPerWorker": 1}}}, False),  # a GPU: vLLM, synced
+        ({"student": {"pool": {"workers": 2}}}, False),  # two trainer ranks
+        ({"student": {"rollout": {"replicas": 2}}}, False),  # two engines
+        ({"student": {"rollout": {"engine": "vllm"}}}, False),
+        ({"student": {"training": {"sharding": "fsdp"}}}, False),  # the module holds shards
+        ({"schedule": {"oneStepOff": True}}, False),  # samples with the step before's weights
+    ],
+)
+def test_the_rollout_runs_in_the_trainer_process_only_where_its_weights_are_the_trainers(
+    base_manifest: dict[str, Any], edit: dict[str, Any], in_trainer: bool
+) -> None:
+    doc = copy.deepcopy(base_manifest)
+    doc["spec"]["student"]["pool"] = {"gpusPerWorker": 0}
+    for section, values in edit.items():
+        for key, value in values.items():
+            part = doc["spec"].setdefault(section, {})
+            part[key] = {**part.get(key, {}), **value} if isinstance(value, dict) else value
+    spec = parse_job(doc).spec
+    plan = resolve(spec, student=TINY)
+    assert plan.rollout.in_trainer is in_trainer
+    assert resolve(spec).rollout.in_trainer is False  # a shape unknown: vLLM, which has its own process
+    assert ("in the trainer's process with its own model" in rollout_line(spec, TINY)) is in_trainer

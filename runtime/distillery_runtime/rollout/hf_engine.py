@@ -6,13 +6,15 @@ sampling, and a row leaves the batch (its KV cache rows with it) when it ends, s
 long ones. Each row draws its tokens from its own torch generator seeded from its request, so a sample does
 not depend on which other prompts share its step (the reproducibility vLLM's per-request seed gives; as
 with vLLM, up to the float rounding a batched kernel may differ in). Rows are out the moment they end, so
-the teacher scores them while the rest decode. Weights are loaded with `load_state_dict`.
+the teacher scores them while the rest decode. Weights are loaded with `load_state_dict`, or the engine
+samples with the trainer's own module where it runs in the trainer's process (`plan.rollout_in_trainer`).
 """
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -31,12 +33,21 @@ Ended = tuple[GenerationRequest, list[int], list[float], str]
 class TransformersRolloutEngine:
     """Student sampling with the model's forward and a KV cache, a batch of requests at a time."""
 
-    def __init__(self, model_dir: str, *, dtype: torch.dtype, batch_rows: int = BATCH_ROWS) -> None:
+    def __init__(
+        self, model_dir: str, *, dtype: torch.dtype, batch_rows: int = BATCH_ROWS, model: Any = None
+    ) -> None:
+        """`model`: a module to sample with as it is, the trainer's own where the plan puts the engine in the
+        trainer's process (`plan.rollout_in_trainer`): never copied, never synced, switched to eval mode
+        only while it samples. None: the student is loaded from `model_dir` in `dtype`."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-        self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' decorated `to`
+        if model is None:
+            self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            loaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+            self.model = loaded.to(self.device).eval()  # type: ignore[arg-type]  # transformers' decorated `to`
+        else:
+            self.device = next(model.parameters()).device
+            self.model = model
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.eos = self.tokenizer.eos_token_id
         # the left padding's id: masked out, so any id does where the tokenizer names neither
@@ -148,21 +159,26 @@ class TransformersRolloutEngine:
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
     ) -> Iterator[list[RolloutSample]]:
-        for first in range(0, len(requests), self.batch_rows):
-            for ended in self._sample_batch(requests[first : first + self.batch_rows], sampling):
-                yield [
-                    RolloutSample(
-                        sample_id=request.sample_id,
-                        prompt_ids=list(request.prompt_ids),
-                        response_ids=ids,
-                        logprobs=logprobs if sampling.logprobs else None,
-                        route=request.route,
-                        answer=request.answer,
-                        policy_version=self.policy_version,
-                        finish_reason=finish,
-                    )
-                    for request, ids, logprobs, finish in ended
-                ]
+        training = self.model.training  # a shared trainer's module goes back to train mode after
+        self.model.eval()
+        try:
+            for first in range(0, len(requests), self.batch_rows):
+                for ended in self._sample_batch(requests[first : first + self.batch_rows], sampling):
+                    yield [
+                        RolloutSample(
+                            sample_id=request.sample_id,
+                            prompt_ids=list(request.prompt_ids),
+                            response_ids=ids,
+                            logprobs=logprobs if sampling.logprobs else None,
+                            route=request.route,
+                            answer=request.answer,
+                            policy_version=self.policy_version,
+                            finish_reason=finish,
+                        )
+                        for request, ids, logprobs, finish in ended
+                    ]
+        finally:
+            self.model.train(training)
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
         state = {name: tensor for name, tensor in weights}

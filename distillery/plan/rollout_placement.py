@@ -1,0 +1,69 @@
+"""Where the student's rollout engine runs: a process of its own, or the trainer's (sampling with the
+trainer's module); and the rollout line of `distillery plan`.
+
+Apart from `rollout.py` because the choice reads the trainer's settings, which are resolved from the memory
+plan, which reads the rollout's.
+"""
+
+from __future__ import annotations
+
+from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine, Sharding
+from distillery.model_shapes import ModelShape
+from distillery.plan.rollout import rollout_engine, rollout_replicas, trainer_world_size
+from distillery.plan.training import TrainerSettings, resolve_training
+
+
+def rollout_in_trainer(spec: DistillationJobSpec, engine: RolloutEngine, trainer: TrainerSettings) -> bool:
+    """Whether the one rollout engine samples with the trainer's own model, in the trainer's process.
+
+    Where the student trains on CPU as one float32 replica and the transformers engine samples it, a
+    separate engine process only costs: a second copy of the weights, a weight sync every step, and a
+    process switch at each phase on the same few cores. The trainer's module samples as it is (in eval
+    mode, without gradients), so the engine is always at the trainer's version. Not with a one-step-off
+    rollout, which samples with the weights of the step before while the trainer changes them; not where
+    the engine's weights would differ from the trainer's (bfloat16 rollout weights against float32
+    masters, FSDP2 shards, offloaded parameters); and not with several engines or trainer ranks."""
+    return (
+        engine == RolloutEngine.TRANSFORMERS
+        and spec.student.pool.gpus_per_worker == 0
+        and trainer_world_size(spec) == 1
+        and rollout_replicas(spec) == 1
+        and spec.student.rollout.tensor_parallel == 1
+        and not spec.schedule.one_step_off
+        and spec.student.precision != Precision.BFLOAT16
+        and trainer.sharding == Sharding.REPLICATE
+        and not trainer.cpu_offload
+    )
+
+
+def rollout_line(spec: DistillationJobSpec, student: ModelShape | None) -> str:
+    """The rollout engines and why, for `distillery plan` (`student`: the student's shape where known)."""
+    rollout, pool = spec.student.rollout, spec.student.pool
+    engine = rollout_engine(spec, student)
+    replicas = rollout_replicas(spec)
+    shares = rollout_in_trainer(spec, RolloutEngine.TRANSFORMERS, resolve_training(spec, spec.schedule.steps))
+    in_trainer = "in the trainer's process with its own model (auto: one float32 CPU replica; no weight sync)"
+    if rollout.engine != RolloutEngine.AUTO:
+        engine_why = "student.rollout.engine"
+    elif engine == RolloutEngine.TRANSFORMERS and student is not None:
+        engine_why = f"auto: a student of {student.token_params / 1e6:.1f}M parameters a token on CPU"
+    elif pool.gpus_per_worker == 0 and rollout.tensor_parallel == 1 and student is None:
+        # The plan is made without the student's files (a URI, a hub id): the run decides once it has them.
+        return (
+            f"rollout: {replicas} engine(s) x tensorParallel {rollout.tensor_parallel} (auto: one on CPU), "
+            "transformers if the student computes at most 1.5M parameters a token, else vllm (auto: read from "
+            "its config.json when the run starts)" + (f"; transformers {in_trainer}" if shares else "")
+        )
+    else:
+        engine_why = "auto"
+    if rollout.replicas is not None:
+        why = "student.rollout.replicas"
+    elif pool.gpus_per_worker == 0:
+        why = "auto: one on CPU"
+    else:
+        why = f"auto: one per {rollout.tensor_parallel} of the student's {pool.workers * pool.gpus_per_worker} GPUs"
+    where = f", {in_trainer}" if shares and engine == RolloutEngine.TRANSFORMERS else ""
+    return (
+        f"rollout: {replicas} {engine} engine(s) ({engine_why}) x tensorParallel {rollout.tensor_parallel} "
+        f"({why}){where}"
+    )

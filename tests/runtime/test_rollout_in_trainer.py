@@ -1,0 +1,76 @@
+"""The rollout engine in the trainer's process (`plan.rollout_in_trainer`): it samples with the trainer's own
+module, so after every optimizer step it samples what an engine of its own would after a weight sync, and
+it leaves the module in train mode. The worker class is driven directly here; the loop's path through Ray
+runs in the local-run tests (`tests/tasks/test_quickstart.py`: the plan picks it for the addition example).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from distillery_runtime.rollout import GenerationRequest, SamplingSettings, build_engine
+from distillery_runtime.trainer import step_normalizer
+from distillery_runtime.workers import TrainerWithRollout
+
+from distillery.api.spec import LossMode, Precision, RolloutEngine
+from distillery.plan.loss import LossConfig
+from distillery.plan.rollout import RolloutSettings
+from distillery.plan.training import TrainerSettings
+from tests.runtime.helpers import make_samples
+
+PROMPTS = [(5, 9, 13, 7), (3, 4), (8, 21, 17, 6, 2, 30)]
+
+
+def _sampled(engine_or_worker, sampling: SamplingSettings) -> dict[str, tuple[list[int], list[float]]]:
+    requests = [GenerationRequest(f"r{i}", PROMPTS[i % 3], seed=i) for i in range(6)]
+    out = engine_or_worker.generate(requests, sampling)
+    samples = [s for part in out for s in part] if not isinstance(out, list) else out
+    return {s.sample_id: (s.response_ids, s.logprobs) for s in samples}
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key][0] == b[key][0], key
+        assert a[key][1] == pytest.approx(b[key][1], abs=1e-4), key
+
+
+def test_the_trainer_hosted_engine_samples_what_a_synced_engine_of_its_own_would(job_files):
+    settings = TrainerSettings(
+        lr=5e-2,
+        precision=Precision.FLOAT32,
+        micro_batch_size=4,
+        loss=LossConfig(mode=LossMode.FORWARD_KL_TOPK),
+    )
+    rollout = RolloutSettings(
+        engine=RolloutEngine.TRANSFORMERS, precision=Precision.FLOAT32, max_model_len=64, seed=0,
+        memory_fraction=0.5, enforce_eager=None, replicas=1, tensor_parallel=1, in_trainer=True,
+    )  # fmt: skip
+    worker = TrainerWithRollout(str(job_files.student), settings, rollout)
+    own = build_engine("transformers", str(job_files.student), dtype=torch.float32, max_model_len=64)
+    sampling = SamplingSettings(max_new_tokens=6, temperature=1.0)
+    assert worker.dtype() == "float32" and worker.policy_version() == 0
+
+    fixed = worker.sequence_logprobs(PROMPTS[2][:3], PROMPTS[2][3:])
+    before = _sampled(worker, sampling)
+    _same(before, _sampled(own, sampling))
+    assert worker.trainer.model.training  # sampling switched it to eval mode and back
+
+    samples = make_samples(8, 64, 4)
+    for _ in range(3):
+        worker.train_step(samples, step_normalizer(samples, settings.loss))
+    assert worker.policy_version() == 3  # the engine's version is the trainer's, with no sync
+    streamed = [s for part in worker.stream(
+        [GenerationRequest("s", PROMPTS[0], seed=1)], sampling) for s in part]  # fmt: skip
+    assert [s.policy_version for s in streamed] == [3]
+
+    after = _sampled(worker, sampling)
+    moved = worker.sequence_logprobs(PROMPTS[2][:3], PROMPTS[2][3:])
+    assert max(abs(a - b) for a, b in zip(moved, fixed, strict=True)) > 0.05  # the steps moved the policy...
+    own.update_weights(worker.trainer.weights(torch.float32), 3)
+    _same(after, _sampled(own, sampling))  # ...to what a separate engine samples once synced
+    assert worker.generate([GenerationRequest("g", PROMPTS[1], seed=0)], sampling)[0].policy_version == 3
+    assert worker.trainer.model.training
+
+    worker.set_version(7)
+    assert worker.policy_version() == 7
