@@ -17,7 +17,7 @@ from distillery.plan.grader import GraderPlan, resolve_grader
 from distillery.plan.loss import LossConfig
 from distillery.plan.prompts import PromptPlan, resolve_prompts
 from distillery.plan.rollout import RolloutSettings, resolve_rollout, rollout_engine, trainer_world_size
-from distillery.plan.rollout_placement import rollout_in_trainer
+from distillery.plan.rollout_placement import rollout_in_trainer, teachers_in_trainer
 from distillery.plan.routes import RouteTable, route_table
 from distillery.plan.training import TrainerSettings, resolve_training
 
@@ -42,6 +42,8 @@ class JobPlan:
     """Trainer ranks (`rollout.trainer_world_size`)."""
     rollout: RolloutSettings
     """What each rollout engine is started with (`rollout.resolve_rollout`)."""
+    teachers_in_trainer: frozenset[str]
+    """The teachers scored in the trainer's process (`rollout_placement.teachers_in_trainer`)."""
     grader: GraderPlan
     """What grades a response against its answer: eval accuracy and the task reward (`grader.resolve_grader`)."""
     prompts: PromptPlan
@@ -63,20 +65,21 @@ def resolve(
     `student`: the student's shape, read from its files where the caller has them (`rollout.rollout_engine`)."""
     budget = gpu_budget(spec)
     trainer = resolve_training(spec, steps or spec.schedule.steps)
+    engines = {
+        t.name: teacher_engine(spec, t, budget.teacher_fractions[t.name], local_gpus=local_gpus)
+        for t in spec.teachers
+    }
+    in_trainer = rollout_in_trainer(spec, rollout_engine(spec, student), trainer)
     return JobPlan(
-        engines={
-            t.name: teacher_engine(spec, t, budget.teacher_fractions[t.name], local_gpus=local_gpus)
-            for t in spec.teachers
-        },
+        engines=engines,
         top_k=max_logprobs(spec),
         routes=route_table(spec),
         gpu_budget=budget,
         loss=trainer.loss,
         trainer=trainer,
         world_size=trainer_world_size(spec),
-        rollout=resolve_rollout(
-            spec, student, in_trainer=rollout_in_trainer(spec, rollout_engine(spec, student), trainer)
-        ),
+        rollout=resolve_rollout(spec, student, in_trainer=in_trainer),
+        teachers_in_trainer=teachers_in_trainer(in_trainer, engines),
         grader=resolve_grader(spec.data),
         prompts=resolve_prompts(spec.data),
         export=resolve_export(spec),

@@ -1,5 +1,6 @@
 """Where the student's rollout engine runs: a process of its own, or the trainer's (sampling with the
-trainer's module); and the rollout line of `distillery plan`.
+trainer's module, and scoring the teachers computed on the same cores); and the rollout line of
+`distillery plan`.
 
 Apart from `rollout.py` because the choice reads the trainer's settings, which are resolved from the memory
 plan, which reads the rollout's.
@@ -7,8 +8,11 @@ plan, which reads the rollout's.
 
 from __future__ import annotations
 
-from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine, Sharding
+from collections.abc import Mapping
+
+from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine, Sharding, TeacherEngine
 from distillery.model_shapes import ModelShape
+from distillery.plan.engines import EngineSettings
 from distillery.plan.rollout import rollout_engine, rollout_replicas, trainer_world_size
 from distillery.plan.training import TrainerSettings, resolve_training
 
@@ -34,6 +38,17 @@ def rollout_in_trainer(spec: DistillationJobSpec, engine: RolloutEngine, trainer
         and trainer.sharding == Sharding.REPLICATE
         and not trainer.cpu_offload
     )
+
+
+def teachers_in_trainer(in_trainer: bool, engines: Mapping[str, EngineSettings]) -> frozenset[str]:
+    """The teachers scored in the trainer's process too: where the rollout runs there (`in_trainer`), every
+    teacher the plan scores with its transformers forward (`scoring_engine`: on the student's CPU cores).
+    Their scoring already waits for the rollout's end on those cores (`scoring_overlap`), so the phases run
+    one after the other in any case; in one process they do so without a process switch, a Ray worker of
+    their own or the data crossing between processes."""
+    if not in_trainer:
+        return frozenset()
+    return frozenset(name for name, engine in engines.items() if engine.engine == TeacherEngine.TRANSFORMERS)
 
 
 def rollout_line(spec: DistillationJobSpec, student: ModelShape | None) -> str:

@@ -9,7 +9,8 @@ One step, top to bottom (`Loop.step`):
   sync      the new weights stream from the trainers' shards to the rollout engine in buckets, over a
             torch.distributed group of their own (weight_sync.py), not through Ray's object store; none
             where the engine samples with the trainer's own model in its process (plan.rollout_in_trainer:
-            one float32 CPU replica and the transformers engine)
+            one float32 CPU replica and the transformers engine); that process then also scores the
+            teachers computed by their transformers forward (plan.teachers_in_trainer)
 then metrics, status, checkpoint and evaluation when due. With `schedule.oneStepOff` the rollout of step
 i+1 is started before step i trains, so sampling overlaps training and each sample is one policy version
 stale (recorded as `staleness`). Everything stateful (engines, models, files) lives in the leaves.
@@ -683,9 +684,15 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     trainer_options = workers.actor_options("trainer", gpus_per_worker=gpus, budget=plan.gpu_budget)
     # Actor handles: Ray's stubs type them as the worker class, whose methods have no `.remote`.
     trainers: list[Any]
+    hosted = plan.teachers_in_trainer
     if plan.rollout.in_trainer:  # one rank, which samples with its own model: the rollout's one replica
         hosting_cls = ray.remote(workers.TrainerWithRollout).options(**trainer_options)
-        trainers = [hosting_cls.remote(loop.model_dir, settings, plan.rollout)]
+        scored_here = {
+            t.name: (resolve_location(t.model), plan.engines[t.name])
+            for t in spec.teachers
+            if t.name in hosted
+        }
+        trainers = [hosting_cls.remote(loop.model_dir, settings, plan.rollout, scored_here)]
         rollout = RolloutPool(trainers)
     else:
         trainer_cls = ray.remote(workers.TrainerWorker).options(**trainer_options)
@@ -707,7 +714,7 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
         )
     teacher_actors: dict[str, Any] = {}
     for teacher in spec.teachers:
-        if teacher.name not in in_process:
+        if teacher.name not in in_process or teacher.name in hosted:
             continue
         # A colocated teacher shares the student's GPUs; a local run's CPU standalone takes none.
         on_student = gpus if teacher.placement == Placement.COLOCATED else 0
@@ -721,17 +728,27 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     # The vocabulary of a teacher in the run as its engine loaded it (a hub id has no files here to read first).
     student_vocabulary = tokenizer_vocabulary(loop.tokenizer)
     for index, teacher in enumerate(spec.teachers):
-        if teacher.name in teacher_actors:
+        if teacher.name in teacher_actors or teacher.name in hosted:
+            vocabulary = (
+                await trainers[0].teacher_vocabulary.remote(teacher.name)
+                if teacher.name in hosted
+                else await teacher_actors[teacher.name].vocabulary.remote()
+            )
             check_vocabulary(
-                student_vocabulary,
-                await teacher_actors[teacher.name].vocabulary.remote(),
-                teacher_name=f"spec.teachers[{index}] ({teacher.name})",
+                student_vocabulary, vocabulary, teacher_name=f"spec.teachers[{index}] ({teacher.name})"
             )
     # Past a client's own retries a teacher counts as down: scoring waits for it, up to the job's budget.
     retry = client_retry(spec.teacher_outage_timeout_seconds)
     job = job_identity(config.job_name, config.namespace)
     clients = {
-        t.name: build_client(t, plan.engines[t.name], teacher_actors.get(t.name), retry, job)
+        t.name: build_client(
+            t,
+            plan.engines[t.name],
+            trainers[0] if t.name in hosted else teacher_actors.get(t.name),
+            retry,
+            job,
+            hosted=t.name in hosted,
+        )
         for t in config.teachers
     }
     outages = OutageTracker(

@@ -39,25 +39,36 @@ class RayTeacher:
     scored one by one as the rollout streams them share calls (`teachers.coalesce`), as a served teacher's
     share requests: one Ray call and one forward for a step's samples held until its rollout ends."""
 
-    def __init__(self, name: str, actor: Any, *, in_flight: int = 1, max_tokens: int = 16384) -> None:
+    def __init__(
+        self, name: str, actor: Any, *, in_flight: int = 1, max_tokens: int = 16384, hosted: bool = False
+    ) -> None:
+        """`hosted`: the actor is the trainer's, which scores this teacher among its other calls
+        (`workers.TrainerWithRollout`, its `teacher_*` calls by name); else the teacher's own actor."""
         self.name = name
         self.actor = actor
+        self.hosted = hosted
         self.coalescer = Coalescer(self._score_each, in_flight=in_flight, max_tokens=max_tokens)
 
     async def _score_each(self, samples: Sequence[ScoreRequest], top_k: int) -> list[TeacherScores]:
+        if self.hosted:
+            return await self.actor.teacher_score_each.remote(self.name, list(samples), top_k)
         return await self.actor.score_each.remote(list(samples), top_k)
 
     async def score(self, samples: Sequence[ScoreRequest], top_k: int) -> TeacherScores:
+        if self.hosted:
+            return await self.actor.teacher_score.remote(self.name, list(samples), top_k)
         return await self.actor.score.remote(list(samples), top_k)
 
     async def score_one(self, sample: ScoreRequest, top_k: int) -> TeacherScores:
         return await self.coalescer.score_one(sample, top_k)
 
     async def sleep(self) -> None:
-        await self.actor.sleep.remote()
+        if not self.hosted:  # a forward on the trainer's device holds no engine to put to sleep
+            await self.actor.sleep.remote()
 
     async def wake_up(self) -> None:
-        await self.actor.wake_up.remote()
+        if not self.hosted:
+            await self.actor.wake_up.remote()
 
     async def close(self) -> None:
         await self.coalescer.close()
@@ -79,10 +90,12 @@ def build_client(
     in_process_actor: Any | None = None,
     retry: RetryPolicy | None = None,
     job: str | None = None,
+    hosted: bool = False,
 ) -> Teacher:
     """The scoring client of one resolved teacher, at its endpoints and within its engine's limits. `job`:
     the job's identity (`wire.job_identity`), sent with each request to our teacher server (a shared
-    teacher shares its engine fairly among the jobs it serves and accounts for each by it)."""
+    teacher shares its engine fairly among the jobs it serves and accounts for each by it). `hosted`: the
+    in-process actor is the trainer's (`RayTeacher`)."""
     retry = retry or RetryPolicy()
     if teacher.protocol == TeacherProtocol.COMPACT:
         from distillery_runtime.teachers.compact_http import CompactTeacher
@@ -113,7 +126,11 @@ def build_client(
     if in_process_actor is None:
         raise ValueError(f"teacher {teacher.name}: a teacher computed in the run needs its engine actor")
     return RayTeacher(
-        teacher.name, in_process_actor, in_flight=engine.coalesced_in_flight, max_tokens=engine.request_tokens
+        teacher.name,
+        in_process_actor,
+        in_flight=engine.coalesced_in_flight,
+        max_tokens=engine.request_tokens,
+        hosted=hosted,
     )
 
 

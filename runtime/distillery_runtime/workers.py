@@ -8,6 +8,7 @@ group of their own (`weight_sync.py`).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import socket
 from collections.abc import Iterator, Sequence
@@ -281,13 +282,33 @@ class RolloutWorker:
         self.engine.wake_up()
 
 
+def transformers_teacher(model_dir: str, engine: EngineSettings) -> Any:
+    """The teacher's transformers forward (`teachers.transformers_forward`) on this process's device."""
+    from distillery.plan.scoring_engine import TRANSFORMERS_DTYPES
+    from distillery_runtime.teachers.transformers_forward import TransformersTeacher
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = TRANSFORMERS_DTYPES[engine.dtype]
+    if dtype == "auto":
+        dtype = compute_dtype_here("auto")
+    return TransformersTeacher(model_dir, engine, dtype=getattr(torch, dtype), device=device)
+
+
 class TrainerWithRollout(TrainerWorker):
     """The one trainer rank, whose process also hosts the rollout engine, sampling with the trainer's own
     model (`plan.rollout_in_trainer`). It answers the rollout engine's calls (`RolloutPool` drives it as
     its one replica) besides the trainer's: the engine is always at the trainer's version, so no weight
-    sync group is formed and a step's sync is nothing."""
+    sync group is formed and a step's sync is nothing. The teachers the plan scores here too
+    (`plan.teachers_in_trainer`: transformers forwards) answer `teacher_*` calls by name (`RayTeacher`)."""
 
-    def __init__(self, model_dir: str, settings: Any, rollout: RolloutSettings) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        settings: Any,
+        rollout: RolloutSettings,
+        teachers: dict[str, tuple[str, EngineSettings]] | None = None,
+    ) -> None:
+        """`teachers`: name -> (model folder, the plan's engine settings) of the teachers scored here."""
         from distillery_runtime.rollout.hf_engine import TransformersRolloutEngine
 
         super().__init__(model_dir, settings, 0, 1)
@@ -295,6 +316,12 @@ class TrainerWithRollout(TrainerWorker):
             model_dir, dtype=self.trainer.compute_dtype, model=self.trainer.model
         )
         self.dtype_name = compute_dtype_here(rollout.precision)
+        self.teachers = {
+            name: transformers_teacher(folder, engine) for name, (folder, engine) in (teachers or {}).items()
+        }
+        # The teachers' calls are coroutines (the interface every teacher shares) that never wait on I/O
+        # here: one loop of this actor's own runs them, the actor's other calls staying synchronous.
+        self.event_loop = asyncio.new_event_loop()
 
     def train_step(self, samples: Sequence[TrainSample], normalizer: float) -> dict[str, float]:
         metrics = super().train_step(samples, normalizer)
@@ -328,6 +355,18 @@ class TrainerWithRollout(TrainerWorker):
     def wake_up(self) -> None:
         """Nothing to restore."""
 
+    def teacher_score(self, name: str, samples: Sequence[Any], top_k: int) -> Any:
+        return self.event_loop.run_until_complete(self.teachers[name].score(samples, top_k))
+
+    def teacher_score_each(self, name: str, samples: Sequence[Any], top_k: int) -> list[Any]:
+        """Each sample's scores (B = 1), in order, by teacher `name`: one call for the samples a client
+        gathered (`InProcessTeacherWorker.score_each`)."""
+        return self.event_loop.run_until_complete(self.teachers[name].score_each(samples, top_k))
+
+    def teacher_vocabulary(self, name: str) -> dict[int, str]:
+        vocabulary: dict[int, str] = self.teachers[name].vocabulary()
+        return vocabulary
+
 
 class InProcessTeacherWorker:
     """A teacher computed in the run's own processes: a colocated one (an in-process vLLM engine beside the
@@ -340,14 +379,7 @@ class InProcessTeacherWorker:
 
         self.teacher: Any
         if engine.engine == TeacherEngine.TRANSFORMERS:
-            from distillery.plan.scoring_engine import TRANSFORMERS_DTYPES
-            from distillery_runtime.teachers.transformers_forward import TransformersTeacher
-
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-            dtype = TRANSFORMERS_DTYPES[engine.dtype]
-            if dtype == "auto":
-                dtype = compute_dtype_here("auto")
-            self.teacher = TransformersTeacher(model_dir, engine, dtype=getattr(torch, dtype), device=device)
+            self.teacher = transformers_teacher(model_dir, engine)
         else:
             from distillery_runtime.teachers.colocated import ColocatedTeacher
 

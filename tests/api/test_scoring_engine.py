@@ -210,3 +210,9 @@ def test_the_rollout_runs_in_the_trainer_process_only_where_its_weights_are_the_
     assert plan.rollout.in_trainer is in_trainer
     assert resolve(spec).rollout.in_trainer is False  # a shape unknown: vLLM, which has its own process
     assert ("in the trainer's process with its own model" in rollout_line(spec, TINY)) is in_trainer
+    # The base manifest's teachers: "math" standalone, computed in the run where a local run gives it no
+    # GPU (and then in the trainer's process, where the rollout is); "ext" external, always served.
+    local = resolve(spec, student=TINY, local_gpus=0)
+    assert local.engines["math"].engine == FORWARD and local.engines["ext"].engine == VLLM
+    assert local.teachers_in_trainer == ({"math"} if in_trainer else set())
+    assert plan.teachers_in_trainer == set()  # in a cluster a standalone teacher is a vLLM Deployment

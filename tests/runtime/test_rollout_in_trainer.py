@@ -6,6 +6,8 @@ runs in the local-run tests (`tests/tasks/test_quickstart.py`: the plan picks it
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 from distillery_runtime.rollout import GenerationRequest, SamplingSettings, build_engine
@@ -74,3 +76,46 @@ def test_the_trainer_hosted_engine_samples_what_a_synced_engine_of_its_own_would
 
     worker.set_version(7)
     assert worker.policy_version() == 7
+
+
+@pytest.mark.slow
+async def test_a_teacher_scored_in_the_trainer_process_answers_as_its_own_actor_would(job_files, ray_local):
+    """The trainer's actor scores a teacher by name through the same client (`RayTeacher`, hosted) as a
+    teacher actor of its own: the same scores, one Ray call for the samples the client gathers."""
+    from distillery_runtime.scoring import RayTeacher
+    from distillery_runtime.teachers.types import ScoreRequest
+    from distillery_runtime.workers import InProcessTeacherWorker
+
+    from distillery.api.spec import TeacherEngine
+    from distillery.plan.engines import EngineSettings
+
+    engine = EngineSettings(
+        served_model_name="teacher", max_logprobs=4, max_model_len=64, memory_fraction=0.0,
+        tensor_parallel=1, dtype="float32", engine=TeacherEngine.TRANSFORMERS,
+    )  # fmt: skip
+    rollout = RolloutSettings(
+        engine=RolloutEngine.TRANSFORMERS, precision=Precision.FLOAT32, max_model_len=64, seed=0,
+        memory_fraction=0.5, enforce_eager=None, replicas=1, tensor_parallel=1, in_trainer=True,
+    )  # fmt: skip
+    settings = TrainerSettings(lr=1e-3, precision=Precision.FLOAT32)
+    teachers = {"teacher": (str(job_files.teacher), engine)}
+    trainer = ray_local.remote(TrainerWithRollout).remote(str(job_files.student), settings, rollout, teachers)
+    own = ray_local.remote(InProcessTeacherWorker).remote(str(job_files.teacher), engine)
+    hosted, alone = RayTeacher("teacher", trainer, hosted=True), RayTeacher("teacher", own)
+    requests = [ScoreRequest(PROMPTS[i % 3], (11, 30, 8)[: 1 + i % 3], f"s{i}") for i in range(5)]
+    try:
+        got = await asyncio.gather(*(hosted.score_one(r, 4) for r in requests))
+        want = await asyncio.gather(*(alone.score_one(r, 4) for r in requests))
+        for a, b in zip(got, want, strict=True):
+            assert a.sample_ids == b.sample_ids
+            assert (a.topk_ids == b.topk_ids).all()
+            assert a.topk_logprobs == pytest.approx(b.topk_logprobs, abs=1e-5)
+        batch = await hosted.score(requests, 4)
+        assert batch.sample_ids == [r.sample_id for r in requests]
+        assert await trainer.teacher_vocabulary.remote("teacher") == await own.vocabulary.remote()
+        await hosted.sleep()  # nothing to put to sleep: no call reaches the trainer's actor
+    finally:
+        await hosted.close()
+        await alone.close()
+        ray_local.kill(trainer)
+        ray_local.kill(own)
