@@ -665,6 +665,45 @@ def _combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+async def _start_student(loop: Loop, config: RuntimeConfig) -> tuple[list[Any], RolloutPool]:
+    """The trainer ranks and the rollout engines as Ray actors: the engines in actors of their own, or, where
+    the plan puts the one engine in the trainer's process (`rollout_in_trainer`), the one trainer rank as
+    the rollout's replica, with the teachers the plan scores there (`teachers_in_trainer`)."""
+    import ray
+
+    from distillery_runtime import workers
+
+    spec, plan = config.spec, loop.plan
+    gpus, world, settings = spec.student.pool.gpus_per_worker, plan.world_size, plan.trainer
+    trainer_options = workers.actor_options("trainer", gpus_per_worker=gpus, budget=plan.gpu_budget)
+    # Actor handles: Ray's stubs type them as the worker class, whose methods have no `.remote`.
+    trainers: list[Any]
+    if plan.rollout.in_trainer:
+        hosting_cls = ray.remote(workers.TrainerWithRollout).options(**trainer_options)
+        scored_here = {
+            t.name: (resolve_location(t.model), plan.engines[t.name])
+            for t in spec.teachers
+            if t.name in plan.teachers_in_trainer
+        }
+        trainers = [hosting_cls.remote(loop.model_dir, settings, plan.rollout, scored_here)]
+        return trainers, RolloutPool(trainers)
+    trainer_cls = ray.remote(workers.TrainerWorker).options(**trainer_options)
+    trainers = [trainer_cls.remote(loop.model_dir, settings, rank, world) for rank in range(world)]
+    if world > 1:
+        address = await trainers[0].rendezvous.remote()
+        await asyncio.gather(*(t.init_group.remote(address) for t in trainers))
+    rollout_cls = ray.remote(workers.RolloutWorker).options(
+        **workers.actor_options(
+            "rollout",
+            gpus_per_worker=gpus,
+            budget=plan.gpu_budget,
+            tensor_parallel=plan.rollout.tensor_parallel,
+        )
+    )
+    engines = [rollout_cls.remote(loop.model_dir, plan.rollout) for _ in range(plan.rollout.replicas)]
+    return trainers, RolloutPool(engines, tensor_parallel=plan.rollout.tensor_parallel)
+
+
 async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     """Start the trainer ranks, the rollout engine and the teachers computed in the run as Ray actors, and the
     clients."""
@@ -678,40 +717,9 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
     spec = config.spec
     plan = loop.plan
     gpus = spec.student.pool.gpus_per_worker
-    world = plan.world_size
     in_process = {t.name for t in config.teachers if t.protocol == TeacherProtocol.IN_PROCESS}
-    settings = plan.trainer
-    trainer_options = workers.actor_options("trainer", gpus_per_worker=gpus, budget=plan.gpu_budget)
-    # Actor handles: Ray's stubs type them as the worker class, whose methods have no `.remote`.
-    trainers: list[Any]
     hosted = plan.teachers_in_trainer
-    if plan.rollout.in_trainer:  # one rank, which samples with its own model: the rollout's one replica
-        hosting_cls = ray.remote(workers.TrainerWithRollout).options(**trainer_options)
-        scored_here = {
-            t.name: (resolve_location(t.model), plan.engines[t.name])
-            for t in spec.teachers
-            if t.name in hosted
-        }
-        trainers = [hosting_cls.remote(loop.model_dir, settings, plan.rollout, scored_here)]
-        rollout = RolloutPool(trainers)
-    else:
-        trainer_cls = ray.remote(workers.TrainerWorker).options(**trainer_options)
-        trainers = [trainer_cls.remote(loop.model_dir, settings, rank, world) for rank in range(world)]
-        if world > 1:
-            address = await trainers[0].rendezvous.remote()
-            await asyncio.gather(*(t.init_group.remote(address) for t in trainers))
-        rollout_cls = ray.remote(workers.RolloutWorker).options(
-            **workers.actor_options(
-                "rollout",
-                gpus_per_worker=gpus,
-                budget=plan.gpu_budget,
-                tensor_parallel=plan.rollout.tensor_parallel,
-            )
-        )
-        rollout = RolloutPool(
-            [rollout_cls.remote(loop.model_dir, plan.rollout) for _ in range(plan.rollout.replicas)],
-            tensor_parallel=plan.rollout.tensor_parallel,
-        )
+    trainers, rollout = await _start_student(loop, config)
     teacher_actors: dict[str, Any] = {}
     for teacher in spec.teachers:
         if teacher.name not in in_process or teacher.name in hosted:
