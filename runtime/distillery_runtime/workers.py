@@ -220,7 +220,39 @@ class TrainerWorker:
         return self.export_tokenizer
 
 
-class RolloutWorker:
+class EngineCalls:
+    """The calls `RolloutPool` makes on each replica that only read its engine (`self.engine`): shared by an
+    engine's own actor (`RolloutWorker`) and the trainer's that hosts one (`TrainerWithRollout`)."""
+
+    engine: Any
+    dtype_name: str
+
+    def dtype(self) -> str:
+        """The engine's dtype, which the trainer casts the synced weights to."""
+        return self.dtype_name
+
+    def stream(self, requests: Sequence[Any], sampling: Any) -> Iterator[list[RolloutSample]]:
+        """Samples as they finish, those of one engine step together (a Ray streaming generator)."""
+        yield from self.engine.generate(requests, sampling)
+
+    def generate(self, requests: Sequence[Any], sampling: Any) -> list[RolloutSample]:
+        return [sample for finished in self.engine.generate(requests, sampling) for sample in finished]
+
+    def policy_version(self) -> int:
+        return int(self.engine.policy_version)
+
+    def set_version(self, version: int) -> int:
+        self.engine.policy_version = version
+        return version
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
+
+class RolloutWorker(EngineCalls):
     """The student's rollout engine (vLLM or transformers) in its own process."""
 
     def __init__(self, model_dir: str, settings: RolloutSettings) -> None:
@@ -237,17 +269,6 @@ class RolloutWorker:
             enforce_eager=settings.enforce_eager,
             tensor_parallel=settings.tensor_parallel,
         )
-
-    def dtype(self) -> str:
-        """The engine's dtype, which the trainer casts the synced weights to."""
-        return self.dtype_name
-
-    def stream(self, requests: Sequence[Any], sampling: Any) -> Iterator[list[RolloutSample]]:
-        """Samples as they finish, those of one engine step together (a Ray streaming generator)."""
-        yield from self.engine.generate(requests, sampling)
-
-    def generate(self, requests: Sequence[Any], sampling: Any) -> list[RolloutSample]:
-        return [sample for finished in self.engine.generate(requests, sampling) for sample in finished]
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> int:
         self.engine.update_weights(weights, version)
@@ -268,19 +289,6 @@ class RolloutWorker:
     def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
         return self.engine.sequence_logprobs(prompt_ids, response_ids)
 
-    def policy_version(self) -> int:
-        return self.engine.policy_version
-
-    def set_version(self, version: int) -> int:
-        self.engine.policy_version = version
-        return version
-
-    def sleep(self) -> None:
-        self.engine.sleep()
-
-    def wake_up(self) -> None:
-        self.engine.wake_up()
-
 
 def transformers_teacher(model_dir: str, engine: EngineSettings) -> Any:
     """The teacher's transformers forward (`teachers.transformers_forward`) on this process's device."""
@@ -294,10 +302,10 @@ def transformers_teacher(model_dir: str, engine: EngineSettings) -> Any:
     return TransformersTeacher(model_dir, engine, dtype=getattr(torch, dtype), device=device)
 
 
-class TrainerWithRollout(TrainerWorker):
+class TrainerWithRollout(TrainerWorker, EngineCalls):
     """The one trainer rank, whose process also hosts the rollout engine, sampling with the trainer's own
-    model (`plan.rollout_in_trainer`). It answers the rollout engine's calls (`RolloutPool` drives it as
-    its one replica) besides the trainer's: the engine is always at the trainer's version, so no weight
+    model (`plan.rollout_in_trainer`). It answers the rollout engine's calls (`EngineCalls`: `RolloutPool`
+    drives it as its one replica; the engine's sleep and wake-up do nothing) besides the trainer's: the engine is always at the trainer's version, so no weight
     sync group is formed and a step's sync is nothing. The teachers the plan scores here too
     (`plan.teachers_in_trainer`: transformers forwards) answer `teacher_*` calls by name (`RayTeacher`)."""
 
@@ -331,29 +339,6 @@ class TrainerWithRollout(TrainerWorker):
     def load_state(self, checkpoint_path: str) -> int:
         self.engine.policy_version = super().load_state(checkpoint_path)
         return self.engine.policy_version
-
-    def dtype(self) -> str:
-        return self.dtype_name
-
-    def stream(self, requests: Sequence[Any], sampling: Any) -> Iterator[list[RolloutSample]]:
-        """Samples as they finish (a Ray streaming generator), as `RolloutWorker.stream`."""
-        yield from self.engine.generate(requests, sampling)
-
-    def generate(self, requests: Sequence[Any], sampling: Any) -> list[RolloutSample]:
-        return [sample for finished in self.engine.generate(requests, sampling) for sample in finished]
-
-    def policy_version(self) -> int:
-        return self.engine.policy_version
-
-    def set_version(self, version: int) -> int:
-        self.engine.policy_version = version
-        return version
-
-    def sleep(self) -> None:
-        """Nothing to release: the weights are the trainer's."""
-
-    def wake_up(self) -> None:
-        """Nothing to restore."""
 
     def teacher_score(self, name: str, samples: Sequence[Any], top_k: int) -> Any:
         return self.event_loop.run_until_complete(self.teachers[name].score(samples, top_k))
