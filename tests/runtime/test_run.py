@@ -21,6 +21,9 @@ import torch
 from distillery_runtime import checkpoint
 from transformers import AutoModelForCausalLM
 
+from distillery.model_shapes import resolve_shape
+from distillery.plan import resolve
+from distillery.validation import parse_job
 from tests.runtime.conftest import distillery_command, manifest, run_env
 
 
@@ -320,18 +323,35 @@ def test_standalone_teacher_with_one_step_off_stops_cleanly_on_ctrl_c(job_files,
 
 @pytest.mark.slow
 @pytest.mark.local_run
-def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(job_files, write_manifest, tmp_path):
-    # lambda = 0.5: steps 2 and 5 train on the dataset's responses (the coin is fixed by seed and step).
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "vllm",
+        # The rollout and the colocated teacher in the trainer's process (the plan's local float32 path): the
+        # engine samples with the module the resume loads, at the version the checkpoint restores.
+        "transformers",
+    ],
+)
+def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
+    engine, job_files, write_manifest, tmp_path
+):
+    # lambda = 0.5: a fixed coin per seed and step picks the steps that train on the dataset's responses.
+    steps = 20  # a tiny step takes ~0.05 s: a kill late by 16 of them still lands before the run ends
     doc = manifest(
         job_files,
         name="killme",
         loss={"mode": "forward_kl_topk", "topK": 4, "onPolicyFraction": 0.5},
-        schedule={"steps": 5, "promptsPerStep": 4, "microBatchSize": 2, "checkpointEvery": 2},
+        schedule={"steps": steps, "promptsPerStep": 4, "microBatchSize": 2, "checkpointEvery": 2},
         # The operator's claim, a cluster's setting: a local run writes to --output all the same.
         checkpoint={"size": "1Gi", "storageClassName": "nfs-rwx", "deleteWithJob": True},
     )
+    doc["spec"]["student"]["rollout"]["engine"] = engine
     doc["spec"]["data"]["responseField"] = "response"
     path = write_manifest(doc)
+    # The run's own plan (as `Loop` makes it): where the rollout engine and the teacher live.
+    plan = resolve(parse_job(doc).spec, local_gpus=0, student=resolve_shape(str(job_files.student)))
+    assert plan.rollout.in_trainer is (engine == "transformers")
+    assert plan.teachers_in_trainer == ({"teacher"} if engine == "transformers" else set())
 
     reference = tmp_path / "reference"
     code, log = finish(start([str(path), "-o", str(reference), "--no-progress"], tmp_path))
@@ -340,21 +360,20 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(job_files, wr
     out = tmp_path / "interrupted"
     process = start([str(path), "-o", str(out), "--no-progress"], tmp_path)
     wait_for_step(process, out / "metrics.jsonl", 3)
-    time.sleep(0.05)  # inside step 4
-    kill_session(process.pid)
+    kill_session(process.pid)  # at once: inside step 4, or a few steps on where the host is loaded
     process.wait(timeout=30)
-    assert max(r["step"] for r in read_records(out / "metrics.jsonl")) < 5
-    # Step 2's checkpoint, or step 4's where a loaded host let step 4 end (and save) before the kill.
+    assert max(r["step"] for r in read_records(out / "metrics.jsonl")) < steps
     newest = checkpoint.latest(out / "checkpoints")
-    assert newest is not None and newest.step in (2, 4)
+    assert newest is not None and newest.step in range(2, steps, 2)
 
     code, log = finish(start([str(path), "-o", str(out), "--no-progress", "--resume"], tmp_path))
     assert code == 0, log
     assert "resuming from" in log and checkpoint.step_dir_name(newest.step) in log
 
     expected, got = read_records(reference / "metrics.jsonl"), read_records(out / "metrics.jsonl")
-    assert [r["step"] for r in got] == [1, 2, 3, 4, 5]
-    assert [r["on_policy"] for r in got] == [True, False, True, True, False]
+    assert [r["step"] for r in got] == list(range(1, steps + 1))
+    assert [r["on_policy"] for r in got] == [r["on_policy"] for r in expected]
+    assert {r["on_policy"] for r in got} == {True, False}  # both kinds of step are resumed
     assert all(r["generated_tokens"] == 0 for r in got if not r["on_policy"])
     for a, b in zip(expected, got, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-7), (a["step"], a["loss"], b["loss"])
@@ -362,8 +381,8 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(job_files, wr
 
     # The finished run keeps its last step's model as final/ (the same files), named in the report and log.
     root = out / "checkpoints"
-    final, last = root / checkpoint.FINAL_DIR, root / "step-00000005" / checkpoint.MODEL_DIR
-    assert checkpoint.read_final(root)["step"] == 5
+    final, last = root / checkpoint.FINAL_DIR, root / checkpoint.step_dir_name(steps) / checkpoint.MODEL_DIR
+    assert checkpoint.read_final(root)["step"] == steps
     assert all(os.path.samefile(final / f.name, f) for f in last.iterdir())
     assert f"**Model:** `{final}` (bfloat16" in (out / "report.md").read_text()
     assert f"model: {final} (bfloat16" in log
