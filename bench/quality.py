@@ -20,9 +20,10 @@ is a JSON summary.
 
 `--protocol continue` is the field's claim (Thinking Machines' "On-Policy Distillation", GKD): the student
 starts at its SFT plateau (the task's student, which the worked-sum build trains by SFT to the end of its
-schedule; the SFT arm below says whether it is one) and, from that same checkpoint, for the same steps and prompts per step, gets (a) more SFT on
-the teacher's answers, (b) on-policy distillation with a top-k loss and with a sampled-token one, (c) the
-mix (`onPolicyFraction` 0.5). Each method runs once per seed (`--seeds`; `--quick`: one); the summary is
+schedule; the SFT arm below says whether it is one) and, from that same checkpoint, for the same steps and
+prompts per step, gets (a) more SFT on the teacher's answers, (b) on-policy distillation with the top-k
+loss in each direction (forward and reverse KL) and with a sampled-token one, (c) the mix
+(`onPolicyFraction` 0.5) under each top-k loss. Each method runs once per seed (`--seeds`; `--quick`: one); the summary is
 each method's final held-out accuracy (mean and spread over seeds) and the share of the plateau-to-teacher
 gap it closed, with `OUTPUT/accuracy.png` (mean accuracy per step, the teacher and the plateau as lines).
 """
@@ -64,11 +65,16 @@ LOSSES: dict[str, dict] = {
     "k1_pg": {"mode": "k1", "objective": "policy_gradient"},
 }
 QUICK = ("k3", "forward_kl_topk")
-# The continuation's on-policy methods: a top-k loss over the teacher's top 16 (the task's whole alphabet
-# but the specials), a sampled-token one, and GKD's mix of on- and off-policy steps (the rows' traces).
+# The continuation's on-policy methods: the top-k losses over the teacher's top 16 (the task's whole
+# alphabet but the specials) in both directions, a sampled-token one, and GKD's mix of on- and off-policy
+# steps (the rows' traces) under each top-k loss. Forward KL pulls up the teacher's token however little
+# mass the student gives it; reverse KL's pull on a token is scaled by the student's own probability of it
+# (bench/README.md, "Past the SFT plateau").
 CONTINUE: dict[str, dict] = {
+    "opd-forward-kl-topk": {"mode": "forward_kl_topk", "topK": 16},
     "opd-reverse-kl-topk": {"mode": "reverse_kl_topk", "topK": 16},
     "opd-k3": {"mode": "k3"},
+    "mix-0.5-forward-kl-topk": {"mode": "forward_kl_topk", "topK": 16, "onPolicyFraction": 0.5},
     "mix-0.5-reverse-kl-topk": {"mode": "reverse_kl_topk", "topK": 16, "onPolicyFraction": 0.5},
 }
 SFT = "sft"

@@ -21,9 +21,10 @@ wrong and the teacher's next tokens are the working done from the operands: on-p
 repair that the SFT data does not.
 
 Measured (`bench/quality.py --protocol continue`, bench/README.md): from this student, 400 more steps of
-SFT on the teacher's traces stay at 0% (three seeds); GKD's mix of on- and off-policy steps reaches 76%,
-79% and 0.2% (seeds 0, 1, 2: seed 2 had not started to rise by step 400); on-policy steps alone stall at
-11-16% (reverse_kl_topk, three seeds; k3 0-12%). A teacher trained 1,000 steps instead never learned the
+SFT on the teacher's traces stay at 0% (three seeds); on-policy distillation with forward KL over the
+teacher's top 16 reaches 98-100% on each seed, and 93-98% with half its steps on the rows' traces; with
+reverse KL it stalls at 12-15% (k3 11-14%), since reverse KL pulls the teacher's digit up only in
+proportion to the student's own probability of it. A teacher trained 1,000 steps instead never learned the
 guess (0%), its traces showed the repair in nearly every row, and SFT on them reached 95%: the teacher's
 guess is what the task's claim rests on, and the build fails a teacher that guesses under 80% of its dev
 split right (`grade_guess`; this recipe's guesses 90%). The student is not too small for the guess in
