@@ -21,9 +21,11 @@ def encode_batch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded input ids, attention mask and labels (-100 outside response + EOS)."""
     seqs, label_seqs = [], []
-    for prompt, response in pairs:
-        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        r = [*tokenizer(response, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+    # One call per side, not per pair: a task build encodes 64 pairs a step for 1,000+ steps.
+    prompts = tokenizer([prompt for prompt, _ in pairs], add_special_tokens=False)["input_ids"]
+    responses = tokenizer([response for _, response in pairs], add_special_tokens=False)["input_ids"]
+    for p, response in zip(prompts, responses, strict=True):
+        r = [*response, tokenizer.eos_token_id]
         seqs.append(p + r)
         label_seqs.append([IGNORE] * len(p) + r)
     width = max(len(s) for s in seqs)
