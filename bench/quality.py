@@ -23,9 +23,10 @@ starts at its SFT plateau (the task's student, which the worked-sum build trains
 schedule; the SFT arm below says whether it is one) and, from that same checkpoint, for the same steps and
 prompts per step, gets (a) more SFT on the teacher's answers, (b) on-policy distillation with the top-k
 loss in each direction (forward and reverse KL) and with a sampled-token one, (c) the mix
-(`onPolicyFraction` 0.5) under each top-k loss. Each method runs once per seed (`--seeds`; `--quick`: one); the summary is
-each method's final held-out accuracy (mean and spread over seeds) and the share of the plateau-to-teacher
-gap it closed, with `OUTPUT/accuracy.png` (mean accuracy per step, the teacher and the plateau as lines).
+(`onPolicyFraction` 0.5) under each top-k loss. Each method runs once per seed (`--seeds`; `--quick`:
+one); the summary is each method's final held-out accuracy (mean and spread over seeds) and the share of
+the plateau-to-teacher gap it closed, with `OUTPUT/accuracy.png` (mean accuracy per step, the teacher and
+the plateau as lines).
 """
 
 from __future__ import annotations

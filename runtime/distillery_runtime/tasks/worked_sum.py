@@ -23,7 +23,7 @@ repair that the SFT data does not.
 Measured (`bench/quality.py --protocol continue`, bench/README.md): from this student, 400 more steps of
 SFT on the teacher's traces stay at 0% (three seeds); on-policy distillation with forward KL over the
 teacher's top 16 reaches 98-100% on each seed, and 93-98% with half its steps on the rows' traces; with
-reverse KL it stalls at 12-15% (k3 11-14%), since reverse KL pulls the teacher's digit up only in
+reverse KL it stalls at 11-15% (k3 11-14%), since reverse KL pulls the teacher's digit up only in
 proportion to the student's own probability of it. A teacher trained 1,000 steps instead never learned the
 guess (0%), its traces showed the repair in nearly every row, and SFT on them reached 95%: the teacher's
 guess is what the task's claim rests on, and the build fails a teacher that guesses under 80% of its dev
