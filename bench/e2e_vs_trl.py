@@ -7,9 +7,10 @@
 Systems, all from the same student initialisation, teacher, prompts, prompts per step, max new
 tokens, sampling temperature, learning rate and schedule, with reverse KL as the loss:
 - distillery: `distillery run` at its defaults (the rollout and teacher engines the plan picks on CPU:
-  the transformers rollout for the 0.4-0.5M students, in the trainer's process with the teacher's forward,
-  vLLM for small beside the teacher's forward in a Ray actor; Ray trainer), loss `reverse_kl_topk` over the teacher's top-k (k = the whole 16-token vocabulary on
-  the addition task, 16 of 1,031 on the speed task);
+  the transformers rollout for the 0.4-0.5M students, in the trainer's process with the teacher's
+  forward, vLLM for small beside the teacher's forward in a Ray actor; Ray trainer), loss
+  `reverse_kl_topk` over the teacher's top-k (k = the whole 16-token vocabulary on the addition task, 16
+  of 1,031 on the speed task);
 - trl-gkd: `trl.experimental.gkd.GKDTrainer`, lmbda=1 (always on-policy), beta=1 (reverse KL, full
   vocabulary), HF generate;
 - trl-distill: `trl.DistillationTrainer`, beta=1 (reverse KL), HF generate.

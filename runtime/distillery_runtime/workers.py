@@ -305,9 +305,10 @@ def transformers_teacher(model_dir: str, engine: EngineSettings) -> Any:
 class TrainerWithRollout(TrainerWorker, EngineCalls):
     """The one trainer rank, whose process also hosts the rollout engine, sampling with the trainer's own
     model (`plan.rollout_in_trainer`). It answers the rollout engine's calls (`EngineCalls`: `RolloutPool`
-    drives it as its one replica; the engine's sleep and wake-up do nothing) besides the trainer's: the engine is always at the trainer's version, so no weight
-    sync group is formed and a step's sync is nothing. The teachers the plan scores here too
-    (`plan.teachers_in_trainer`: transformers forwards) answer `teacher_*` calls by name (`RayTeacher`)."""
+    drives it as its one replica; the engine's sleep and wake-up do nothing) besides the trainer's: the
+    engine is always at the trainer's version, so no weight sync group is formed and a step's sync is
+    nothing. The teachers the plan scores here too (`plan.teachers_in_trainer`: transformers forwards)
+    answer `teacher_*` calls by name (`RayTeacher`)."""
 
     def __init__(
         self,
