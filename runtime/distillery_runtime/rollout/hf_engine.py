@@ -3,11 +3,13 @@ is not installed.
 
 A step's requests decode together, left-padded into one batch: one forward a token for every row still
 sampling, and a row leaves the batch (its KV cache rows with it) when it ends, so the batch shrinks to the
-long ones. Each row draws its tokens from its own torch generator seeded from its request, so a sample does
-not depend on which other prompts share its step (the reproducibility vLLM's per-request seed gives; as
-with vLLM, up to the float rounding a batched kernel may differ in). Rows are out the moment they end, so
-the teacher scores them while the rest decode. Weights are loaded with `load_state_dict`, or the engine
-samples with the trainer's own module where it runs in the trainer's process (`plan.rollout_in_trainer`).
+long ones. The batch's KV cache is allocated once, for its longest prompt and the new tokens, and written in
+place (`kv_cache`). Each row draws its tokens from its own torch generator seeded from its request, so a
+sample does not depend on which other prompts share its step (the reproducibility vLLM's per-request seed
+gives; as with vLLM, up to the float rounding a batched kernel may differ in). Rows are out the moment they
+end, so the teacher scores them while the rest decode. Weights are loaded with `load_state_dict`, or the
+engine samples with the trainer's own module where it runs in the trainer's process
+(`plan.rollout_in_trainer`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
+from distillery_runtime.rollout.kv_cache import PreallocatedCache
 from distillery_runtime.samples import RolloutSample
 from distillery_runtime.weight_sync import SyncGroup, TensorMeta
 
@@ -98,8 +101,6 @@ class TransformersRolloutEngine:
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
     ) -> Iterator[list[Ended]]:
         """The requests decoded together; yields the rows that end at each token, as they end."""
-        from transformers import DynamicCache
-
         ends = self._end_ids(sampling)
         generators = [torch.Generator(device=self.device).manual_seed(r.seed) for r in requests]
         width = max(len(r.prompt_ids) for r in requests)
@@ -113,7 +114,7 @@ class TransformersRolloutEngine:
         outs: list[list[int]] = [[] for _ in requests]
         logprobs: list[list[float]] = [[] for _ in requests]
         live = list(range(len(requests)))  # the request of each row still in the batch
-        cache = DynamicCache()
+        cache = PreallocatedCache(width + sampling.max_new_tokens)
         for _ in range(sampling.max_new_tokens):
             logits = (
                 self.model(
