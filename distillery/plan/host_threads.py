@@ -50,6 +50,21 @@ def turn_taking_threads_env(environ: Mapping[str, str] | None = None) -> dict[st
     return _callers_wait(environ) or {SPIN_COUNT_VAR: str(SHORT_SPIN)}
 
 
+LIBGOMP_SPIN = 300_000
+"""libgomp's own spin count where neither variable is set: what the one compute process of a run keeps."""
+
+
+def lone_process_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The one process of a local run that computes (`rollout_placement.trainer_computes_alone`: the rollout
+    and every teacher in the trainer's process): no other process waits for its cores, so its threads keep
+    libgomp's spin between kernels. The short spin of `turn_taking_threads_env` sleeps between a tiny decode
+    step's kernels there: `distillery run` of the e2e bench's tiny job (16 steps, medians, two alternating
+    runs each on the 2-core Intel host), a step 1.037 / 1.034 s at 10,000 against 0.981 / 0.953 s at
+    300,000, the rollout 0.60 -> 0.52 s."""
+    environ = environ or {}
+    return _callers_wait(environ) or {SPIN_COUNT_VAR: str(LIBGOMP_SPIN)}
+
+
 def shared_host_env(threads: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The trainer and rollout actors of a local run: all `threads` of the host (they take turns; Ray would
     give each one), and threads that spin briefly. A teacher server keeps vLLM's own thread binding."""

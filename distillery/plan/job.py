@@ -17,8 +17,9 @@ from distillery.plan.grader import GraderPlan, resolve_grader
 from distillery.plan.loss import LossConfig
 from distillery.plan.prompts import PromptPlan, resolve_prompts
 from distillery.plan.rollout import RolloutSettings, resolve_rollout, rollout_engine, trainer_world_size
-from distillery.plan.rollout_placement import rollout_in_trainer, teachers_in_trainer
+from distillery.plan.rollout_placement import rollout_in_trainer, teachers_in_trainer, trainer_computes_alone
 from distillery.plan.routes import RouteTable, route_table
+from distillery.plan.scoring_overlap import teachers_scoring_after_rollout
 from distillery.plan.training import TrainerSettings, resolve_training
 
 
@@ -44,6 +45,9 @@ class JobPlan:
     """What each rollout engine is started with (`rollout.resolve_rollout`)."""
     teachers_in_trainer: frozenset[str]
     """The teachers scored in the trainer's process (`rollout_placement.teachers_in_trainer`)."""
+    trainer_alone: bool
+    """Whether the trainer's process is the run's one compute process (`trainer_computes_alone`): in a local
+    run its OpenMP threads keep libgomp's spin (`host_threads.lone_process_env`)."""
     grader: GraderPlan
     """What grades a response against its answer: eval accuracy and the task reward (`grader.resolve_grader`)."""
     prompts: PromptPlan
@@ -70,6 +74,7 @@ def resolve(
         for t in spec.teachers
     }
     in_trainer = rollout_in_trainer(spec, rollout_engine(spec, student), trainer)
+    hosted = teachers_in_trainer(in_trainer, engines)
     return JobPlan(
         engines=engines,
         top_k=max_logprobs(spec),
@@ -79,7 +84,10 @@ def resolve(
         trainer=trainer,
         world_size=trainer_world_size(spec),
         rollout=resolve_rollout(spec, student, in_trainer=in_trainer),
-        teachers_in_trainer=teachers_in_trainer(in_trainer, engines),
+        teachers_in_trainer=hosted,
+        trainer_alone=trainer_computes_alone(
+            in_trainer, hosted, teachers_scoring_after_rollout(spec, local=True)
+        ),
         grader=resolve_grader(spec.data),
         prompts=resolve_prompts(spec.data),
         export=resolve_export(spec),

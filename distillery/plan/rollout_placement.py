@@ -8,7 +8,7 @@ plan, which reads the rollout's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine, Sharding, TeacherEngine
 from distillery.model_shapes import ModelShape
@@ -49,6 +49,15 @@ def teachers_in_trainer(in_trainer: bool, engines: Mapping[str, EngineSettings])
     if not in_trainer:
         return frozenset()
     return frozenset(name for name, engine in engines.items() if engine.engine == TeacherEngine.TRANSFORMERS)
+
+
+def trainer_computes_alone(in_trainer: bool, hosted: frozenset[str], on_this_host: Iterable[str]) -> bool:
+    """Whether the trainer's process is the only one of a local run that computes on its host: the rollout
+    samples there (`in_trainer`), and every teacher that computes on the host (`on_this_host`:
+    `scoring_overlap.teachers_scoring_after_rollout`; external and shared teachers compute elsewhere) is
+    scored there (`hosted`: `teachers_in_trainer`). Its OpenMP threads then keep libgomp's spin
+    (`host_threads.lone_process_env`)."""
+    return in_trainer and set(on_this_host) <= hosted
 
 
 def rollout_line(spec: DistillationJobSpec, student: ModelShape | None) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -34,6 +35,7 @@ from distillery.model_shapes import resolve_shape
 from distillery.plan import resolve
 from distillery.plan.generation import EVAL_SAMPLES_LOGGED, end_token_ids, resolve_generation
 from distillery.plan.grader import resolve_grader
+from distillery.plan.host_threads import lone_process_env
 from distillery.plan.scoring_overlap import teachers_scoring_after_rollout
 from distillery.runtime_config import RuntimeConfig, TeacherProtocol
 from distillery_runtime import checkpoint, plan
@@ -679,6 +681,9 @@ async def _start_student(loop: Loop, config: RuntimeConfig) -> tuple[list[Any], 
     # Actor handles: Ray's stubs type them as the worker class, whose methods have no `.remote`.
     trainers: list[Any]
     if plan.rollout.in_trainer:
+        if plan.trainer_alone and loop.options.local:
+            # Ray merges these into the run's env_vars (`local.init_ray`): this actor's threads only.
+            trainer_options["runtime_env"] = {"env_vars": lone_process_env(os.environ)}
         hosting_cls = ray.remote(workers.TrainerWithRollout).options(**trainer_options)
         scored_here = {
             t.name: (resolve_location(t.model), plan.engines[t.name])

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from distillery.plan.host_threads import (
+    LIBGOMP_SPIN,
     SHORT_SPIN,
+    lone_process_env,
     shared_host_env,
     sleeping_threads_env,
     turn_taking_threads_env,
@@ -17,6 +19,8 @@ def test_processes_taking_turns_spin_briefly_and_those_computing_at_once_sleep()
     assert sleeping_threads_env({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
     # a local run's actors: every core, and the short spin
     assert shared_host_env(2, {}) == {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": str(SHORT_SPIN)}
+    # the one process of a run that computes: libgomp's own spin, longer than the turn-takers'
+    assert lone_process_env({}) == {"GOMP_SPINCOUNT": str(LIBGOMP_SPIN)} and LIBGOMP_SPIN > SHORT_SPIN
 
 
 @pytest.mark.parametrize(
@@ -30,4 +34,5 @@ def test_the_callers_wait_setting_wins_alone(callers: dict[str, str]) -> None:
     environ = {"PATH": "/bin", **callers}
     assert turn_taking_threads_env(environ) == callers
     assert sleeping_threads_env(environ) == callers
+    assert lone_process_env(environ) == callers
     assert shared_host_env(2, {**environ, "OMP_NUM_THREADS": "1"}) == {"OMP_NUM_THREADS": "1", **callers}

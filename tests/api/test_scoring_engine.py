@@ -216,3 +216,7 @@ def test_the_rollout_runs_in_the_trainer_process_only_where_its_weights_are_the_
     assert local.engines["math"].engine == FORWARD and local.engines["ext"].engine == VLLM
     assert local.teachers_in_trainer == ({"math"} if in_trainer else set())
     assert plan.teachers_in_trainer == set()  # in a cluster a standalone teacher is a vLLM Deployment
+    # "ext" computes elsewhere: with "math" and the rollout in the trainer's process, no other process of
+    # the run computes on this host
+    assert local.trainer_alone is in_trainer
+    assert plan.trainer_alone is False  # "math" would be a server on this host
