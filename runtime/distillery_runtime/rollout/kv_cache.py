@@ -67,13 +67,6 @@ class PreallocatedLayer(DynamicLayer):
             setattr(self, name, new)
         self._views()
 
-    def reset(self) -> None:
-        self.length = 0
-        super().reset()
-
-    def get_seq_length(self) -> int:
-        return self.length if self.is_initialized else 0
-
 
 class PreallocatedCache(DynamicCache):
     """A `DynamicCache` of `PreallocatedLayer`s, each holding `capacity` positions of every row."""
