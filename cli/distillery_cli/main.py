@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from distillery import __version__
 from distillery.model_shapes import resolve_shape
+from distillery.plan.attention import attention_line
 from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.plan.grader import pattern_refusal, resolve_grader
 from distillery.plan.host_memory import host_memory_refusal, plan_host_memory
@@ -85,6 +86,8 @@ def _plan(args: argparse.Namespace) -> int:
         print("\n".join(f"  {line}" for line in pod_resources(job.spec).lines()))
         # The memory features the plan chose (student.training: auto) and why, before the table.
         print("\n".join(f"  {line}" for line in resolve_memory_features(job.spec).lines()))
+        # The trainer's attention kernel (eager for narrow micro-batches of a bfloat16 CPU student).
+        print(f"  {attention_line(job.spec)}")
         # Each worker pod's host memory by phase (load, training, checkpoint), which its memory must hold.
         host = plan_host_memory(job.spec)
         if host is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from distillery.api.spec import DistillationJobSpec, Precision, Sharding
+from distillery.plan.attention import eager_attention_width
 from distillery.plan.loss import LossConfig, resolve_loss
 from distillery.plan.memory_features import resolve_memory_features
 from distillery.plan.rollout import trainer_world_size
@@ -50,6 +51,9 @@ class TrainerSettings:
     """Write a checkpoint's master/ and model/ weights a tensor at a time, gathered from the shards and
     appended to safetensors shard files by rank 0 (`distillery_runtime.streamed_export`): no rank holds the
     whole state dict. False: every rank gathers the whole float32 state dict, rank 0 save_pretrained's it."""
+    eager_attention_width: int = 0
+    """Micro-batches of up to this many tokens a row train with eager attention, wider ones with the model's
+    own kernel (`attention.eager_attention_width`); 0: always the model's own."""
 
 
 def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSettings:
@@ -78,6 +82,7 @@ def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSett
         and checkpoint_root_shared(spec),
         # Every layout: a replicated or single rank also writes without a whole cast copy of the model.
         streamed_export=True,
+        eager_attention_width=eager_attention_width(spec),
     )
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from distillery.api.spec import Precision, Sharding
+from distillery.plan.attention import attention_kernel
 from distillery.plan.loss import LossConfig
 from distillery.plan.training import TrainerSettings
 from distillery_runtime.losses import TeacherTargets, counted_tokens, distillation_loss, reduction_units
@@ -235,6 +236,10 @@ class Trainer:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model = model.to(self.device)
         self.model.train()
+        self.own_attention: str = self.model.config._attn_implementation
+        """The attention kernel the model was loaded with (sdpa unless its config says otherwise); narrow
+        micro-batches may train with eager instead (`plan.attention`)."""
+        self.eager_attention_width = settings.eager_attention_width
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir) if model_dir is not None else None
         pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
         self.pad_id = pad if pad is not None else 0
@@ -268,9 +273,21 @@ class Trainer:
         enabled = self.compute_dtype != torch.float32 and not self.fsdp
         return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=enabled)
 
+    def _use_attention(self, width: int) -> None:
+        """The plan's attention kernel for a micro-batch `width` tokens a row wide (`plan.attention`); the
+        backward, and the recompute of checkpointed layers in it, run before the next micro-batch sets it."""
+        kernel = attention_kernel(width, self.eager_attention_width, self.own_attention)
+        if kernel != self.model.config._attn_implementation:
+            self.model.set_attn_implementation(kernel)
+            if kernel != self.model.config._attn_implementation:
+                # A model whose attention is not transformers' AttentionInterface cannot switch (transformers
+                # warns): it keeps its own for the rest of the run.
+                self.eager_attention_width = 0
+
     def _micro_batch_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float], int]:
         batch = {k: v.to(self.device) for k, v in batch.items()}
         loss_cfg = self.settings.loss
+        self._use_attention(batch["input_ids"].shape[1])
         with self._autocast():
             if self.settings.micro_batch_tokens is not None:
                 # Packed: no attention mask; transformers reads the sample boundaries from position ids.

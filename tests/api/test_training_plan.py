@@ -88,3 +88,30 @@ def test_ephemeral_checkpoints_over_several_pods_keep_the_optimizer_whole(
     assert (settings.sharded_load, settings.sharded_checkpoint) == (True, False)
     # The weights are streamed all the same: gathered a tensor at a time, written by rank 0 alone.
     assert settings.streamed_export
+
+
+def test_only_a_bfloat16_student_on_cpu_trains_narrow_micro_batches_with_eager_attention(
+    base_manifest: dict[str, Any],
+) -> None:
+    from distillery.plan.attention import CPU_BF16_EAGER_MAX_WIDTH, attention_kernel, attention_line
+
+    def plan_of(precision: str, gpus: int) -> tuple[int, str]:
+        doc = copy.deepcopy(base_manifest)
+        doc["spec"]["student"]["precision"] = precision
+        doc["spec"]["student"]["pool"] = {"workers": 1, "gpusPerWorker": gpus}
+        doc["spec"]["teachers"] = [t for t in doc["spec"]["teachers"] if t.get("placement") != "colocated"]
+        spec = parse_job(doc).spec
+        return resolve(spec).trainer.eager_attention_width, attention_line(spec)
+
+    width, line = plan_of("bfloat16", 0)
+    assert width == CPU_BF16_EAGER_MAX_WIDTH
+    assert line.startswith(f"attention: eager for micro-batches up to {width} tokens a row")
+    # float32 (and auto, float32 on CPU) keeps sdpa on CPU; on GPUs every precision keeps the model's own.
+    for precision, gpus in (("float32", 0), ("auto", 0), ("bfloat16", 1), ("auto", 1)):
+        width, line = plan_of(precision, gpus)
+        assert width == 0, (precision, gpus)
+        assert line.startswith("attention: the model's own (sdpa)")
+    # A micro-batch as wide as the bound is eager, one token wider is the model's own; 0 never is eager.
+    assert attention_kernel(CPU_BF16_EAGER_MAX_WIDTH, CPU_BF16_EAGER_MAX_WIDTH, "sdpa") == "eager"
+    assert attention_kernel(CPU_BF16_EAGER_MAX_WIDTH + 1, CPU_BF16_EAGER_MAX_WIDTH, "sdpa") == "sdpa"
+    assert attention_kernel(1, 0, "flash_attention_2") == "flash_attention_2"

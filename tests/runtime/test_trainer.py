@@ -220,3 +220,36 @@ def test_each_gpu_actor_resolves_the_precision_on_its_own_device(monkeypatch):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert compute_dtype_here("auto") == ("bfloat16" if torch.cuda.is_bf16_supported() else "float32")
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_narrow_micro_batches_train_with_eager_attention_and_the_same_gradients(job_files, packed):
+    """The plan's eager width (`plan.attention`): each micro-batch no wider than it runs its forward and
+    backward with eager attention, a wider one with the model's own kernel, and the step's gradients are
+    those of the model's own kernel everywhere (the same attention, to float32 round-off)."""
+    samples = make_samples(6, 64, 4, seed=3)
+    base = dataclasses.replace(settings(2), micro_batch_tokens=12 if packed else None)
+    widths = [
+        collate(part, base.loss, pad_id=0, packed=packed)["input_ids"].shape[1]
+        for part in micro_batches(samples, 2, base.micro_batch_tokens)
+    ]
+    eager_width = sorted(widths)[len(widths) // 2]
+    assert min(widths) <= eager_width < max(widths)  # both kernels in one step
+    results = []
+    for width in (0, eager_width):
+        trainer = Trainer(
+            str(job_files.student), dataclasses.replace(base, eager_attention_width=width), device="cpu"
+        )
+        assert trainer.own_attention == "sdpa"
+        kernels: list[str] = []
+        trainer.model.register_forward_pre_hook(
+            lambda m, _, seen=kernels: seen.append(m.config._attn_implementation)
+        )
+        metrics = trainer.train_step(samples, step_normalizer(samples, base.loss))
+        results.append((trainer.gradients(), metrics, kernels))
+    (own_grads, own_metrics, own_kernels), (grads, metrics, kernels) = results
+    assert own_kernels == ["sdpa"] * len(widths)
+    assert kernels == ["eager" if w <= eager_width else "sdpa" for w in widths]
+    assert metrics["distill/loss"] == pytest.approx(own_metrics["distill/loss"], rel=1e-5)
+    for name in own_grads:
+        torch.testing.assert_close(grads[name], own_grads[name], rtol=1e-4, atol=1e-7)
