@@ -19,6 +19,7 @@ from typing import IO
 from distillery.api.spec import Placement
 from distillery.plan import resolve
 from distillery.plan.engines import EngineSettings
+from distillery.plan.host_heap import kept_heap_env
 from distillery.plan.host_threads import shared_host_env, turn_taking_threads_env
 from distillery.plan.vllm_env import vllm_env
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
@@ -228,6 +229,8 @@ def init_ray(address: str | None, gpus: list[str] | None = None, model_locations
     # count once bound), so each gets them all: 1.4x faster rollout and 2x faster training on 2 cores;
     # their OpenMP threads spin briefly, then sleep (distillery.plan.host_threads).
     env.update(shared_host_env(local_threads(), os.environ))
+    # They take turns: each keeps its freed heap for its next turn instead of faulting it in afresh.
+    env.update(kept_heap_env(os.environ))
     if gpus is not None and visible_gpus():
         # Ray hands out the GPUs it sees when it starts, and workers that ask for none see them all: keep
         # the standalone teachers' GPUs, and with gpusPerWorker 0 every GPU, out of the student's reach.

@@ -36,3 +36,14 @@ def test_the_callers_wait_setting_wins_alone(callers: dict[str, str]) -> None:
     assert sleeping_threads_env(environ) == callers
     assert lone_process_env(environ) == callers
     assert shared_host_env(2, {**environ, "OMP_NUM_THREADS": "1"}) == {"OMP_NUM_THREADS": "1", **callers}
+
+
+def test_a_local_run_keeps_its_freed_heap_unless_the_caller_sets_glibc_s_own() -> None:
+    from distillery.plan.host_heap import GLIBC_MAX_MMAP_THRESHOLD, kept_heap_env
+
+    env = kept_heap_env({})
+    assert env["MALLOC_ARENA_MAX"] == "1"
+    assert int(env["MALLOC_TRIM_THRESHOLD_"]) >= 1 << 32
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(GLIBC_MAX_MMAP_THRESHOLD) == str(32 << 20)
+    # Any one of them set by the caller: the caller's stand alone (none of ours mixed in).
+    assert kept_heap_env({"MALLOC_ARENA_MAX": "4", "PATH": "/bin"}) == {"MALLOC_ARENA_MAX": "4"}
