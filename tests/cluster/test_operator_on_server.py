@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,18 @@ class Cluster:
             and (e.get("objectRef") or {}).get("namespace") == self.namespace
             and (e.get("objectRef") or {}).get("resource") != "events"
         ]
+
+    def writes_quiet(self, seconds: float) -> Callable[[], bool]:
+        """A predicate for wait_until: true once the operator has written nothing for `seconds`."""
+        seen = {"count": len(self.operator_writes()), "since": time.monotonic()}
+
+        def quiet() -> bool:
+            count = len(self.operator_writes())
+            if count != seen["count"]:
+                seen.update(count=count, since=time.monotonic())
+            return time.monotonic() - seen["since"] >= seconds
+
+        return quiet
 
     def reconciles(self, kind: str, result: str = "") -> float:
         """distillery_operator_reconciles_total{kind=KIND[, result=RESULT]} (summed), from /metrics."""
@@ -524,6 +537,9 @@ def test_edited_or_deleted_children_are_put_back(cluster: Cluster) -> None:
     wait_until(
         lambda: c.status(name)["teachers"][0]["message"] == "0/1 replicas ready", what="the status settled"
     )
+    # ... and the operator's writes for the Deployment made again, which the status settling does not bound
+    # (CI on 2026-12-01 counted one more status patch of the job after it): none for 3 s before the edits.
+    wait_until(c.writes_quiet(3.0), what="the operator's writes to stop")
     before = len(c.operator_writes())
     seen = c.reconciles("Deployment")
     c.kubectl("label", "deployment", deployment, "owner=platform-team")
