@@ -3,6 +3,9 @@ and top-k versus a transformers forward pass, both HTTP backends, and the limits
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import numpy as np
 import pytest
 from distillery_runtime.teachers import (
@@ -164,3 +167,47 @@ async def test_scoring_is_accounted_per_job_on_the_servers_metrics(vllm_server, 
     assert f'distillery_teacher_request_duration_seconds_count{{client_job="{job}"}} 1.0' in text
     assert f'distillery_teacher_busy_seconds_total{{client_job="{job}"}}' in text
     assert "distillery_teacher_gpus 0.0" in text  # a CPU server
+
+
+async def test_a_request_abandoned_by_its_client_is_not_scored(vllm_server) -> None:
+    """A client that gives up on its request (its attempt's timeout, well before the scoring could end):
+    the real server (vLLM's app, its middleware included) sees the connection close and drops the request,
+    so nothing is scored or counted for its job; a request of another job sent after it is answered."""
+    import urllib.request
+
+    from distillery_runtime.teachers import TeacherUnavailableError
+    from distillery_runtime.teachers.retry import RetryPolicy
+    from prometheus_client.parser import text_string_to_metric_families
+
+    heavy = make_samples(64, 1024, seed=5, max_prompt=200, max_response=300)
+    impatient = RetryPolicy(request_timeout=0.05, total_timeout=0.06)
+    gone = CompactTeacher([vllm_server.url], name=vllm_server.model, job="team-a/gone", retry=impatient)
+    after = CompactTeacher([vllm_server.url], name=vllm_server.model, job="team-a/after")
+    try:
+        with pytest.raises(TeacherUnavailableError):
+            await gone.score(heavy, 64)
+        await after.score(heavy[:2], 4)
+    finally:
+        await gone.close()
+        await after.close()
+
+    def idle_metrics() -> str | None:
+        """The metrics page once nothing waits for admission or runs in the engine (else None): had the
+        server kept the abandoned request, it would have been scored by then."""
+        with urllib.request.urlopen(f"{vllm_server.url}/metrics", timeout=10) as response:
+            page = response.read().decode()
+        busy = [
+            s.value
+            for f in text_string_to_metric_families(page)
+            for s in f.samples
+            if s.name in ("distillery_teacher_waiting_sequences", "vllm:num_requests_running",
+                          "vllm:num_requests_waiting")
+        ]  # fmt: skip
+        return page if busy and not any(busy) else None
+
+    deadline = time.monotonic() + 120
+    while (text := idle_metrics()) is None:
+        assert time.monotonic() < deadline, "the server stayed busy for 2 minutes"
+        await asyncio.sleep(0.2)
+    assert 'distillery_teacher_scored_sequences_total{client_job="team-a/after"} 2.0' in text
+    assert 'distillery_teacher_scored_sequences_total{client_job="team-a/gone"}' not in text

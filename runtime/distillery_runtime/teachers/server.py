@@ -15,7 +15,8 @@ also be given positionally. Routes:
 - `POST /distillery/v1/score`: compact scoring (request and binary response format in
   `distillery_runtime.teachers.wire`), top K at most `--max-logprobs`, sequences at most
   `--max-model-len` - 1 tokens. The `X-Distillery-Job` header names the job; requests are admitted
-  into the engine by job, fairly (`fair_share`), and accounted per job (`job_serving`).
+  into the engine by job, fairly (`fair_share`), and accounted per job (`job_serving`). A request whose
+  client disconnects (its timeout) is dropped from the queue or aborted in the engine, never scored.
 - `GET /distillery/v1/info`: `{"model", "max_model_len", "max_logprobs", "format"}`.
 - `GET /distillery/v1/vocabulary`: `{"tokens": [...]}`, the tokenizer's token at each id (null for
   holes): the trainer checks that the teacher's vocabulary extends the student's (`tokenizer_compat`).
@@ -31,9 +32,12 @@ serve`. The `__main__` guard matters: vLLM starts its engine process with spawn.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import ORJSONResponse, Response
@@ -132,10 +136,44 @@ async def score(request: Request) -> Response:
             error_body(str(exc), type(exc).__name__), status_code=400, media_type="application/json"
         )
     job = parse_job_header(request.headers.get(JOB_HEADER))
-    lengths, ids, lps, tok = await _serving(request.app).run(
-        job, seqs, lambda: score_sequences(engine, seqs, top_k)
+    scoring = asyncio.ensure_future(
+        _serving(request.app).run(job, seqs, lambda: score_sequences(engine, seqs, top_k))
     )
+    if not await _answered_before_disconnect(request, scoring):
+        # Nobody reads the answer: the client gave up (its attempt's timeout) and may be sending it again.
+        return Response(status_code=499)
+    lengths, ids, lps, tok = scoring.result()
     return Response(encode_response(lengths, ids, lps, tok, top_k), media_type=MEDIA_TYPE)
+
+
+async def _answered_before_disconnect(request: Request, scoring: asyncio.Future[Any]) -> bool:
+    """Wait for `scoring`, or for the client to go away first, which cancels it: a request whose client
+    stopped waiting leaves the fair queue, or is aborted in the engine, instead of being scored (and
+    counted) for nobody. Without this, a client that retries after its attempt's timeout has its sequences
+    scored twice, and under overload every retry adds work to the queue that made it time out.
+
+    vLLM's own routes do the same with `with_cancellation`, which reads the request from the handler's
+    arguments; here the body is read inside the handler first (the disconnect watch takes the request's
+    later ASGI messages, so it may only start once the body is in)."""
+    disconnect = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((scoring, disconnect), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        disconnect.cancel()
+        answered = scoring.done()
+        if not answered:  # the client went away, or this handler was cancelled (shutdown)
+            scoring.cancel()
+    if answered:
+        return True
+    with contextlib.suppress(asyncio.CancelledError):
+        await scoring  # its slot given back and its engine requests aborted before the handler returns
+    return False
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has closed its connection (ASGI `http.disconnect`)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _with_scoring_routes(build_app):  # type: ignore[no-untyped-def]
