@@ -33,7 +33,13 @@ from images import BuiltImage, build_images, start_build
 from node_cluster import MissingNodeTools, NodeCluster, node_tools
 from node_jobs import Workspace, deployment_available, production_namespace
 
-IMAGES_DIR = Path(__file__).resolve().parents[2] / ".k8s-assets" / "images"
+# The images' archives and the stamp of their sources (tests/support/images.py): in the clone, or where
+# `$DISTILLERY_IMAGES_DIR` says, which a CI machine keeps between runs (.ci/run): a run whose image sources
+# are those of the last build on the machine imports its images instead of spending ~15-20 minutes of its
+# two cores building them again; a change to any of them builds anew.
+IMAGES_DIR = Path(
+    os.environ.get("DISTILLERY_IMAGES_DIR") or Path(__file__).resolve().parents[2] / ".k8s-assets" / "images"
+)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
