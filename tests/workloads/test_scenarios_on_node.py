@@ -41,8 +41,10 @@ SIX_STEPS = {"steps": 6, "promptsPerStep": 4, "microBatchSize": 4, "checkpointEv
 OPERATOR = "app.kubernetes.io/component=operator"
 
 
-def assert_succeeded(workspace: Workspace, name: str, steps: int = 4, checkpoints: Any = None) -> list[dict]:
-    job = workspace.wait_finished(name, timeout=FINISH)
+def assert_succeeded(
+    workspace: Workspace, name: str, steps: int = 4, checkpoints: Any = None, timeout: float = FINISH
+) -> list[dict]:
+    job = workspace.wait_finished(name, timeout=timeout)
     assert job["status"]["phase"] == "Succeeded", workspace.diagnose()
     seen = workspace.steps_seen(name)
     assert seen and seen[-1] == steps and len(seen) >= 2, (
@@ -170,6 +172,7 @@ def scored_sequences(workspace: Workspace, selector: str) -> dict[str, float]:
     return totals
 
 
+@pytest.mark.timeout(3000)
 def test_two_jobs_share_a_teacher_that_scales_with_them_and_routes_by_a_data_field(
     workspace: Workspace,
 ) -> None:
@@ -191,7 +194,9 @@ def test_two_jobs_share_a_teacher_that_scales_with_them_and_routes_by_a_data_fie
         # Its own checkpoint claim: two runs never write one folder (the second would refuse the first's).
         folder = workspace.add_checkpoint_claim("checkpoints-routed")
         workspace.apply(tiny_job("routed", teachers=routed, checkpoint={"pvc": "checkpoints-routed"}))
-        first = assert_succeeded(workspace, "first")
+        # Nine pods start at once here (two Ray clusters and their submitters, three teacher servers): on a
+        # 2-core node beside the other worker's tests the teachers took 10 minutes to load (CI, 2026-12-02).
+        first = assert_succeeded(workspace, "first", timeout=2 * FINISH)
         second = assert_succeeded(workspace, "routed", checkpoints=folder)
         sent = {
             "first": sum(r["samples_per_teacher"].get("teacher", 0) for r in first),
