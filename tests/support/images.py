@@ -1,5 +1,6 @@
-"""The CPU images, built once per CI run (docker/build-cpu-images.sh) and reused while their sources are
-unchanged: a stamp beside the archives holds the hash of everything the Dockerfiles copy or say.
+"""The CPU images, built by docker/build-cpu-images.sh and reused while their sources are unchanged: a stamp
+beside the archives holds the hash of everything the Dockerfiles copy or say. The folder is the clone's, or the
+one `$DISTILLERY_IMAGES_DIR` names, which `.ci/run` keeps on the machine between runs.
 
 On a clean clone the build takes ~6 minutes, most of it downloads and layer writes, so a session that
 will run the node scenarios starts it in the background when collection ends (`start_build`, from
