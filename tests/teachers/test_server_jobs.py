@@ -35,16 +35,15 @@ class FakeEngine:
         self.model_config = SimpleNamespace(max_model_len=64, max_logprobs=8)
         self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs))
         self.delay = delay
-        self.first_delay = first_delay
+        self.first_delay = delay if first_delay is None else first_delay
         self.arrivals: list[int] = []
         self.aborted = 0
 
     async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
         tokens = np.asarray(prompt["prompt_token_ids"])
         self.arrivals.append(int(tokens[0]))
-        first = len(self.arrivals) == 1 and self.first_delay is not None
         try:
-            await asyncio.sleep(self.first_delay if first else self.delay)  # type: ignore[arg-type]
+            await asyncio.sleep(self.first_delay if len(self.arrivals) == 1 else self.delay)
         except asyncio.CancelledError:
             self.aborted += 1
             raise
