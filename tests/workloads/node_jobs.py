@@ -442,7 +442,8 @@ def tiny_job(name: str, *, teachers: list[dict[str, Any]], **spec: Any) -> dict[
         "loss": {"mode": "forward_kl_topk", "topK": 4},
         "schedule": {"steps": 4, "promptsPerStep": 4, "microBatchSize": 4, "checkpointEvery": 2},
         "checkpoint": {"pvc": CHECKPOINT_CLAIM},
-        "teacherReadyTimeoutSeconds": 300,
+        # The teachers' load on the loaded 2-core node took up to 10 minutes (CI, 2026-12-02).
+        "teacherReadyTimeoutSeconds": 900,
     }
     body.update(spec)
     return {
