@@ -75,7 +75,6 @@ OPERATOR_ENV = (
     "DO_NOT_TRACK",
     "VLLM_CPU_KVCACHE_SPACE",
     "HF_HOME",
-    "RAY_agent_register_timeout_ms",
 )
 """Env variables the operator sets on its pods (tests/operator/test_pod_settings.py checks the rendered
 pods against this list): a second one of the same name would silently win or lose."""

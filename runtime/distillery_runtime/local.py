@@ -21,7 +21,6 @@ from distillery.plan import resolve
 from distillery.plan.engines import EngineSettings
 from distillery.plan.host_heap import kept_heap_env
 from distillery.plan.host_threads import shared_host_env, turn_taking_threads_env
-from distillery.plan.ray_startup import ray_startup_env
 from distillery.plan.vllm_env import vllm_env
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
 from distillery_runtime.local_gpus import LocalGpuPlan, TeacherGpus
@@ -236,8 +235,6 @@ def init_ray(address: str | None, gpus: list[str] | None = None, model_locations
         # Ray hands out the GPUs it sees when it starts, and workers that ask for none see them all: keep
         # the standalone teachers' GPUs, and with gpusPerWorker 0 every GPU, out of the student's reach.
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    # The raylet this starts inherits this process's environment: its wait for its agents on a busy host.
-    os.environ.update(ray_startup_env(os.environ))
     ray.init(
         num_cpus=max(os.cpu_count() or 1, 4),
         include_dashboard=False,

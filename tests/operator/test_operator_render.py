@@ -29,7 +29,6 @@ from distillery_operator.render import (
 )
 
 from distillery.api import DistillationJob, Placement
-from distillery.plan.ray_startup import AGENT_REGISTER_TIMEOUT_MS, AGENT_REGISTER_TIMEOUT_VAR
 from distillery.runtime_config import CONFIG_KEY, RuntimeConfig
 from distillery.validation import load_job, parse_job
 
@@ -559,15 +558,3 @@ def test_student_hf_token_secret_reaches_the_head_and_the_workers() -> None:
     doc["spec"]["teachers"][0].pop("inference")
     for env in _trainer_env(DistillationJob.model_validate(doc)):
         assert "HF_TOKEN" not in {e["name"] for e in env}
-
-
-def test_the_ray_pods_raylet_waits_for_its_agents_as_the_plan_says() -> None:
-    """`ray start` in the head and the workers: the raylet's wait for its agents is the plan's (Ray's own
-    window aborted the raylet on a loaded node, and its pods restarted until the node was idle enough)."""
-    job = DistillationJob.model_validate(
-        yaml.safe_load((ROOT / "examples" / "colocated-teacher.yaml").read_text())
-    )
-    for env in _trainer_env(job):
-        assert {e["name"]: e.get("value") for e in env}[AGENT_REGISTER_TIMEOUT_VAR] == str(
-            AGENT_REGISTER_TIMEOUT_MS
-        )

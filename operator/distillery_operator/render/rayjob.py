@@ -16,7 +16,6 @@ from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.plan.model_cache import TRAINER, model_cache
 from distillery.plan.pod_resources import ContainerResources, pod_resources
 from distillery.plan.pod_scheduling import PodScheduling, pod_scheduling
-from distillery.plan.ray_startup import ray_startup_env
 from distillery.runtime_config import CONFIG_KEY, CONFIG_MOUNT_DIR, RUNTIME_METRICS_PORT
 from distillery_operator import naming
 from distillery_operator.render.common import (
@@ -107,8 +106,6 @@ def _ray_pod_template(
     env: list[dict[str, Any]] = [
         {"name": "DISTILLERY_CONFIG", "value": f"{CONFIG_MOUNT_DIR}/{CONFIG_KEY}"},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        # `ray start`'s raylet waits this long for its agents (a busy node's imports are slow).
-        *({"name": name, "value": value} for name, value in ray_startup_env().items()),
     ]
     env.extend(hf_token_env(trainer_hf_token(spec)))
     container: dict[str, Any] = {
