@@ -6,6 +6,7 @@ bounded wait for teachers that both the local and the cluster run use.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -14,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from distillery.api.spec import Placement
 from distillery.plan import resolve
@@ -235,10 +236,47 @@ def init_ray(address: str | None, gpus: list[str] | None = None, model_locations
         # Ray hands out the GPUs it sees when it starts, and workers that ask for none see them all: keep
         # the standalone teachers' GPUs, and with gpusPerWorker 0 every GPU, out of the student's reach.
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    ray.init(
+    start_embedded_ray(
         num_cpus=max(os.cpu_count() or 1, 4),
         include_dashboard=False,
         runtime_env={"env_vars": env},
         log_to_driver=os.environ.get("DISTILLERY_RAY_LOGS", "0") == "1",
         configure_logging=False,
     )
+
+
+RAY_STARTS = 3
+"""How many times a local run starts its embedded Ray before it fails."""
+RAY_START_TIMED_OUT = "timed out during startup"
+"""Ray's words (`ray/_private/node.py`) for a node whose raylet never registered."""
+
+
+def start_embedded_ray(**options: Any) -> None:
+    """`ray.init(**options)` of an embedded Ray, made again where its start timed out.
+
+    The raylet waits a fixed ~15 s for its dashboard agent (a Python process) to write its ports, then
+    aborts (`NodeManager::WaitForDashboardAgentPorts`; no setting changes it), and `ray.init` fails "The
+    current node timed out during startup". On a busy host the agent's imports take longer: local runs and
+    the tests' embedded Ray failed so on the 2-core CI host (2026-12-02). The processes a failed start left
+    (the GCS, the agents) are killed before the next; any other failure is raised at once."""
+    import psutil
+    import ray
+
+    me = psutil.Process()
+    for attempt in range(1, RAY_STARTS + 1):
+        before = {child.pid for child in me.children(recursive=True)}
+        try:
+            ray.init(**options)
+            return
+        except Exception as error:
+            if RAY_START_TIMED_OUT not in str(error) or attempt == RAY_STARTS:
+                raise
+            print(
+                f"Ray's start timed out (attempt {attempt} of {RAY_STARTS}); starting it again",
+                file=sys.stderr,
+            )
+            ray.shutdown()
+            for child in me.children(recursive=True):
+                if child.pid not in before:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        child.kill()

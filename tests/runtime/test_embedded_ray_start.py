@@ -1,0 +1,61 @@
+"""A local run's embedded Ray is started again where its start timed out (`local.start_embedded_ray`).
+
+Ray's own start is replaced here: its timeout (the raylet aborting while its dashboard agent imports on a
+busy host) cannot be made to happen on demand. `bench/ray_startup.py` starts the real one under load."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import ray
+from distillery_runtime import local
+
+TIMED_OUT = "The current node timed out during startup. This could happen because some of the raylet failed"
+
+
+class FakeStarts:
+    """`ray.init` that fails with `errors` in turn (each start leaving a process behind, as Ray's GCS is),
+    then succeeds."""
+
+    def __init__(self, errors: list[Exception]) -> None:
+        self.errors, self.calls, self.left = errors, [], []
+
+    def __call__(self, **options: object) -> None:
+        self.calls.append(options)
+        if len(self.calls) <= len(self.errors):
+            self.left.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+            raise self.errors[len(self.calls) - 1]
+
+
+@pytest.fixture
+def starts(monkeypatch: pytest.MonkeyPatch):
+    def make(errors: list[Exception]) -> FakeStarts:
+        fake = FakeStarts(errors)
+        monkeypatch.setattr(ray, "init", fake)
+        monkeypatch.setattr(ray, "shutdown", lambda: None)
+        return fake
+
+    yield make
+
+
+def test_a_start_that_timed_out_is_cleaned_up_and_made_again(starts) -> None:
+    fake = starts([Exception(TIMED_OUT), Exception(TIMED_OUT)])
+    local.start_embedded_ray(num_cpus=4, include_dashboard=False)
+    assert fake.calls == [{"num_cpus": 4, "include_dashboard": False}] * 3
+    # What each failed start left is gone before the next.
+    assert all(process.wait(timeout=10) is not None for process in fake.left)
+
+
+def test_another_failure_is_raised_at_once_and_a_third_timeout_too(starts) -> None:
+    fake = starts([ValueError("num_cpus must be positive")])
+    with pytest.raises(ValueError, match="num_cpus"):
+        local.start_embedded_ray(num_cpus=-1)
+    assert len(fake.calls) == 1
+    fake = starts([Exception(TIMED_OUT)] * local.RAY_STARTS)
+    with pytest.raises(Exception, match="timed out during startup"):
+        local.start_embedded_ray()
+    assert len(fake.calls) == local.RAY_STARTS
+    for process in fake.left:
+        process.kill()
