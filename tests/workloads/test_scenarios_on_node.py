@@ -181,8 +181,8 @@ def test_two_jobs_share_a_teacher_that_scales_with_them_and_routes_by_a_data_fie
     """A DistillationTeacher that two jobs use at once: 0 replicas until the first starts, 1 for it, 2 under
     the load of both, 0 again after both end (its idle time). Both jobs succeed with all their samples, and
     the teacher scored for each exactly the samples its steps sent it. The second job routes by its
-    prompts' data field: its `add` samples to the shared teacher, its `sub` samples to a colocated one in
-    its trainer (a third teacher server would be a tenth pod on the 2-core node)."""
+    prompts' data field: its `add` samples to the shared teacher, its `sub` samples to a standalone one of
+    its own."""
     workspace.apply(
         shared_teacher("shared", minReplicas=0, maxReplicas=2, targetWaitingPerReplica=0, idleSeconds=20)
     )
@@ -192,14 +192,14 @@ def test_two_jobs_share_a_teacher_that_scales_with_them_and_routes_by_a_data_fie
     try:
         ref = {"name": "teacher", "model": "shared", "placement": "shared", "teacherRef": {"name": "shared"}}
         workspace.apply(tiny_job("first", teachers=[ref]))
-        colocated = {"name": "subber", "model": f"pvc://{MODELS_CLAIM}/teacher", "placement": "colocated"}
-        routed = [{**ref, "name": "adder", "routes": ["add"]}, {**colocated, "routes": ["sub"]}]
+        # Standalone, not colocated: a colocated teacher loads in the trainer after its Ray cluster is up,
+        # and the routed job then started scoring after the first had ended (the replicas went 0, 1, 0).
+        routed = [{**ref, "name": "adder", "routes": ["add"]}, standalone_teacher("subber", routes=["sub"])]
         # Its own checkpoint claim: two runs never write one folder (the second would refuse the first's).
         folder = workspace.add_checkpoint_claim("checkpoints-routed")
         workspace.apply(tiny_job("routed", teachers=routed, checkpoint={"pvc": "checkpoints-routed"}))
-        # Eight pods start at once here (two Ray clusters and their submitters, two replicas of the teacher):
-        # on a 2-core node beside the other worker's tests the teachers took 10 minutes to load (CI,
-        # 2026-12-02).
+        # Nine pods start at once here (two Ray clusters and their submitters, three teacher servers): on a
+        # 2-core node beside the other worker's tests the teachers took 10 minutes to load (CI, 2026-12-02).
         first = assert_succeeded(workspace, "first", timeout=2 * FINISH)
         second = assert_succeeded(workspace, "routed", checkpoints=folder)
         sent = {
