@@ -37,7 +37,7 @@ def starts(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setattr(ray, "shutdown", lambda: None)
         return fake
 
-    yield make
+    return make
 
 
 def test_a_start_that_timed_out_is_cleaned_up_and_made_again(starts) -> None:
