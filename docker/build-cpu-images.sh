@@ -30,6 +30,14 @@ operator=ghcr.io/distillery-ai/distillery-operator:$version
 bh=(buildah --root "$work/buildah/root" --runroot "$work/buildah/run" --storage-driver "${STORAGE_DRIVER:-overlay}")
 t0=$(date +%s)
 step() { echo "[build-cpu-images +$(( $(date +%s) - t0 ))s] $*"; }
+# A build killed mid-way (a stopped CI run, a Ctrl-C) leaves its working containers mounted under
+# $work/buildah, and `rm -rf` of a mounted folder fails ("Device or resource busy"): the next build removes
+# the containers first, and unmounts what is left under the storage before removing it.
+"${bh[@]}" rm --all >/dev/null 2>&1 || true
+unmount_storage() {
+  awk -v root="$work/buildah/" 'index($2, root) == 1 { print $2 }' /proc/mounts | sort -r |
+    while read -r mount; do umount -l "$mount"; done
+}
 
 # 1. The Debian base both Dockerfiles build FROM (the stand-in for python:slim and the CUDA image).
 if [ ! -e "$work/rootfs/.debootstrap-ok" ]; then
@@ -116,5 +124,5 @@ import json, sys
 images = [json.loads(open(p).read()) for p in sys.argv[3:]]
 json.dump({"base_seconds": int(sys.argv[2]), "images": images}, open(sys.argv[1], "w"), indent=1)
 PY
-if [ "${KEEP_STORAGE:-1}" != 1 ]; then rm -rf "$work/buildah"; fi
+if [ "${KEEP_STORAGE:-1}" != 1 ]; then unmount_storage; rm -rf "$work/buildah"; fi
 step "done: $out/images.json"
