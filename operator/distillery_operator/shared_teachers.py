@@ -218,6 +218,11 @@ class SharedTeachers:
                 action.name,
                 action.why,
             )
+        # The Events say what the writes above changed (the replicas), so they are posted now: a finalizer or
+        # status write below that fails (a 409 under concurrent updates) would otherwise lose them for good,
+        # since the next pass finds the replicas already changed (a node scenario's 1 -> 2 had no Event).
+        for event in decision.events:
+            self.jobs.post_event(body, event.type, event.reason, event.message)
         if decision.finalizers is not None:
             version = (body.get("metadata") or {}).get("resourceVersion")
             # With the version read: a finalizer list changed meanwhile is a 409, tried again next pass.
@@ -232,5 +237,3 @@ class SharedTeachers:
                 if k in current or k in desired
             }
             await self.kube.patch_teacher(namespace, name, {"status": patch}, status=True)
-        for event in decision.events:
-            self.jobs.post_event(body, event.type, event.reason, event.message)

@@ -30,9 +30,10 @@ import jsonpointer
 import kmock
 from kmock._internal import dicts, enums, rendering
 
-from distillery.api import GROUP, KIND, PLURAL, VERSION
+from distillery.api import GROUP, KIND, PLURAL, TEACHER_KIND, TEACHER_PLURAL, VERSION
 
 DJ = f"{GROUP}/{VERSION}/{PLURAL}"
+TEACHERS = f"{GROUP}/{VERSION}/{TEACHER_PLURAL}"
 RAYJOBS = "ray.io/v1/rayjobs"
 DEPLOYMENTS = "apps/v1/deployments"
 SERVICES = "v1/services"
@@ -73,6 +74,10 @@ class Emulator(kmock.KubernetesEmulator):
         self.resources[DJ] = kmock.ResourceInfo(
             kind=KIND, singular="distillationjob", namespaced=True, verbs=verbs,
             subresources={"status"}, shortnames={"dj"},
+        )  # fmt: skip
+        self.resources[TEACHERS] = kmock.ResourceInfo(
+            kind=TEACHER_KIND, singular=TEACHER_KIND.lower(), namespaced=True, verbs=verbs,
+            subresources={"status"}, shortnames={"dt"},
         )  # fmt: skip
         self.resources[RAYJOBS] = kmock.ResourceInfo(
             kind="RayJob", singular="rayjob", namespaced=True, verbs=verbs, subresources={"status"}
