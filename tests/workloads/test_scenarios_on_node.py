@@ -132,6 +132,9 @@ class ReplicaSeries:
     def __init__(self, workspace: Workspace, name: str) -> None:
         self.workspace, self.name = workspace, name
         self.counts: list[int] = []
+        # The count before the test acts: the thread's first read comes a second later, and a job applied
+        # meanwhile had already scaled the teacher to 1 on an unloaded node (the series began [1, 2, 0]).
+        self._read()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -183,8 +186,10 @@ def test_two_jobs_share_a_teacher_that_scales_with_them_and_routes_by_a_data_fie
     the teacher scored for each exactly the samples its steps sent it. The second job routes by its
     prompts' data field: its `add` samples to the shared teacher, its `sub` samples to a standalone one of
     its own."""
+    # Idle for 60 s before it scales down: the replicas' counters are read after both jobs have ended, and
+    # with 20 s an unloaded node's operator took the replica away mid-read (kubectl exec exited 137).
     workspace.apply(
-        shared_teacher("shared", minReplicas=0, maxReplicas=2, targetWaitingPerReplica=0, idleSeconds=20)
+        shared_teacher("shared", minReplicas=0, maxReplicas=2, targetWaitingPerReplica=0, idleSeconds=60)
     )
     wait_until(lambda: workspace.installation.get("deployment", "shared", workspace.namespace),
                what="the teacher's Deployment")  # fmt: skip
