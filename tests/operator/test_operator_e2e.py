@@ -309,13 +309,11 @@ async def test_a_teachers_scaling_event_is_posted_though_a_later_write_of_its_pa
         )
         deployment = c.emulator.obj(DEPLOYMENTS, c.namespace, "shared") or {}
         assert deployment["spec"]["replicas"] == 1
+
+        def finalizers() -> list[str]:
+            teacher = c.emulator.obj(TEACHERS, c.namespace, "shared") or {}
+            return teacher.get("metadata", {}).get("finalizers") or []
+
         await wait_for(
-            lambda: (
-                FINALIZER
-                in (
-                    (c.emulator.obj(TEACHERS, c.namespace, "shared") or {})["metadata"].get("finalizers")
-                    or []
-                )
-            ),
-            what="the finalizer, written again on the next pass",
+            lambda: FINALIZER in finalizers(), what="the finalizer, written again on the next pass"
         )
