@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +240,9 @@ async def test_operator_killed_mid_reconcile_converges_without_duplicates(
             proc.kill()
     assert child_posts() < 32, "the operator finished before it was killed; the test proves nothing"
 
-    proc = spawn_operator(c, *args, log=tmp_path / "operator-2.log")
+    # Verbose: kopf says at debug level whether its shutdown had tasks to wait for (read at the end).
+    log = tmp_path / "operator-2.log"
+    proc = spawn_operator(c, *args, "--verbose", log=log)
     try:
         await wait_for(
             # A new operator process first imports and logs in: on the 2-core CI host beside the node's
@@ -274,10 +275,12 @@ async def test_operator_killed_mid_reconcile_converges_without_duplicates(
         # SIGTERM (a pod's deletion) stops it promptly and cleanly. Waited for off the loop: the emulator
         # that serves the operator's last requests runs on this loop.
         proc.terminate()
-        started = time.monotonic()
         assert await asyncio.to_thread(proc.wait, 30) == 0
-        # kopf waits 5 s for tasks it left behind before it cancels them; the operator leaves none.
-        assert time.monotonic() - started < 4.5, (tmp_path / "operator-2.log").read_text()[-2000:]
+        # kopf waits up to 5 s for the tasks the operator left behind before it cancels them; the operator
+        # leaves none. Read from kopf's log rather than timed: a clean stop took 7.5 s at CI's load (2026-12-02).
+        text = log.read_text()
+        assert "Hung tasks stopping is skipped: no tasks given." in text, text[-3000:]
+        assert "Hung tasks are" not in text, text[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
