@@ -9,7 +9,10 @@
 # Env: VERSION (the package version), STORAGE_DRIVER (buildah's: overlay, or vfs where overlay cannot mount), SUITE (bookworm), DEBIAN_MIRROR, WORK_DIR (OUT_DIR/work),
 #      TORCH_INDEX_URL (where CPU torch comes from; default: PyTorch's CPU index when reachable, else
 #      what pip is configured with), KEEP_STORAGE=0 (remove buildah's storage, WORK_DIR/buildah, after the
-#      build; kept by default: its layer cache makes a rebuild after a source change take about a minute).
+#      build; kept by default: its layer cache holds the dependency layers, which the Dockerfiles install
+#      before they copy our sources, so a rebuild after a source change takes a few minutes, not ten; the
+#      layers of earlier builds are pruned, so it stays at one build's size, ~6 GB, and it is removed all the
+#      same where less than MIN_FREE_GIB=20 is left on its disk).
 # pip inside the build uses the host's pip configuration (index mirrors, wheel folders, CA bundle):
 # each local path it names is bind-mounted read-only for the build only; nothing of it is baked in.
 set -euo pipefail
@@ -124,5 +127,15 @@ import json, sys
 images = [json.loads(open(p).read()) for p in sys.argv[3:]]
 json.dump({"base_seconds": int(sys.argv[2]), "images": images}, open(sys.argv[1], "w"), indent=1)
 PY
-if [ "${KEEP_STORAGE:-1}" != 1 ]; then unmount_storage; rm -rf "$work/buildah"; fi
+if [ "${KEEP_STORAGE:-1}" != 1 ]; then
+  unmount_storage; rm -rf "$work/buildah"
+else
+  # What no tag reaches any more: the layers of the sources an earlier build copied (~1 GB a build).
+  "${bh[@]}" rmi --prune >/dev/null
+  # The node that imports the archives needs the disk more than the next build needs its cache.
+  free_gib=$(( $(df --output=avail -k "$work" | tail -1) / 1048576 ))
+  if [ "$free_gib" -lt "${MIN_FREE_GIB:-20}" ]; then
+    step "only ${free_gib} GiB free: removing the layer cache"; unmount_storage; rm -rf "$work/buildah"
+  fi
+fi
 step "done: $out/images.json"

