@@ -33,6 +33,7 @@ from support.work_groups import (  # noqa: F401
     pytest_collection_modifyitems,
     pytest_configure,
     pytest_configure_node,
+    pytest_terminal_summary,
     pytest_xdist_make_scheduler,
 )
 

@@ -19,7 +19,8 @@ import sys
 sys.path.insert(0, {str(TESTS)!r})
 import pytest
 from support.work_groups import (  # noqa: F401
-    pytest_collection_modifyitems, pytest_configure, pytest_configure_node, pytest_xdist_make_scheduler,
+    pytest_collection_modifyitems, pytest_configure, pytest_configure_node, pytest_terminal_summary,
+    pytest_xdist_make_scheduler,
 )
 
 @pytest.fixture(scope="session")
@@ -83,3 +84,31 @@ def test_tests_sharing_a_server_run_on_one_worker_and_modules_stay_together(tmp_
     node_span = (min(s for s, _ in node), max(e for _, e in node))
     overlapping = [span for span in local if span[0] < node_span[1] and span[1] > node_span[0]]
     assert not overlapping, f"local runs {overlapping} ran beside the node's scenarios {node_span}"
+    # The log ends with the units' timeline: each worker's time, then the units in the order they ran.
+    summary = result.stdout.split("work units (tests/support/work_groups.py)", 1)[1].splitlines()[1:]
+    assert summary[0].startswith("gw0: ran units ") and summary[1].startswith("gw1: ran units "), summary
+    assert any(line.endswith("  node") for line in summary), summary
+
+
+def test_the_timeline_starts_a_unit_when_its_worker_is_free_and_counts_the_waits() -> None:
+    from support.work_groups import UnitTimeline
+
+    timeline = UnitTimeline(
+        spans={
+            "node": ("gw0", 0.0, 1800.0),
+            "a.py": ("gw1", 0.0, 600.0),
+            # handed to gw1 while a.py ran (its last tests), so it ran from a.py's end
+            "b.py": ("gw1", 590.0, 900.0),
+            # gw1 waited: a local run may not start beside the node's scenarios
+            "local.py": ("gw1", 1800.0, 2400.0),
+            "unfinished.py": ("gw0", 1800.0, None),
+        },
+        origin=0.0,
+    )
+    assert timeline.lines(longest=3) == [
+        "gw0: ran units 30.0 min, waited 10.0 of 40.0",
+        "gw1: ran units 25.0 min, waited 15.0 of 40.0",
+        "gw0   0.0- 30.0 min  node",
+        "gw1   0.0- 10.0 min  a.py",
+        "gw1  30.0- 40.0 min  local.py",
+    ]

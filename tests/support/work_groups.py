@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +133,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class WorkUnitScheduling(LoadScopeScheduling):
         units: dict[str, str] | None = None
         local_runs: frozenset[str] = frozenset()
+        timeline = UnitTimeline()
 
         def _split_scope(self, nodeid: str) -> str:
             if self.units is None:
@@ -152,14 +155,78 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                 return  # every unit left clashes: this worker waits until the other's ends
             tests = self.workqueue.pop(unit)
             self.assigned_work.setdefault(node, {})[unit] = tests
+            self.timeline.started(unit, node.gateway.id)
             collection = self.registered_collections[node]
             node.send_runtest_some([collection.index(nodeid) for nodeid, done in tests.items() if not done])
 
         def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
             super().mark_test_complete(node, item_index, duration)
+            for unit, tests in self.assigned_work.get(node, {}).items():
+                if all(tests.values()):
+                    self.timeline.ended(unit)
             # a unit that ends may free a waiting worker (or, with the queue empty, let it shut down)
             for other in self.nodes:
                 if other is not node:
                     self._reschedule(other)
 
+    config.stash[TIMELINE] = WorkUnitScheduling.timeline
     return WorkUnitScheduling(config, log)
+
+
+@dataclass
+class UnitTimeline:
+    """When each unit was handed to its worker and when its last test ended (seconds since the first unit
+    was handed out): what CI's log shows of where its time went, at the very end, where a truncated log
+    still has it."""
+
+    spans: dict[str, tuple[str, float, float | None]] = field(default_factory=dict)
+    origin: float | None = None
+
+    def started(self, unit: str, worker: str) -> None:
+        now = time.monotonic()
+        self.origin = now if self.origin is None else self.origin
+        self.spans[unit] = (worker, now - self.origin, None)
+
+    def ended(self, unit: str) -> None:
+        worker, start, end = self.spans[unit]
+        if end is None:
+            self.spans[unit] = (worker, start, time.monotonic() - (self.origin or 0.0))
+
+    def lines(self, longest: int = 12) -> list[str]:
+        """Per worker: its busy minutes and the minutes it waited with nothing to run (a unit that clashed
+        with the other's, or none left); then the longest units, in the order they ran."""
+        runs: list[tuple[str, str, float, float]] = []  # worker, unit, start, end
+        for worker in sorted({w for w, _, _ in self.spans.values()}):
+            handed = sorted((a, b, u) for u, (w, a, b) in self.spans.items() if w == worker and b is not None)
+            previous = 0.0
+            for assigned, end, unit in handed:
+                # A worker is handed its next unit while its last tests run; it starts once those end.
+                start = max(assigned, previous)
+                runs.append((worker, unit, start, end))
+                previous = end
+        if not runs:
+            return []
+        total = max(end for *_, end in runs)
+        out = []
+        for worker in sorted({w for w, *_ in runs}):
+            busy = sum(end - start for w, _, start, end in runs if w == worker)
+            out.append(
+                f"{worker}: ran units {busy / 60:.1f} min, waited {(total - busy) / 60:.1f} of {total / 60:.1f}"
+            )
+        top = sorted(runs, key=lambda run: run[3] - run[2], reverse=True)[:longest]
+        for worker, unit, start, end in sorted(top, key=lambda run: run[2]):
+            out.append(f"{worker} {start / 60:5.1f}-{end / 60:5.1f} min  {unit}")
+        return out
+
+
+TIMELINE = pytest.StashKey[UnitTimeline]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The controller, last of the summaries: the work units' timeline."""
+    timeline = config.stash.get(TIMELINE, None)
+    if timeline is not None and (lines := timeline.lines()):
+        terminalreporter.write_sep("=", "work units (tests/support/work_groups.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
