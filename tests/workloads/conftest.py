@@ -46,7 +46,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the images' build as soon as the session knows it will run a scenario here, so the tests
     before them hide it (tests/support/images.py)."""
     here = Path(__file__).parent
-    if session.config.option.collectonly or not any(here in item.path.parents for item in session.items):
+    scenarios = [item for item in session.items if "node_cluster" in getattr(item, "fixturenames", ())]
+    if session.config.option.collectonly or not any(here in item.path.parents for item in scenarios):
         return
     try:
         node_tools()
