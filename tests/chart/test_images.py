@@ -109,8 +109,8 @@ def test_runtime_image_has_cuda_vllm_ray() -> None:
 )
 def test_dependencies_are_installed_before_the_sources_are_copied(dockerfile: str, extra: str) -> None:
     """The layer that installs the dependencies sees pyproject.toml only, so a change to our sources rebuilds
-    just the layers from their COPY on (the CPU images: 571 s
-    from their base, 127 s after a change of our sources, 2026-12-02)."""
+    just the layers from their COPY on (the CPU images: 571 s from their base, 127 s after a change of our
+    sources, 2026-12-02)."""
     instructions = _instructions(dockerfile)
     first_build = next(i for i, (head, _, _) in enumerate(instructions) if head == "FROM")
     stage = instructions[first_build:]

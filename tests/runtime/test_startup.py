@@ -73,7 +73,7 @@ def test_the_origin_is_when_the_process_was_created():
         check=True,
     ).stdout
     after = time.time()
-    # psutil's create time is rounded to the kernel's clock ticks (10 ms), hence the slack on the low side.
+    # The kernel keeps a process's start in clock ticks (10 ms), hence the slack on the low side.
     assert before - 0.05 <= float(out) <= after
 
 

@@ -35,8 +35,9 @@ from node_jobs import Workspace, deployment_available, production_namespace
 
 # The images' archives and the stamp of their sources (tests/support/images.py): in the clone, or where
 # `$DISTILLERY_IMAGES_DIR` says, which a CI machine keeps between runs (.ci/run): a run whose image sources
-# are those of the last build on the machine imports its images instead of building them again; a change to any of them builds anew, from the
-# dependency layers buildah keeps there (about 2 minutes of the two cores instead of 10-20).
+# are those of the last build on the machine imports its images instead of building them again; a change
+# to any of them builds anew, from the dependency layers buildah keeps there (about 2 minutes of the two
+# cores instead of 10-20).
 IMAGES_DIR = Path(
     os.environ.get("DISTILLERY_IMAGES_DIR") or Path(__file__).resolve().parents[2] / ".k8s-assets" / "images"
 )
