@@ -3,8 +3,8 @@
     nice -n 19 python bench/startup.py --rounds 3
 
 Each round runs the same local job twice, once per start-up order (`runtime/distillery_runtime/startup.py`):
-concurrent (the default: teacher servers spawned first and booting while the job loads and Ray starts,
-the rollout engine and trainer started while the teachers finish booting) and sequential (`DISTILLERY_SEQUENTIAL_STARTUP=1`:
+concurrent (the default: teacher servers spawned first and booting while the job loads and then Ray
+starts, the rollout engine and trainer started while the teachers finish booting) and sequential (`DISTILLERY_SEQUENTIAL_STARTUP=1`:
 load the job, then spawn the teachers, then start Ray, then the actors: the order before issue 18).
 The two alternate so that a busy machine slows both alike. Times are read from the run's own
 `start-up:` line (seconds since the process was created); "first step" includes the step-0 evaluation

@@ -33,11 +33,8 @@ from distillery.runtime_config import (
 from distillery.validation import InvalidManifest, load_job
 from distillery_runtime.local_gpus import LocalGpuPlan
 from distillery_runtime.startup import (
-    RAY_START_LOGGER,
     SEQUENTIAL_ENV,
     StartupClock,
-    held_logs,
-    replay,
     startup_plan,
 )
 
@@ -307,30 +304,15 @@ async def _run(
         clock.mark("job loaded")
         return job
 
-    ray_started = False
     try:
         if plan.teachers_first:
             # The teacher servers boot (subprocesses, tens of seconds) while this process loads the job; they
             # write only to their logs, and a job that fails to load stops them before anything else starts.
             config, teachers = local.start_local_teachers(config, out_dir / "logs", gpus)
-        if plan.ray_while_loading:
-            # Ray starts here, in the main thread (it installs signal handlers), while a thread loads the job.
-            loading = asyncio.create_task(asyncio.to_thread(load_job))
-            await asyncio.sleep(0)  # let the thread start before Ray takes this one
-            with held_logs(RAY_START_LOGGER) as ray_said:  # a job that fails to load prints its one line only
-                try:
-                    start_ray()
-                    ray_started = True
-                finally:
-                    loop = await loading  # a load failure is raised here, once Ray's start is over
-            replay(ray_said)
-        else:
-            loop = load_job()
+        # Before Ray: a job whose data, tokenizer, grader or folders are wrong fails with its one line in
+        # seconds, and no Ray was started to shut down again.
+        loop = load_job()
     except BaseException:
-        if ray_started:
-            import ray
-
-            ray.shutdown()
         if teachers is not None:
             teachers.stop()
         raise
@@ -347,8 +329,7 @@ async def _run(
         if not in_cluster and not plan.teachers_first:
             config, teachers = local.start_local_teachers(config, out_dir / "logs", gpus)
         loop.config = config
-        if not ray_started:
-            start_ray()
+        start_ray()
         # ray.init installs its own SIGTERM handler in the driver (it logs a stack and aborts): ours again,
         # so that a SIGTERM (a pod's deletion, the preStop hook) finishes the step and saves a checkpoint.
         _install_interrupt(stop, progress.event)

@@ -3,23 +3,17 @@
 The first step waits for four things: the job (its data, tokenizers, checkpoint state), the teachers
 (local runs: vLLM server subprocesses), Ray, and the components (the rollout engine and the trainer
 ranks, Ray actors). `startup_plan` decides once how they overlap. Now (the default, local runs): the
-teacher servers are spawned first, then the job loads (in a thread) while Ray starts (in the main thread:
-Ray installs signal handlers), then the actors start while the teachers finish booting, and the
-teachers' health is polled every 0.25 s. Sequential (`DISTILLERY_SEQUENTIAL_STARTUP=1`, kept so that
-`bench/startup.py` can measure both in one run): the job loads, then the teachers are spawned, then Ray,
-polled every second, as before issue 18. In a cluster the teachers are the operator's and Ray is joined,
-not started, after the job loads.
+teacher servers are spawned first, then the job loads while they boot, then Ray starts, then the actors
+start while the teachers finish booting, and the teachers' health is polled every 0.25 s. Sequential
+(`DISTILLERY_SEQUENTIAL_STARTUP=1`, kept so that `bench/startup.py` can measure both in one run): the job
+loads, then the teachers are spawned, then Ray, polled every second, as before issue 18. In a cluster the
+teachers are the operator's and Ray is joined after the job loads.
 
-A job whose data or checkpoint folder is wrong still fails with its one line and nothing else
-(tests/runtime/test_run.py). The one line the embedded Ray writes while it starts (a warning that token
-authentication is on by default) is held (`held_logs`) and printed once the job has loaded. On a failure
-Ray is shut down and the teacher servers stopped (they write only to their logs), so nothing is left
-running; the failure comes once Ray's start is over (a few seconds) rather than before it. Naming the
-mode (`RAY_AUTH_MODE=token`) would silence the warning, but fails where no token was saved before: Ray
-generates one only when the mode is left unset.
-
-On 2 cores this order measured no faster than the sequential one (bench/README.md): every start-up phase
-is CPU-bound. It shortens start-up where cores are free.
+Ray starts after the job has loaded, not beside it: a job whose data, tokenizer, grader or folders are
+wrong then fails with its one line in seconds (it took 25 s while a Ray start that was then shut down ran
+beside it), and the teacher servers it spawned are stopped. The overlap saved nothing on 2 cores
+(bench/README.md: every start-up phase is CPU-bound), and where cores are free a run with local teacher
+servers still starts Ray while they boot, which is the longer wait.
 
 `distillery run` prints one line when its first step is done, for people and for `bench/startup.py`:
 
@@ -31,12 +25,9 @@ interpreter and import time are in them. Marks are printed in the order they hap
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 PREFIX = "start-up: "
@@ -50,51 +41,13 @@ class StartupPlan:
     """Spawn the local teacher servers before loading the job (they boot for tens of seconds)."""
     poll_interval_s: float
     """How often the teachers' health endpoints are polled: a ready teacher waits at most this long."""
-    ray_while_loading: bool = False
-    """Start the embedded Ray cluster while the job loads (and shut it down if the job fails to load)."""
 
 
 def startup_plan(in_cluster: bool, *, sequential: bool) -> StartupPlan:
     """How a run starts (in a cluster the teachers are the operator's, already starting)."""
     if sequential:
         return StartupPlan(teachers_first=False, poll_interval_s=1.0)
-    return StartupPlan(teachers_first=not in_cluster, poll_interval_s=0.25, ray_while_loading=not in_cluster)
-
-
-RAY_START_LOGGER = "ray._private.authentication.authentication_token_setup"
-"""The logger of what Ray prints while it starts. Held by name: `ray.init` resets the handlers of the
-`ray` logger itself, so a holder placed there is gone before the warning is logged."""
-
-
-class _Holder(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@contextmanager
-def held_logs(name: str) -> Iterator[list[logging.LogRecord]]:
-    """Hold what logger `name` logs inside the block instead of printing it; the records are yielded for
-    the caller to `replay` or drop."""
-    logger = logging.getLogger(name)
-    holder = _Holder()
-    handlers, propagate = logger.handlers[:], logger.propagate
-    logger.handlers[:] = [holder]
-    logger.propagate = False  # else its parents' handlers (or logging's last resort) print them
-    try:
-        yield holder.records
-    finally:
-        logger.handlers[:] = handlers
-        logger.propagate = propagate
-
-
-def replay(records: list[logging.LogRecord]) -> None:
-    """Hand held records to their loggers now, as if they were logged at this point."""
-    for record in records:
-        logging.getLogger(record.name).handle(record)
+    return StartupPlan(teachers_first=not in_cluster, poll_interval_s=0.25)
 
 
 def process_started() -> float:

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -92,14 +93,18 @@ def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
 
 
 def run_quick(job: Path, out_dir: Path) -> subprocess.CompletedProcess[str]:
-    """`distillery run JOB -o OUT_DIR` for a job that must fail before it starts anything."""
-    return subprocess.run(
-        distillery_command(str(job), "-o", str(out_dir)),
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """`distillery run JOB -o OUT_DIR` for a job that must fail before it starts anything: not even Ray,
+    whose session would appear under the run's own `RAY_TMPDIR` (short: Ray's socket paths are bounded)."""
+    with tempfile.TemporaryDirectory(prefix="ray-", dir="/tmp") as ray_tmp:
+        result = subprocess.run(
+            distillery_command(str(job), "-o", str(out_dir)),
+            env={**run_env(), "RAY_TMPDIR": ray_tmp},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert not os.listdir(ray_tmp), f"Ray was started for a job that fails first: {os.listdir(ray_tmp)}"
+    return result
 
 
 def test_invalid_manifest_reports_every_problem_before_any_work(job_files, write_manifest, tmp_path):

@@ -10,43 +10,19 @@ from distillery_runtime.startup import (
     PREFIX,
     StartupClock,
     StartupPlan,
-    held_logs,
     parse_line,
-    replay,
     startup_plan,
 )
 
 
-def test_local_runs_spawn_the_teachers_first_start_ray_while_loading_and_poll_often():
+def test_local_runs_spawn_the_teachers_first_and_poll_often():
     assert startup_plan(in_cluster=False, sequential=False) == StartupPlan(
-        teachers_first=True, poll_interval_s=0.25, ray_while_loading=True
+        teachers_first=True, poll_interval_s=0.25
     )
 
 
-def test_in_a_cluster_there_are_no_teachers_to_spawn_and_ray_is_joined_after_loading():
-    plan = startup_plan(in_cluster=True, sequential=False)
-    assert not plan.teachers_first and not plan.ray_while_loading
-
-
-def test_held_logs_reach_no_handler_until_replayed():
-    import logging
-
-    seen: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record.getMessage())
-
-    parent, child = logging.getLogger("heldtest"), logging.getLogger("heldtest.start")
-    parent.addHandler(Collect())
-    parent.propagate = False
-    with held_logs("heldtest.start") as records:
-        child.warning("held back")
-    assert seen == [] and [r.getMessage() for r in records] == ["held back"]
-    replay(records)
-    assert seen == ["held back"]
-    child.warning("after")  # the logger is as it was
-    assert seen == ["held back", "after"]
+def test_in_a_cluster_there_are_no_teachers_to_spawn():
+    assert not startup_plan(in_cluster=True, sequential=False).teachers_first
 
 
 def test_marks_count_from_the_process_start_and_keep_the_first_time():
