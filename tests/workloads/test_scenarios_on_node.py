@@ -3,8 +3,8 @@ operator, the runtime image's Ray head and worker, and the teachers' vLLM server
 models on a PersistentVolume. Each scenario watches `kubectl get dj -w` and reads the run's metrics from
 the checkpoint claim. A fault is injected into a run of its own scenario where that costs no extra job
 (each job costs about two minutes of start-up on two cores): the operator's pod into the external
-teacher's run, a teacher's container into the one-step-off run (as it first comes up), and the killed head's run is compared with the
-standalone scenario's uninterrupted one."""
+teacher's run, a teacher's container into the one-step-off run (as it first comes up), which is then
+deleted mid-run, and the killed head's run is compared with the standalone scenario's uninterrupted one."""
 
 from __future__ import annotations
 
@@ -57,14 +57,21 @@ def assert_succeeded(
     return records
 
 
-def test_standalone_teacher_then_a_killed_head_resumes(workspace: Workspace) -> None:
-    """A standalone teacher's run to Succeeded; then the same spec with backoffLimit 1 whose head pod is
-    killed mid-run: KubeRay makes a new head (a new Ray cluster) and its submitter's retry starts a driver
-    there, which resumes from the newest checkpoint on the claim and ends with the uninterrupted run's steps
-    and losses. (KubeRay v1.7.0 recovers a lost head within the attempt: its RayJob's `failed` stays 0 and
-    backoffLimit is not spent.)"""
+def test_the_operator_pod_replaced_mid_run_then_a_killed_head_resumes(workspace: Workspace) -> None:
+    """A standalone teacher's run to Succeeded, whose operator pod is deleted at its first step: the
+    Deployment makes a new one, and it (not the deleted one) finishes the job's status. Then the same spec
+    with backoffLimit 1 whose head pod is killed mid-run: KubeRay makes a new head (a new Ray cluster) and
+    its submitter's retry starts a driver there, which resumes from the newest checkpoint on the claim and
+    ends with the uninterrupted run's steps and losses. (KubeRay v1.7.0 recovers a lost head within the
+    attempt: its RayJob's `failed` stays 0 and backoffLimit is not spent.)"""
     workspace.apply(tiny_job("reference", teachers=[standalone_teacher()], schedule=SIX_STEPS))
+    workspace.wait_step("reference", 1, timeout=FINISH)
+    operators = workspace.pods_in(RELEASE_NAMESPACE, OPERATOR)
+    for pod in operators:
+        workspace.delete_pod(pod["metadata"]["name"], RELEASE_NAMESPACE)
     reference = assert_succeeded(workspace, "reference", steps=6)
+    after = {p["metadata"]["name"] for p in workspace.pods_in(RELEASE_NAMESPACE, OPERATOR)}
+    assert after and not after & {p["metadata"]["name"] for p in operators}
     assert any(p.name.startswith("step-") for p in workspace.checkpoints.iterdir())
 
     claim = "checkpoints-killed"
@@ -84,21 +91,6 @@ def test_standalone_teacher_then_a_killed_head_resumes(workspace: Workspace) -> 
         "--tail=-1", "--prefix",
     ).stdout  # fmt: skip
     assert "resuming from" in submitters, submitters[-3000:]
-
-
-def test_external_teacher_and_the_operator_pod_replaced_mid_run(workspace: Workspace) -> None:
-    endpoint = workspace.external_teacher("ext", IMAGE)
-    teacher = {"name": "ext", "model": "ext", "placement": "external", "endpoint": endpoint}
-    workspace.apply(tiny_job("external", teachers=[teacher], schedule=SIX_STEPS))
-    workspace.wait_step("external", 1, timeout=FINISH)
-    operators = workspace.pods_in(RELEASE_NAMESPACE, OPERATOR)
-    for pod in operators:
-        workspace.delete_pod(pod["metadata"]["name"], RELEASE_NAMESPACE)
-    records = assert_succeeded(workspace, "external", steps=6)
-    assert all(r["samples_per_teacher"] == {"ext": SAMPLES_PER_STEP} for r in records)
-    # The Deployment made a new operator pod, and it (not the deleted one) finished the job's status.
-    after = {p["metadata"]["name"] for p in workspace.pods_in(RELEASE_NAMESPACE, OPERATOR)}
-    assert after and not after & {p["metadata"]["name"] for p in operators}
 
 
 def shared_teacher(name: str, **scaling: Any) -> dict[str, Any]:
@@ -184,8 +176,8 @@ def test_two_jobs_share_a_teacher_that_scales_with_them_and_routes_by_a_data_fie
     """A DistillationTeacher that two jobs use at once: 0 replicas until the first starts, 1 for it, 2 under
     the load of both, 0 again after both end (its idle time). Both jobs succeed with all their samples, and
     the teacher scored for each exactly the samples its steps sent it. The second job routes by its
-    prompts' data field: its `add` samples to the shared teacher, its `sub` samples to a standalone one of
-    its own."""
+    prompts' data field: its `add` samples to the shared teacher, its `sub` samples to an external one (a
+    server of the test's own Deployment, which no DistillationJob owns)."""
     # Idle for 60 s before it scales down: the replicas' counters are read after both jobs have ended, and
     # with 20 s an unloaded node's operator took the replica away mid-read (kubectl exec exited 137).
     workspace.apply(
@@ -197,9 +189,11 @@ def test_two_jobs_share_a_teacher_that_scales_with_them_and_routes_by_a_data_fie
     try:
         ref = {"name": "teacher", "model": "shared", "placement": "shared", "teacherRef": {"name": "shared"}}
         workspace.apply(tiny_job("first", teachers=[ref]))
-        # Standalone, not colocated: a colocated teacher loads in the trainer after its Ray cluster is up,
+        # A server, not colocated: a colocated teacher loads in the trainer after its Ray cluster is up,
         # and the routed job then started scoring after the first had ended (the replicas went 0, 1, 0).
-        routed = [{**ref, "name": "adder", "routes": ["add"]}, standalone_teacher("subber", routes=["sub"])]
+        external = {"name": "subber", "model": "subber", "placement": "external", "routes": ["sub"]}
+        external["endpoint"] = workspace.external_teacher("subber", IMAGE)
+        routed = [{**ref, "name": "adder", "routes": ["add"]}, external]
         # Its own checkpoint claim: two runs never write one folder (the second would refuse the first's).
         folder = workspace.add_checkpoint_claim("checkpoints-routed")
         workspace.apply(tiny_job("routed", teachers=routed, checkpoint={"pvc": "checkpoints-routed"}))
@@ -330,16 +324,21 @@ def test_colocated_teacher_on_a_tainted_gpu_node(workspace: Workspace) -> None:
     assert (final / "config.json").is_file() and any(final.glob("*.safetensors"))
 
 
-def test_one_step_off_and_a_restarted_teacher_container_finds_its_cache(workspace: Workspace) -> None:
+def test_one_step_off_with_a_restarted_teacher_container_then_delete_mid_run_leaves_nothing_behind(
+    workspace: Workspace,
+) -> None:
     """Rollout one policy version behind, with a teacher whose server is killed as soon as it is first
     ready: the kubelet restarts its container in the same pod, the trainer waits for it and no sample is
     lost. The restarted container finds what the first one left in its model cache (`HF_HOME`, the pod's
     volume, not the container's layer): here a file the test writes there, as nothing is downloaded from a
     hub; a real teacher finds its downloaded weights the same way. (Killed at first readiness, not at a
-    step: the job's status trails the trainer, and a job that had scored its last sample would end, and
-    its teacher with it, before the restarted container could be looked at. The trainer's wait for a
-    teacher lost mid-run is tests/runtime/test_teacher_outage.py's.)"""
-    schedule = {**SIX_STEPS, "oneStepOff": True}
+    step: the trainer's wait for a teacher lost mid-run is tests/runtime/test_teacher_outage.py's.)
+
+    Then `kubectl delete dj` mid-run: every object the job made, and every pod, goes. One job serves both
+    (each job costs minutes of the loaded 2-core node); the job is long enough (50 steps) to still be
+    running when it is deleted."""
+    schedule = {"steps": 50, "promptsPerStep": 4, "microBatchSize": 4, "checkpointEvery": 10}
+    schedule["oneStepOff"] = True
     # The tiny models are on a claim, which is not downloaded: a sized cache is every pod's all the same.
     cache = {"sizeLimit": "1Gi"}
     workspace.apply(tiny_job("offset", teachers=[standalone_teacher()], schedule=schedule, modelCache=cache))
@@ -369,16 +368,20 @@ def test_one_step_off_and_a_restarted_teacher_container_finds_its_cache(workspac
 
     wait_until(restarted, timeout=300, what="the teacher's container to restart and be ready")
     assert workspace.exec(pod, "teacher", f"test -f {marker} && echo cached").strip() == "cached"
-    records = assert_succeeded(workspace, "offset", steps=6)
-    assert max(r["staleness"] for r in records) == 1
 
+    # Three steps on the claim: the first samples with the initial policy, the next ones a version behind.
+    def three_steps() -> list[dict[str, Any]] | None:
+        metrics = workspace.checkpoints / "runs" / "offset" / "metrics.jsonl"
+        records = workspace.metrics("offset") if metrics.exists() else []
+        return records if len(records) >= 3 else None
 
-def test_delete_mid_run_leaves_nothing_behind(workspace: Workspace) -> None:
-    workspace.apply(tiny_job("deleted", teachers=[standalone_teacher()], schedule={
-        "steps": 50, "promptsPerStep": 4, "microBatchSize": 4, "checkpointEvery": 10,
-    }))  # fmt: skip
-    workspace.wait_step("deleted", 1, timeout=FINISH)
-    workspace.installation.admin("delete", "dj", "deleted", "-n", workspace.namespace, timeout=300)
+    records = wait_until(three_steps, timeout=FINISH, what="three steps in the run's metrics")
+    assert [r["step"] for r in records] == list(range(1, len(records) + 1))
+    assert all(r["samples"] == SAMPLES_PER_STEP for r in records), [r["samples"] for r in records]
+    assert records[0]["staleness"] == 0 and max(r["staleness"] for r in records) == 1, records
+    assert workspace.job("offset")["status"]["phase"] == "Running"
+
+    workspace.installation.admin("delete", "dj", "offset", "-n", workspace.namespace, timeout=300)
     kinds = "pods,deployments,services,configmaps,rayjobs,rayclusters,jobs,serviceaccounts,roles,rolebindings"
 
     def leftovers() -> list[str]:
