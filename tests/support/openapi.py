@@ -16,6 +16,7 @@ cel-python's CEL dialect lacks some Kubernetes extension libraries (`sum` and `i
 from __future__ import annotations
 
 import copy
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -121,6 +122,8 @@ def _list_sum(items: Any) -> Any:
 
 _ENV = celpy.Environment()
 _PROGRAMS: dict[str, Any] = {}
+_PASSED: dict[tuple[str, int, str], bool] = {}
+_SCHEMAS: dict[int, dict[str, Any]] = {}
 
 
 def _index_of(text: Any, sub: Any) -> Any:
@@ -139,14 +142,30 @@ def _program(rule: str) -> Any:
     return _PROGRAMS[rule]
 
 
+def _failing(rules: list[dict[str, Any]], obj: Any, schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rules that `obj` fails. A verdict is kept per rule, schema node and value (its JSON): the corpora's
+    thousands of manifests each differ from one base in one field, so most subtrees repeat, and celpy's
+    tree-walking evaluation was most of their validation (tests/api/test_invalid_corpus.py took 4 min)."""
+    _SCHEMAS.setdefault(id(schema), schema)  # kept alive: its id is never another node's
+    text, value = json.dumps(obj, sort_keys=True), None
+    failing = []
+    for rule in rules:
+        key = (rule["rule"], id(schema), text)
+        if key not in _PASSED:
+            value = _to_cel(obj, schema) if value is None else value  # once for the node's rules
+            result = _program(rule["rule"]).evaluate({"self": value})
+            _PASSED[key] = not isinstance(result, Exception) and bool(result)
+        if not _PASSED[key]:
+            failing.append(rule)
+    return failing
+
+
 def cel_errors(obj: Any, schema: dict[str, Any], path: str = "") -> list[SchemaError]:
     """Every failing x-kubernetes-validations rule, reported at its fieldPath."""
     errors: list[SchemaError] = []
-    for rule in schema.get("x-kubernetes-validations", []):
-        result = _program(rule["rule"]).evaluate({"self": _to_cel(obj, schema)})
-        if isinstance(result, Exception) or not bool(result):
-            where = path + rule.get("fieldPath", "") if path else rule.get("fieldPath", "").lstrip(".")
-            errors.append(SchemaError(where, rule["message"]))
+    for rule in _failing(schema.get("x-kubernetes-validations", []), obj, schema):
+        where = path + rule.get("fieldPath", "") if path else rule.get("fieldPath", "").lstrip(".")
+        errors.append(SchemaError(where, rule["message"]))
     if isinstance(obj, dict):
         for name, sub in schema.get("properties", {}).items():
             if name in obj:
