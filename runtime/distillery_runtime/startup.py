@@ -10,8 +10,8 @@ loads, then the teachers are spawned, then Ray, polled every second, as before i
 teachers are the operator's and Ray is joined after the job loads.
 
 Ray starts after the job has loaded, not beside it: a job whose data, tokenizer, grader or folders are
-wrong then fails with its one line in seconds (it took 25 s while a Ray start that was then shut down ran
-beside it), and the teacher servers it spawned are stopped. The overlap saved nothing on 2 cores
+wrong then fails with its one line in 13 s (22 s while a Ray start that was then shut down ran beside
+it), and the teacher servers it spawned are stopped. The overlap saved nothing on 2 cores
 (bench/README.md: every start-up phase is CPU-bound), and where cores are free a run with local teacher
 servers still starts Ray while they boot, which is the longer wait.
 
