@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -335,21 +336,42 @@ async def _run(
         _install_interrupt(stop, progress.event)
         components_task = asyncio.create_task(start_components(loop, config))
         components_task.add_done_callback(lambda _task: clock.mark("components ready"))
+        timeout = config.spec.teacher_ready_timeout_seconds
+        served = [
+            f"{t.name} at {', '.join(t.endpoints)}"
+            for t in config.teachers
+            if t.protocol != TeacherProtocol.IN_PROCESS
+        ]
+        if served:
+            progress.event(f"waiting up to {timeout:.0f} s for teachers: {'; '.join(served)}")
         waited = await local.wait_for_teachers(
-            config, config.spec.teacher_ready_timeout_seconds, teachers, interval=plan.poll_interval_s
+            config, timeout, teachers, interval=plan.poll_interval_s, stop=stop
         )
-        clock.mark("teachers ready")
-        progress.event(f"teachers ready after {waited:.1f} s")
-        # A shared teacher was started with its own maxLogprobs and context, not this job's.
-        await check_served_limits(config)
-        await check_served_tokenizers(config, loop.tokenizer, progress.event)
-        components = await components_task
-        try:
-            result = await loop.run(components)
-        except (TeacherOutageError, CheckpointWriteError) as error:
-            # What is finished is kept (the loop saved it, or it was saved before the disk filled): the
-            # report shows it, then the run fails with the one line of what went wrong.
-            failure, result = error, loop.result(stopped=True)
+        if stop.is_set():
+            # Interrupted while starting (a pod deleted or preempted before its teachers answered): no step
+            # has begun, so nothing is left to save, and the run ends now rather than after the wait (a
+            # pod's preStop hook waited out its grace period, holding the pool, for a driver that only
+            # reacted once the teachers were up).
+            components_task.cancel()  # still starting; started ones are stopped below like any run's
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                components = await components_task
+            progress.event(
+                f"interrupt: stopped while starting, before step {loop.step_done + 1}; nothing to save"
+            )
+            result = loop.result(stopped=True)
+        else:
+            clock.mark("teachers ready")
+            progress.event(f"teachers ready after {waited:.1f} s")
+            # A shared teacher was started with its own maxLogprobs and context, not this job's.
+            await check_served_limits(config)
+            await check_served_tokenizers(config, loop.tokenizer, progress.event)
+            components = await components_task
+            try:
+                result = await loop.run(components)
+            except (TeacherOutageError, CheckpointWriteError) as error:
+                # What is finished is kept (the loop saved it, or it was saved before the disk filled): the
+                # report shows it, then the run fails with the one line of what went wrong.
+                failure, result = error, loop.result(stopped=True)
     finally:
         progress.close()
         if components is not None:

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -138,9 +139,14 @@ def health_path(teacher: ResolvedTeacher) -> str:
 
 
 async def wait_for_teachers(
-    config: RuntimeConfig, timeout: float, processes: LocalTeachers | None = None, interval: float = 1.0
+    config: RuntimeConfig,
+    timeout: float,
+    processes: LocalTeachers | None = None,
+    interval: float = 1.0,
+    stop: threading.Event | None = None,
 ) -> float:
-    """Poll every HTTP teacher until it answers, at most `timeout` seconds; returns the time waited."""
+    """Poll every HTTP teacher until it answers, at most `timeout` seconds; returns the time waited. Returns
+    early, with teachers still pending, once `stop` is set (the run was interrupted while it started)."""
     import aiohttp
 
     started = time.monotonic()
@@ -169,7 +175,7 @@ async def wait_for_teachers(
                         raise TeachersNotReady(
                             f"teacher server exited with code {process.returncode}; log {log}:\n{tail}"
                         )
-            if not pending:
+            if not pending or (stop is not None and stop.is_set()):
                 break
             if time.monotonic() - started > timeout:
                 waiting = ", ".join(

@@ -395,6 +395,39 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
     assert f"model: {final} (bfloat16" in log
 
 
+@pytest.mark.slow
+@pytest.mark.local_run
+def test_sigterm_while_waiting_for_teachers_ends_the_run_at_once(job_files, write_manifest, tmp_path):
+    """A pod deleted or preempted while its run waits for teachers: the driver stops now, not once the
+    teachers answer (its preStop hook waited out the pod's 600 s grace period for one, seen on the node)."""
+    from distillery_runtime.workers import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    teacher = {"name": "teacher", "model": "t", "placement": "external", "endpoint": dead}
+    doc = manifest(job_files, name="waiting", teachers=[teacher], teacherReadyTimeoutSeconds=900)
+    out = tmp_path / "out"
+    process = start([str(write_manifest(doc)), "-o", str(out), "--no-progress"], tmp_path)
+    assert process.stdout is not None
+    seen = []
+    for line in iter(process.stdout.readline, b""):
+        seen.append(line.decode(errors="replace"))
+        if seen[-1].startswith("waiting up to 900 s for teachers: teacher at http://127.0.0.1:"):
+            break
+    else:
+        raise AssertionError(f"the run ended before it waited for its teacher: {''.join(seen)[-3000:]}")
+    process.send_signal(signal.SIGTERM)
+    try:
+        # Far below the 900 s wait: the run's own stop (components and Ray) takes seconds.
+        code, log = finish(process, timeout=120)
+    finally:
+        if process.poll() is None:
+            kill_session(process.pid)
+    assert code == 130, log[-3000:]
+    assert "interrupt: stopped while starting, before step 1; nothing to save" in log, log[-3000:]
+    assert "teachers ready" not in log and not read_records(out / "metrics.jsonl")
+    assert checkpoint.latest(out / "checkpoints") is None
+
+
 async def test_waiting_for_teachers_is_bounded_and_names_the_missing_ones(job_files):
     from distillery_runtime.local import TeachersNotReady, wait_for_teachers
     from distillery_runtime.workers import free_port
