@@ -429,9 +429,11 @@ def test_placements_cover_all_modes() -> None:
 
 
 def test_render_cli_prints_a_yaml_stream() -> None:
+    # A guard against a hang, not a speed bound: the command takes 0.6 s, and more than 60 s at load ~50
+    # (a clean-clone run while the node's shared-teacher scenario ran nine pods, 2026-12-02).
     result = subprocess.run(
         [sys.executable, "-m", "distillery_cli", "render", str(ROOT / "examples" / "multi-teacher.yaml"), "-n", "ml"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]

@@ -1,6 +1,6 @@
 """The scenarios' wait on a job (node_jobs.Workspace): it reads again when the node's API server did not
-answer, and fails at once on any other kubectl error. A stand-in installation answers here: what is checked
-is the wait's handling of kubectl's result, not a cluster."""
+answer (or kubectl timed out), and fails at once on any other kubectl error. A stand-in installation
+answers here: what is checked is the wait's handling of kubectl's result, not a cluster."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import pytest
 from harness import KubectlError
 from node_jobs import Workspace
 
+TIMED_OUT = "(kubectl killed at its timeout)"
+
 
 class Answers:
     """`admin(...)` that fails with each given stderr in turn, then returns the job."""
@@ -22,8 +24,10 @@ class Answers:
 
     def admin(self, *args: str, **_: Any) -> subprocess.CompletedProcess[str]:
         if self.failures:
-            result = subprocess.CompletedProcess(list(args), 1, "", self.failures.pop(0))
-            raise KubectlError(args, result)
+            failure = self.failures.pop(0)
+            if failure == TIMED_OUT:
+                raise subprocess.TimeoutExpired(["kubectl", *args], 60)
+            raise KubectlError(args, subprocess.CompletedProcess(list(args), 1, "", failure))
         job = {"status": {"phase": "Succeeded"}}
         return subprocess.CompletedProcess(list(args), 0, json.dumps(job), "")
 
@@ -34,6 +38,12 @@ def workspace(answers: Answers) -> Workspace:
 
 def test_a_wait_reads_again_when_the_api_server_did_not_answer() -> None:
     answers = Answers("Unable to connect to the server: net/http: TLS handshake timeout")
+    job = workspace(answers).wait_finished("first", timeout=30)
+    assert job["status"]["phase"] == "Succeeded" and not answers.failures
+
+
+def test_a_wait_reads_again_when_kubectl_timed_out() -> None:
+    answers = Answers(TIMED_OUT, TIMED_OUT)
     job = workspace(answers).wait_finished("first", timeout=30)
     assert job["status"]["phase"] == "Succeeded" and not answers.failures
 
