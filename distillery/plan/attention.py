@@ -17,7 +17,7 @@ floating-point rounding, and a run is as deterministic as before: the width deci
 
 from __future__ import annotations
 
-from distillery.api.spec import DistillationJobSpec, Precision
+from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine
 
 CPU_BF16_EAGER_MAX_WIDTH = 192
 """Widest micro-batch (tokens a row: padded width, or a packed row's length) that a bfloat16 CPU trainer
@@ -40,6 +40,17 @@ def attention_kernel(width: int, eager_width: int, own: str) -> str:
     """The attention implementation of a micro-batch `width` tokens a row wide: eager up to `eager_width`,
     the model's own (`own`, what it was loaded with) past it."""
     return EAGER if 0 < width <= eager_width else own
+
+
+def decode_attention(spec: DistillationJobSpec, engine: RolloutEngine) -> str | None:
+    """The attention implementation of the transformers rollout engine's decode steps: eager on CPU, where
+    torch's flash-attention kernel, which sdpa takes there, costs more to set up for the step's one query row
+    than the attention itself (a matmul and a softmax over the cache); None (the model's own) on GPUs and for
+    vLLM. The prompts' forward keeps the model's own kernel. Measured (`bench/README.md`, the e2e bench's
+    rollout of 32 x 128 tokens, the two alternating in one process): the 0.4M student 0.424 -> 0.390 s, the
+    11.5M one level in float32 (2.97 / 2.94 s)."""
+    on_cpu = spec.student.pool.gpus_per_worker == 0
+    return EAGER if on_cpu and engine == RolloutEngine.TRANSFORMERS else None
 
 
 def attention_line(spec: DistillationJobSpec) -> str:

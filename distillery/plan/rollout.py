@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from distillery.api.spec import DistillationJobSpec, Objective, Precision, RolloutEngine
 from distillery.model_shapes import ModelShape
+from distillery.plan.attention import decode_attention
 
 LOGPROB_CHECK_EVERY = 10
 """Where the loss has no use for the rollout's own log-probs, they are still asked for on the first step
@@ -45,6 +46,9 @@ class RolloutSettings:
     in_trainer: bool = False
     """The engine samples with the trainer's own model, in the trainer's process
     (`rollout_placement.rollout_in_trainer`): no second copy of the student, no weight sync."""
+    decode_attention: str | None = None
+    """The transformers engine's attention implementation in its decode steps (`attention.decode_attention`);
+    None: the model's own."""
 
     @property
     def sync_ranks(self) -> int:
@@ -85,8 +89,9 @@ def resolve_rollout(
     """The rollout engines' settings of a spec; `student`: the student's shape where known (`rollout_engine`);
     `in_trainer`: `rollout_placement.rollout_in_trainer`'s decision."""
     rollout = spec.student.rollout
+    engine = rollout_engine(spec, student)
     return RolloutSettings(
-        engine=rollout_engine(spec, student),
+        engine=engine,
         precision=spec.student.precision,
         max_model_len=sequence_length(spec),
         seed=spec.schedule.seed,
@@ -97,6 +102,7 @@ def resolve_rollout(
         logprobs_every=rollout_logprobs_every(spec),
         sleeps=spec.student.pool.gpus_per_worker > 0,
         in_trainer=in_trainer,
+        decode_attention=decode_attention(spec, engine),
     )
 
 

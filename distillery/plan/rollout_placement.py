@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 
 from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine, Sharding, TeacherEngine
 from distillery.model_shapes import ModelShape
+from distillery.plan.attention import decode_attention
 from distillery.plan.engines import EngineSettings
 from distillery.plan.rollout import rollout_engine, rollout_replicas, trainer_world_size
 from distillery.plan.training import TrainerSettings, resolve_training
@@ -87,7 +88,9 @@ def rollout_line(spec: DistillationJobSpec, student: ModelShape | None) -> str:
     else:
         why = f"auto: one per {rollout.tensor_parallel} of the student's {pool.workers * pool.gpus_per_worker} GPUs"
     where = f", {in_trainer}" if shares and engine == RolloutEngine.TRANSFORMERS else ""
+    decode = decode_attention(spec, engine)
+    kernel = f"; decode steps with {decode} attention (auto: on CPU)" if decode else ""
     return (
         f"rollout: {replicas} {engine} engine(s) ({engine_why}) x tensorParallel {rollout.tensor_parallel} "
-        f"({why}){where}"
+        f"({why}){where}{kernel}"
     )

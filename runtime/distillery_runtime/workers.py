@@ -268,6 +268,7 @@ class RolloutWorker(EngineCalls):
             memory_fraction=settings.memory_fraction,
             enforce_eager=settings.enforce_eager,
             tensor_parallel=settings.tensor_parallel,
+            decode_attention=settings.decode_attention,
         )
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> int:
@@ -322,7 +323,10 @@ class TrainerWithRollout(TrainerWorker, EngineCalls):
 
         super().__init__(model_dir, settings, 0, 1)
         self.engine = TransformersRolloutEngine(
-            model_dir, dtype=self.trainer.compute_dtype, model=self.trainer.model
+            model_dir,
+            dtype=self.trainer.compute_dtype,
+            model=self.trainer.model,
+            decode_attention=rollout.decode_attention,
         )
         self.dtype_name = compute_dtype_here(rollout.precision)
         self.teachers = {

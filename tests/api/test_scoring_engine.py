@@ -152,6 +152,7 @@ TINY, MINI = shape(128, 2), shape(256, 3)  # bench/rollout_engines.py's tiny and
         ({"tensorParallel": 2}, 0, TINY, RolloutEngine.VLLM),  # only vLLM splits a model
         ({"engine": "vllm"}, 0, TINY, RolloutEngine.VLLM),  # the user's choice wins
         ({"engine": "transformers"}, 0, MINI, RolloutEngine.TRANSFORMERS),
+        ({"engine": "transformers"}, 1, TINY, RolloutEngine.TRANSFORMERS),  # sdpa's fused kernels on a GPU
     ],
 )
 def test_auto_samples_with_the_transformers_engine_only_a_small_cpu_student(
@@ -165,12 +166,17 @@ def test_auto_samples_with_the_transformers_engine_only_a_small_cpu_student(
     doc["spec"]["student"].update(rollout=rollout, pool={"gpusPerWorker": gpus})
     spec = parse_job(doc).spec
     assert rollout_engine(spec, student) == engine
-    assert resolve(spec, student=student).rollout.engine == engine
+    rollout_plan = resolve(spec, student=student).rollout
+    assert rollout_plan.engine == engine
+    # The transformers engine decodes with eager attention on CPU; vLLM and GPUs keep their own kernels.
+    eager = engine == RolloutEngine.TRANSFORMERS and not gpus
+    assert rollout_plan.decode_attention == ("eager" if eager else None)
     line = rollout_line(spec, student)
     if student is None and not gpus:  # decided where the run reads the student's config.json
         assert "transformers if the student computes at most 1.5M parameters a token, else vllm" in line
     else:
         assert f"rollout: 1 {engine} engine(s)" in line
+        assert ("decode steps with eager attention" in line) is eager
     assert TINY.token_params < CPU_TRANSFORMERS_MAX_TOKEN_PARAMS < MINI.token_params
 
 

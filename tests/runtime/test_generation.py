@@ -154,6 +154,67 @@ def test_vllm_engine_samples_a_step_whose_prompts_pass_the_token_budget(job_file
         gc.collect()
 
 
+def test_transformers_engine_samples_as_a_draw_a_token_from_the_request_seed(job_files) -> None:
+    """The engine draws each row's uniforms for its whole response at once: a sample is the one that a draw
+    a token from the request's seeded generator gives, replayed here on the model's forward without a cache
+    (the engine's own inverse CDF, top-k and top-p)."""
+    engine = build_engine("transformers", str(job_files.student), dtype=torch.float32, max_model_len=64)
+    sampling = SamplingSettings(temperature=1.5, top_k=20, top_p=0.95, max_new_tokens=12)
+    for seed, prompt in ((3, PROMPT), (11, PROMPT[1:])):
+        (sample,) = [
+            s
+            for batch in engine.generate([GenerationRequest("r", prompt, seed=seed)], sampling)
+            for s in batch
+        ]
+        generator = torch.Generator().manual_seed(seed)
+        ids = list(prompt)
+        with torch.no_grad():
+            for token in sample.response_ids:
+                logits = engine.model(input_ids=torch.tensor([ids])).logits[:, -1].float()
+                uniform = torch.rand((), generator=generator)[None]
+                drawn = int(engine._draw(logits, sampling, uniform)[0])
+                assert drawn == token, (seed, len(ids) - len(prompt))
+                ids.append(drawn)
+
+
+def test_transformers_engine_decodes_with_the_plans_attention_and_gives_the_model_its_own_back(
+    job_files,
+) -> None:
+    """`decode_attention` (the plan's eager on CPU) runs the decode steps only: the prompts' forward keeps the
+    model's own kernel, and so does the model after the engine (the trainer's own, where they share it). The
+    two compute the same attention: the same samples, log-probs within rounding."""
+    own = build_engine("transformers", str(job_files.student), dtype=torch.float32, max_model_len=64)
+    eager = build_engine(
+        "transformers",
+        str(job_files.student),
+        dtype=torch.float32,
+        max_model_len=64,
+        decode_attention="eager",
+    )
+    kernel = eager.model.config._attn_implementation
+    assert kernel != "eager"
+    seen: list[tuple[int, str]] = []
+    forward = eager.model.forward
+
+    def recording(*args, **kwargs):
+        seen.append((kwargs["input_ids"].shape[1], eager.model.config._attn_implementation))
+        return forward(*args, **kwargs)
+
+    eager.model.forward = recording
+    requests = [GenerationRequest(f"r{i}", p, seed=i) for i, p in enumerate((PROMPT, PROMPT[:2], (9,)))]
+    sampling = SamplingSettings(temperature=1.0, max_new_tokens=8)
+    for _ in range(2):  # a second call starts from the model's own kernel too
+        seen.clear()
+        samples = {s.sample_id: s for batch in eager.generate(requests, sampling) for s in batch}
+        assert seen[0] == (len(PROMPT), kernel) and {k for _, k in seen[1:]} == {"eager"}, seen
+        assert {w for w, _ in seen[1:]} == {1}
+        assert eager.model.config._attn_implementation == kernel
+    for batch in own.generate(requests, sampling):
+        for sample in batch:
+            assert samples[sample.sample_id].response_ids == sample.response_ids
+            assert samples[sample.sample_id].logprobs == pytest.approx(sample.logprobs, abs=1e-5)
+
+
 def test_transformers_engine_decodes_a_step_together_as_each_request_alone(job_files) -> None:
     """The step's requests decode in one left-padded batch, each row from its own seed: every sample is the one
     its request gets alone, rows are out as they end (shortest first), and the log-probs are the model's."""

@@ -22,8 +22,10 @@ def build_engine(
     memory_fraction: float = 0.5,
     enforce_eager: bool | None = None,
     tensor_parallel: int = 1,
+    decode_attention: str | None = None,
 ) -> RolloutEngine:
-    """The engine named by `student.rollout.engine` (vllm or transformers)."""
+    """The engine named by `student.rollout.engine` (vllm or transformers). `decode_attention`: the
+    transformers engine's in its decode steps (`RolloutSettings.decode_attention`)."""
     if kind == EngineKind.VLLM:
         from distillery_runtime.rollout.vllm_engine import VllmRolloutEngine
 
@@ -41,5 +43,5 @@ def build_engine(
     if kind == EngineKind.TRANSFORMERS:
         from distillery_runtime.rollout.hf_engine import TransformersRolloutEngine
 
-        return TransformersRolloutEngine(model_dir, dtype=dtype)
+        return TransformersRolloutEngine(model_dir, dtype=dtype, decode_attention=decode_attention)
     raise ValueError(f"unknown rollout engine {kind!r}; known: {', '.join(EngineKind)}")

@@ -37,11 +37,19 @@ class TransformersRolloutEngine:
     """Student sampling with the model's forward and a KV cache, a batch of requests at a time."""
 
     def __init__(
-        self, model_dir: str, *, dtype: torch.dtype, batch_rows: int = BATCH_ROWS, model: Any = None
+        self,
+        model_dir: str,
+        *,
+        dtype: torch.dtype,
+        batch_rows: int = BATCH_ROWS,
+        model: Any = None,
+        decode_attention: str | None = None,
     ) -> None:
         """`model`: a module to sample with as it is, the trainer's own where the plan puts the engine in the
         trainer's process (`plan.rollout_in_trainer`): never copied, never synced, switched to eval mode
-        only while it samples. None: the student is loaded from `model_dir` in `dtype`."""
+        only while it samples. None: the student is loaded from `model_dir` in `dtype`. `decode_attention`:
+        the attention implementation of the decode steps (`plan.attention.decode_attention`); None: the
+        model's own. The prompts' forward always runs the model's own."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if model is None:
@@ -57,6 +65,8 @@ class TransformersRolloutEngine:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
         self.pad: int = 0 if pad is None else pad
         self.batch_rows = batch_rows
+        self.decode_attention = decode_attention
+        self.own_attention: str = self.model.config._attn_implementation
         self.policy_version = 0
         self.sync_ranks = 1
         self.sync_group: SyncGroup | None = None
@@ -77,11 +87,9 @@ class TransformersRolloutEngine:
         before = self.tokenizer.decode(tail[:-1], skip_special_tokens=False)
         return any(s in text and s not in before for s in stop)
 
-    def _draw(
-        self, logits: torch.Tensor, sampling: SamplingSettings, generators: list[torch.Generator]
-    ) -> torch.Tensor:
+    def _draw(self, logits: torch.Tensor, sampling: SamplingSettings, uniform: torch.Tensor) -> torch.Tensor:
         """One token a row from its filtered distribution: top-k (ties at the k-th kept, as vLLM), the
-        temperature, top-p, then the inverse of the row's CDF at a uniform draw from the row's generator."""
+        temperature, top-p, then the inverse of the row's CDF at the row's `uniform` draw."""
         if 0 < sampling.top_k < logits.shape[-1]:
             kth = logits.topk(sampling.top_k, dim=-1).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -91,7 +99,6 @@ class TransformersRolloutEngine:
             kept = ordered * (ordered.cumsum(-1) - ordered < sampling.top_p)
             probs = torch.zeros_like(probs).scatter(-1, order, kept)
         cdf = probs.cumsum(-1)
-        uniform = torch.stack([torch.rand((), generator=g, device=self.device) for g in generators])
         # the first token whose CDF passes the draw: never one of probability 0 (its CDF equals the one before)
         tokens = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)[:, 0]
         return tokens.clamp(max=logits.shape[-1] - 1)  # a draw that rounds up to the total
@@ -102,7 +109,23 @@ class TransformersRolloutEngine:
     ) -> Iterator[list[Ended]]:
         """The requests decoded together; yields the rows that end at each token, as they end."""
         ends = self._end_ids(sampling)
-        generators = [torch.Generator(device=self.device).manual_seed(r.seed) for r in requests]
+        # Each row's uniform draws for its whole response, from its own generator, one call a row: on CPU
+        # the same numbers in the same order as a draw a token, without a call per row at every token (32 a
+        # token in the e2e bench's rollout). A row's t-th token reads column t; rows leave with their batch row.
+        uniforms = (
+            None
+            if sampling.greedy
+            else torch.stack(
+                [
+                    torch.rand(
+                        sampling.max_new_tokens,
+                        generator=torch.Generator(device=self.device).manual_seed(r.seed),
+                        device=self.device,
+                    )
+                    for r in requests
+                ]
+            )
+        )
         width = max(len(r.prompt_ids) for r in requests)
         ids = torch.full((len(requests), width), self.pad, dtype=torch.long)
         mask = torch.zeros((len(requests), width), dtype=torch.long)
@@ -115,7 +138,8 @@ class TransformersRolloutEngine:
         logprobs: list[list[float]] = [[] for _ in requests]
         live = list(range(len(requests)))  # the request of each row still in the batch
         cache = PreallocatedCache(width + sampling.max_new_tokens)
-        for _ in range(sampling.max_new_tokens):
+        self._use_attention(self.own_attention)
+        for t in range(sampling.max_new_tokens):
             logits = (
                 self.model(
                     input_ids=ids,
@@ -128,11 +152,7 @@ class TransformersRolloutEngine:
                 .float()
             )
             raw = torch.log_softmax(logits, dim=-1)
-            tokens = (
-                raw.argmax(-1)
-                if sampling.greedy
-                else self._draw(logits, sampling, [generators[i] for i in live])
-            )
+            tokens = raw.argmax(-1) if uniforms is None else self._draw(logits, sampling, uniforms[:, t])
             chosen = raw.gather(-1, tokens[:, None])[:, 0].tolist()
             ended: list[Ended] = []
             kept: list[int] = []
@@ -147,10 +167,13 @@ class TransformersRolloutEngine:
                 yield ended
             if not kept:
                 return
+            if t == 0:
+                self._use_attention(self.decode_attention)  # the prompts are in the cache: one row a step now
             if len(kept) < len(live):
                 index = torch.tensor(kept, device=self.device)
                 cache.batch_select_indices(index)
                 tokens, mask, positions = tokens[index], mask[index], positions[index]
+                uniforms = None if uniforms is None else uniforms[index]
                 live = [live[row] for row in kept]
             ids = tokens[:, None]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=-1)
@@ -161,6 +184,7 @@ class TransformersRolloutEngine:
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
     ) -> Iterator[list[RolloutSample]]:
         training = self.model.training  # a shared trainer's module goes back to train mode after
+        own = self.model.config._attn_implementation
         self.model.eval()
         try:
             for first in range(0, len(requests), self.batch_rows):
@@ -179,7 +203,14 @@ class TransformersRolloutEngine:
                         for request, ids, logprobs, finish in ended
                     ]
         finally:
+            self._use_attention(own)
             self.model.train(training)
+
+    def _use_attention(self, kernel: str | None) -> None:
+        """The model's attention implementation from here on (None: as it is). A model whose attention is not
+        transformers' AttentionInterface cannot switch (transformers warns) and keeps its own."""
+        if kernel is not None and kernel != self.model.config._attn_implementation:
+            self.model.set_attn_implementation(kernel)
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
         state = {name: tensor for name, tensor in weights}
