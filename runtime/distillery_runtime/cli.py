@@ -301,7 +301,8 @@ async def _run(
         job = Loop(config, options)  # data and tokenizer problems surface here
         check_teacher_tokenizers(config, job.tokenizer)
         job.restore()
-        job.preflight()
+        if not job.finished:  # a finished run writes no checkpoint
+            job.preflight()
         clock.mark("job loaded")
         return job
 
@@ -313,6 +314,9 @@ async def _run(
         # Before Ray: a job whose data, tokenizer, grader or folders are wrong fails with its one line in
         # seconds, and no Ray was started to shut down again.
         loop = load_job()
+        if loop.finished and teachers is not None:
+            teachers.stop()  # nothing will score
+            teachers = None
     except BaseException:
         if teachers is not None:
             teachers.stop()
@@ -327,51 +331,57 @@ async def _run(
     components = None
     failure: Exception | None = None
     try:
-        if not in_cluster and not plan.teachers_first:
-            config, teachers = local.start_local_teachers(config, out_dir / "logs", gpus)
-        loop.config = config
-        start_ray()
-        # ray.init installs its own SIGTERM handler in the driver (it logs a stack and aborts): ours again,
-        # so that a SIGTERM (a pod's deletion, the preStop hook) finishes the step and saves a checkpoint.
-        _install_interrupt(stop, progress.event)
-        components_task = asyncio.create_task(start_components(loop, config))
-        components_task.add_done_callback(lambda _task: clock.mark("components ready"))
-        timeout = config.spec.teacher_ready_timeout_seconds
-        served = [
-            f"{t.name} at {', '.join(t.endpoints)}"
-            for t in config.teachers
-            if t.protocol != TeacherProtocol.IN_PROCESS
-        ]
-        if served:
-            progress.event(f"waiting up to {timeout:.0f} s for teachers: {'; '.join(served)}")
-        waited = await local.wait_for_teachers(
-            config, timeout, teachers, interval=plan.poll_interval_s, stop=stop
-        )
-        if stop.is_set():
-            # Interrupted while starting (a pod deleted or preempted before its teachers answered): no step
-            # has begun, so nothing is left to save, and the run ends now rather than after the wait (a
-            # pod's preStop hook waited out its grace period, holding the pool, for a driver that only
-            # reacted once the teachers were up).
-            components_task.cancel()  # still starting; started ones are stopped below like any run's
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                components = await components_task
-            progress.event(
-                f"interrupt: stopped while starting, before step {loop.step_done + 1}; nothing to save"
-            )
-            result = loop.result(stopped=True)
+        if loop.finished:
+            # Nothing starts: no Ray, no engine, no wait for teachers that may have gone with the finished
+            # job (on a cluster, KubeRay retries a driver whose pod failed after the run's last step).
+            progress.event(f"already finished at step {loop.step_done} of {loop.total}: nothing to run")
+            result = loop.result(stopped=False)
         else:
-            clock.mark("teachers ready")
-            progress.event(f"teachers ready after {waited:.1f} s")
-            # A shared teacher was started with its own maxLogprobs and context, not this job's.
-            await check_served_limits(config)
-            await check_served_tokenizers(config, loop.tokenizer, progress.event)
-            components = await components_task
-            try:
-                result = await loop.run(components)
-            except (TeacherOutageError, CheckpointWriteError) as error:
-                # What is finished is kept (the loop saved it, or it was saved before the disk filled): the
-                # report shows it, then the run fails with the one line of what went wrong.
-                failure, result = error, loop.result(stopped=True)
+            if not in_cluster and not plan.teachers_first:
+                config, teachers = local.start_local_teachers(config, out_dir / "logs", gpus)
+            loop.config = config
+            start_ray()
+            # ray.init installs its own SIGTERM handler in the driver (it logs a stack and aborts): ours again,
+            # so that a SIGTERM (a pod's deletion, the preStop hook) finishes the step and saves a checkpoint.
+            _install_interrupt(stop, progress.event)
+            components_task = asyncio.create_task(start_components(loop, config))
+            components_task.add_done_callback(lambda _task: clock.mark("components ready"))
+            timeout = config.spec.teacher_ready_timeout_seconds
+            served = [
+                f"{t.name} at {', '.join(t.endpoints)}"
+                for t in config.teachers
+                if t.protocol != TeacherProtocol.IN_PROCESS
+            ]
+            if served:
+                progress.event(f"waiting up to {timeout:.0f} s for teachers: {'; '.join(served)}")
+            waited = await local.wait_for_teachers(
+                config, timeout, teachers, interval=plan.poll_interval_s, stop=stop
+            )
+            if stop.is_set():
+                # Interrupted while starting (a pod deleted or preempted before its teachers answered): no step
+                # has begun, so nothing is left to save, and the run ends now rather than after the wait (a
+                # pod's preStop hook waited out its grace period, holding the pool, for a driver that only
+                # reacted once the teachers were up).
+                components_task.cancel()  # still starting; started ones are stopped below like any run's
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    components = await components_task
+                progress.event(
+                    f"interrupt: stopped while starting, before step {loop.step_done + 1}; nothing to save"
+                )
+                result = loop.result(stopped=True)
+            else:
+                clock.mark("teachers ready")
+                progress.event(f"teachers ready after {waited:.1f} s")
+                # A shared teacher was started with its own maxLogprobs and context, not this job's.
+                await check_served_limits(config)
+                await check_served_tokenizers(config, loop.tokenizer, progress.event)
+                components = await components_task
+                try:
+                    result = await loop.run(components)
+                except (TeacherOutageError, CheckpointWriteError) as error:
+                    # What is finished is kept (the loop saved it, or it was saved before the disk filled): the
+                    # report shows it, then the run fails with the one line of what went wrong.
+                    failure, result = error, loop.result(stopped=True)
     finally:
         progress.close()
         if components is not None:

@@ -247,7 +247,22 @@ class Loop:
 
         self.records = read_jsonl(self.metrics_file.path)
         self.evals = read_jsonl(self.eval_file.path)
+        published = checkpoint.read_final(self.ckpt_root)
+        if (
+            self.step_done >= self.total
+            and published is not None
+            and published.get("step") == self.step_done
+            and checkpoint.belongs_to(published, self.config.run_id)
+        ):
+            self.model = str(self.ckpt_root / checkpoint.FINAL_DIR)
+            return
         self._event(f"resuming from {ref.path} (step {self.step_done})")
+
+    @property
+    def finished(self) -> bool:
+        """The run was finished before this process started (a driver retried after its last step, or
+        `--resume` once more): its last step's checkpoint is there and its model published as final/."""
+        return self.step_done >= self.total and self.model is not None
 
     def _own_latest(self, policy: ResumePolicy) -> checkpoint.CheckpointRef | None:
         """The checkpoint to resume from: this run's newest; another run's only when resume is required

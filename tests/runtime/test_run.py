@@ -92,18 +92,19 @@ def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
     return process.returncode, out.decode(errors="replace")
 
 
-def run_quick(job: Path, out_dir: Path) -> subprocess.CompletedProcess[str]:
-    """`distillery run JOB -o OUT_DIR` for a job that must fail before it starts anything: not even Ray,
-    whose session would appear under the run's own `RAY_TMPDIR` (short: Ray's socket paths are bounded)."""
+def run_quick(job: Path, out_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`distillery run JOB -o OUT_DIR ARGS` for a job that must end before it starts anything (it fails
+    first, or has nothing left to run): not even Ray, whose session would appear under the run's own
+    `RAY_TMPDIR` (short: Ray's socket paths are bounded)."""
     with tempfile.TemporaryDirectory(prefix="ray-", dir="/tmp") as ray_tmp:
         result = subprocess.run(
-            distillery_command(str(job), "-o", str(out_dir)),
+            distillery_command(str(job), "-o", str(out_dir), *args),
             env={**run_env(), "RAY_TMPDIR": ray_tmp},
             capture_output=True,
             text=True,
             timeout=120,
         )
-        assert not os.listdir(ray_tmp), f"Ray was started for a job that fails first: {os.listdir(ray_tmp)}"
+        assert not os.listdir(ray_tmp), f"Ray was started: {os.listdir(ray_tmp)}"
     return result
 
 
@@ -393,6 +394,17 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
     assert all(os.path.samefile(final / f.name, f) for f in last.iterdir())
     assert f"**Model:** `{final}` (bfloat16" in (out / "report.md").read_text()
     assert f"model: {final} (bfloat16" in log
+
+    # Once more on the finished run (a driver retried after its last step): nothing starts, not even Ray
+    # (its session would appear under the run's own RAY_TMPDIR), and the run keeps its model and records.
+    published = (final / "config.json").stat().st_mtime_ns
+    again = run_quick(path, out, "--no-progress", "--resume")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"already finished at step {steps} of {steps}: nothing to run" in again.stdout
+    assert f"model: {final} (bfloat16" in again.stdout
+    assert read_records(out / "metrics.jsonl") == got
+    assert (final / "config.json").stat().st_mtime_ns == published
+    assert f"**Model:** `{final}` (bfloat16" in (out / "report.md").read_text()
 
 
 @pytest.mark.slow
