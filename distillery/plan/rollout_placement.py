@@ -77,7 +77,9 @@ def rollout_line(spec: DistillationJobSpec, student: ModelShape | None) -> str:
         return (
             f"rollout: {replicas} engine(s) x tensorParallel {rollout.tensor_parallel} (auto: one on CPU), "
             "transformers if the student computes at most 1.5M parameters a token, else vllm (auto: read from "
-            "its config.json when the run starts)" + (f"; transformers {in_trainer}" if shares else "")
+            "its config.json when the run starts)"
+            + (f"; transformers {in_trainer}" if shares else "")
+            + f"; transformers decodes with {decode_attention(spec, RolloutEngine.TRANSFORMERS)} attention (auto: on CPU)"
         )
     else:
         engine_why = "auto"

@@ -174,6 +174,7 @@ def test_auto_samples_with_the_transformers_engine_only_a_small_cpu_student(
     line = rollout_line(spec, student)
     if student is None and not gpus:  # decided where the run reads the student's config.json
         assert "transformers if the student computes at most 1.5M parameters a token, else vllm" in line
+        assert "transformers decodes with eager attention (auto: on CPU)" in line
     else:
         assert f"rollout: 1 {engine} engine(s)" in line
         assert ("decode steps with eager attention" in line) is eager
