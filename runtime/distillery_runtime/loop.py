@@ -260,8 +260,9 @@ class Loop:
 
     @property
     def finished(self) -> bool:
-        """The run was finished before this process started (a driver retried after its last step, or
-        `--resume` once more): its last step's checkpoint is there and its model published as final/."""
+        """The run is finished: its last step's checkpoint is there and its model published as final/. True
+        once `restore` finds it so (a driver retried after its last step, or `--resume` once more): nothing is
+        left to run."""
         return self.step_done >= self.total and self.model is not None
 
     def _own_latest(self, policy: ResumePolicy) -> checkpoint.CheckpointRef | None:

@@ -184,7 +184,6 @@ class TransformersRolloutEngine:
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
     ) -> Iterator[list[RolloutSample]]:
         training = self.model.training  # a shared trainer's module goes back to train mode after
-        own = self.model.config._attn_implementation
         self.model.eval()
         try:
             for first in range(0, len(requests), self.batch_rows):
@@ -203,7 +202,7 @@ class TransformersRolloutEngine:
                         for request, ids, logprobs, finish in ended
                     ]
         finally:
-            self._use_attention(own)
+            self._use_attention(self.own_attention)  # the trainer sets its own per micro-batch from there
             self.model.train(training)
 
     def _use_attention(self, kernel: str | None) -> None:
