@@ -45,6 +45,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -272,6 +273,7 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
     steps_file, evals_file = open(out / "steps.jsonl", "w"), open(out / "evals.jsonl", "w")  # noqa: SIM115
     cuda = s.device == "cuda"
     generate_s = [0.0]  # seconds inside HF generate: the rollout share of each step
+    generated = [0]  # tokens HF generate sampled (each row's up to its first end token): the step's work
     from transformers.generation.utils import GenerationMixin
 
     plain_generate = GenerationMixin.generate
@@ -284,6 +286,11 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
         if cuda:
             torch.cuda.synchronize()
         generate_s[0] += time.perf_counter() - t0
+        prompt = kw.get("input_ids", a[0] if a else None)
+        # generate fills what the given config leaves unset (GKD's sets no end token) from the model's own.
+        given = kw.get("generation_config")
+        ends = (given.eos_token_id if given is not None else None) or self.generation_config.eos_token_id
+        generated[0] += sampled_tokens(getattr(result, "sequences", result), prompt, ends)
         return result
 
     GenerationMixin.generate = timed_generate  # type: ignore[method-assign]
@@ -298,6 +305,7 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
                 torch.cuda.synchronize()
             self.t0 = time.perf_counter()
             generate_s[0] = 0.0
+            generated[0] = 0
 
         def on_step_end(self, args, state, control, model=None, **kw):  # type: ignore[no-untyped-def]
             if cuda:
@@ -308,6 +316,7 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
                 "step": state.global_step,
                 "seconds": dt,
                 "generate_s": generate_s[0],
+                "generated_tokens": generated[0],
                 "time": time.time(),
             }
             steps_file.write(json.dumps(record) + "\n")
@@ -391,6 +400,19 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
     evals_file.close()
 
 
+def sampled_tokens(sequences: Any, prompt: Any, end_ids: int | list[int] | None) -> int:
+    """Tokens sampled after `prompt` in HF generate's `sequences` [B, P + T]: each row's up to and including
+    its first end token (generate pads the rest), as a Distillery sample's response counts them."""
+    import torch
+
+    new = sequences[:, prompt.shape[1] :] if prompt is not None else sequences
+    ends = torch.tensor([end_ids] if isinstance(end_ids, int) else list(end_ids or []), device=new.device)
+    ended = torch.isin(new, ends)
+    # A row's first end at index i: i + 1 tokens; a row that never ended: all of its T.
+    first = torch.where(ended.any(-1), ended.int().argmax(-1) + 1, new.shape[1])
+    return int(first.sum())
+
+
 def run_trl(system: str, s: Setting, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "setting.json").write_text(json.dumps(asdict(s)))
@@ -408,7 +430,7 @@ def run_trl(system: str, s: Setting, out: Path) -> dict:
     if code != 0:
         raise RuntimeError(f"{system} failed ({code}); see {out / 'log.txt'}")
     records = read_jsonl(out / "steps.jsonl")
-    steps = [(r["step"], r["seconds"], 0) for r in records]
+    steps = [(r["step"], r["seconds"], r.get("generated_tokens", 0)) for r in records]
     evals = [
         {**e, "wall_s": e["time"] - started_at} if "time" in e and e["step"] > 0 else e
         for e in read_jsonl(out / "evals.jsonl")
@@ -492,6 +514,13 @@ def step_stats(runs: list[dict]) -> dict:
         return {"median_s": None, "p10_s": None, "p90_s": None}
     q = statistics.quantiles(times, n=10) if len(times) > 1 else [times[0]] * 9
     return {"median_s": statistics.median(times), "p10_s": q[0], "p90_s": q[-1], "n": len(times)}
+
+
+def tokens_per_step(runs: list[dict]) -> float | None:
+    """The median of the tokens a step sampled (the first step excluded, as its time is): the systems' steps
+    compare only where they sampled about as much."""
+    tokens = [n for run in runs for step, _, n in run["steps"] if step > 1 and n]
+    return statistics.median(tokens) if tokens else None
 
 
 def phase_medians(runs: list[dict]) -> dict[str, float]:
@@ -603,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{s.steps} steps, lr {s.lr}, loss reverse KL (distillery: reverse_kl_topk k={s.top_k}; TRL: beta=1, full vocab)"
         )
         print(
-            f"{'system':<12} {'median s/step':>13} {'p10-p90 s':>13} {'steps/s':>8} {'peak RSS GiB':>12} {'wall s':>7}",
+            f"{'system':<12} {'median s/step':>13} {'p10-p90 s':>13} {'steps/s':>8} {'tokens/step':>11} "
+            f"{'peak RSS GiB':>12} {'wall s':>7}",
             end="",
         )
         print(
@@ -626,8 +656,13 @@ def main(argv: list[str] | None = None) -> int:
                 "peak_rss_gib": peak,
                 "wall_s": wall,
                 "phases_s": phase_medians(runs),
+                "sampled_tokens_per_step": tokens_per_step(runs),
             }
-            line = f"{system:<12} {st['median_s'] or 0:>13.3f} {st['p10_s'] or 0:>6.3f}-{st['p90_s'] or 0:<6.3f} {row['steps_per_s'] or 0:>8.2f} {peak:>12.2f} {wall:>7.0f}"
+            line = (
+                f"{system:<12} {st['median_s'] or 0:>13.3f} {st['p10_s'] or 0:>6.3f}-{st['p90_s'] or 0:<6.3f} "
+                f"{row['steps_per_s'] or 0:>8.2f} {row['sampled_tokens_per_step'] or 0:>11.0f} {peak:>12.2f} "
+                f"{wall:>7.0f}"
+            )
             if s.eval:
                 evals = runs[0]["evals"]
                 hit = reach(evals, args.threshold)

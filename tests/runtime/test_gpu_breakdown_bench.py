@@ -63,3 +63,20 @@ def test_e2e_bench_takes_a_distillery_step_apart_and_the_parts_add_up() -> None:
     assert parts["rest"] == pytest.approx(0.04) and sum(parts.values()) == pytest.approx(0.30)
     runs = [{"phases": [(1, {"rollout": 9.0}), (2, {"rollout": 0.1}), (3, {"rollout": 0.3})]}]
     assert e2e_vs_trl.phase_medians(runs) == {"rollout": pytest.approx(0.2)}  # step 1 (warm-up) left out
+
+
+def test_e2e_bench_counts_the_tokens_hf_generate_sampled_up_to_each_rows_end() -> None:
+    """TRL's tokens a step, beside Distillery's: the rows of HF generate's sequences, each counted up to and
+    including its first end token (generate pads the rest), the prompt never."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import e2e_vs_trl
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    sequences = torch.tensor([[5, 6, 7, 2, 0, 0], [5, 6, 8, 9, 9, 9], [5, 6, 2, 0, 0, 0]])
+    prompt = sequences[:, :2]
+    assert e2e_vs_trl.sampled_tokens(sequences, prompt, 2) == 2 + 4 + 1
+    assert e2e_vs_trl.sampled_tokens(sequences, prompt, [2, 8]) == 2 + 1 + 1
+    assert e2e_vs_trl.sampled_tokens(sequences, None, [4]) == 3 * 6  # no prompt given, no end reached
