@@ -140,14 +140,17 @@ def test_one_replica_leads_and_a_standby_takes_over_after_a_crash_and_at_once_af
         third = spawn_third(procs, installation, namespace, tmp_path, lease)
         wait_until(lambda: "standing by" in third.output(), what="the third replica to stand by")
         procs[standby].proc.terminate()
-        stopped = time.monotonic()
         assert procs[standby].proc.wait(20) == 0, procs[standby].output()[-3000:]
+        # Timed from the replica's exit, not from its SIGTERM: its shutdown took seconds on the loaded host (CI,
+        # 2026-12-03: 3.3 s from the signal). Unreleased, the Lease would expire 5 s after its last renewal, at
+        # least 4.5 s after the exit; released, the third replica takes it at its next 0.5 s retry.
+        exited = time.monotonic()
         wait_until(
             lambda: (holder(installation, lease) or "").startswith("replica-2_"),
             timeout=10,
             what="the third replica to take the released Lease",
         )
-        assert time.monotonic() - stopped < 3, "the Lease was not released: the standby waited for expiry"
+        assert time.monotonic() - exited < 3.5, "the Lease was not released: the standby waited for expiry"
         assert "released the lease" in procs[standby].output()
         spec = installation.get("lease", lease, RELEASE_NAMESPACE)["spec"]
         assert spec["leaseTransitions"] >= 2
