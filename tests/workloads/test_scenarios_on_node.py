@@ -39,6 +39,9 @@ IMAGE = DistillationJobSpec.model_fields["image"].default
 FINISH = 900.0
 SAMPLES_PER_STEP = 4 * 2  # promptsPerStep x samplesPerPrompt of tiny_job
 SIX_STEPS = {"steps": 6, "promptsPerStep": 4, "microBatchSize": 4, "checkpointEvery": 2}
+# Long enough for a kill to land mid-run: a step of tiny_job takes ~0.2 s on the node, so six steps end ~1.3 s
+# after the first (CI and here, 2026-12-03), sooner than a kubectl call lands.
+SIXTY_STEPS = {**SIX_STEPS, "steps": 60, "checkpointEvery": 10}
 OPERATOR = "app.kubernetes.io/component=operator"
 
 
@@ -65,34 +68,35 @@ def test_the_operator_pod_replaced_mid_run_then_a_killed_head_resumes(workspace:
     its submitter's retry starts a driver there, which resumes from the newest checkpoint on the claim and
     ends with the uninterrupted run's steps and losses. (KubeRay v1.7.0 recovers a lost head within the
     attempt: its RayJob's `failed` stays 0 and backoffLimit is not spent.)"""
-    workspace.apply(tiny_job("reference", teachers=[standalone_teacher()], schedule=SIX_STEPS))
+    workspace.apply(tiny_job("reference", teachers=[standalone_teacher()], schedule=SIXTY_STEPS))
     workspace.wait_step("reference", 1, timeout=FINISH)
     operators = workspace.pods_in(RELEASE_NAMESPACE, OPERATOR)
     for pod in operators:
         workspace.delete_pod(pod["metadata"]["name"], RELEASE_NAMESPACE)
-    reference = assert_succeeded(workspace, "reference", steps=6)
+    reference = assert_succeeded(workspace, "reference", steps=60)
     after = {p["metadata"]["name"] for p in workspace.pods_in(RELEASE_NAMESPACE, OPERATOR)}
     assert after and not after & {p["metadata"]["name"] for p in operators}
     assert any(p.name.startswith("step-") for p in workspace.checkpoints.iterdir())
 
     claim = "checkpoints-killed"
     folder = workspace.add_checkpoint_claim(claim)
-    workspace.apply(tiny_job("killed", teachers=[standalone_teacher()], schedule=SIX_STEPS,
+    workspace.apply(tiny_job("killed", teachers=[standalone_teacher()], schedule=SIXTY_STEPS,
                              backoffLimit=1, checkpoint={"pvc": claim}))  # fmt: skip
-    # The head dies the moment step 2's checkpoint is on the claim (read from the host, not from the job's
+    # The head dies the moment step 10's checkpoint is on the claim (read from the host, not from the job's
     # status): every process of its container SIGKILLed at once, as the OOM killer would, then the pod
-    # force-deleted. Twice in CI (2026-12-03) the kill came too late: a kill at STEP 3 of the status, by a
-    # force delete alone, whose container the loaded node's kubelet left running for seconds; the driver
-    # trained all six steps before it died, and the retry found the run finished, with nothing to resume.
+    # force-deleted. Twice in CI (2026-12-03) the kill came too late: six steps, killed at STEP 3 of the
+    # status by a force delete alone; the driver had trained all six before it died, and the retry found the
+    # run finished, with nothing to resume. (Before runs that had finished started nothing, such a retry
+    # "resumed" from the last step and trained none: the scenario had never seen a resume.)
     workspace.wait_step("killed", 1, timeout=FINISH)
     (head,) = workspace.pods("ray.io/node-type=head")
     name, container = head["metadata"]["name"], head["spec"]["containers"][0]["name"]
-    wait_until(lambda: (folder / "step-00000002").is_dir(), timeout=FINISH, what="step 2's checkpoint")
+    wait_until(lambda: (folder / "step-00000010").is_dir(), timeout=FINISH, what="step 10's checkpoint")
     workspace.exec(name, container, "kill -9 -1", check=False)  # all but PID 1, which then ends
     killed_at = time.time()
     workspace.delete_pod(name)
     assert not (folder / "final").exists(), "the run had finished before its head was killed"
-    got = assert_succeeded(workspace, "killed", steps=6, checkpoints=folder)
+    got = assert_succeeded(workspace, "killed", steps=60, checkpoints=folder)
     # A driver of the new cluster took over from the claim's checkpoint: the records of the steps before the
     # kill are the first driver's (a resumed driver keeps them, truncating only what came after its
     # checkpoint; one starting over would have rewritten step 1), and the steps after it are the new one's.
