@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from distillery_operator import naming
+from distillery_runtime.checkpoint import FINAL_DIR, step_dir_name
 from harness import RELEASE_NAMESPACE, wait_until
 from node_jobs import (
     GPU_TAINT,
@@ -91,11 +92,11 @@ def test_the_operator_pod_replaced_mid_run_then_a_killed_head_resumes(workspace:
     workspace.wait_step("killed", 1, timeout=FINISH)
     (head,) = workspace.pods("ray.io/node-type=head")
     name, container = head["metadata"]["name"], head["spec"]["containers"][0]["name"]
-    wait_until(lambda: (folder / "step-00000010").is_dir(), timeout=FINISH, what="step 10's checkpoint")
+    wait_until(lambda: (folder / step_dir_name(10)).is_dir(), timeout=FINISH, what="step 10's checkpoint")
     workspace.exec(name, container, "kill -9 -1", check=False)  # all but PID 1, which then ends
     killed_at = time.time()
     workspace.delete_pod(name)
-    assert not (folder / "final").exists(), "the run had finished before its head was killed"
+    assert not (folder / FINAL_DIR).exists(), "the run had finished before its head was killed"
     got = assert_succeeded(workspace, "killed", steps=60, checkpoints=folder)
     # A driver of the new cluster took over from the claim's checkpoint: the records of the steps before the
     # kill are the first driver's (a resumed driver keeps them, truncating only what came after its
