@@ -1,7 +1,7 @@
 """Distillery vs TRL on the same on-policy distillation, in one invocation, on this machine.
 
     .venv/bin/pip install -r bench/requirements-trl.txt     # TRL is the benchmark's, not the runtime's
-    python bench/e2e_vs_trl.py --quick                      # a few minutes of steps per system
+    python bench/e2e_vs_trl.py --quick                      # a few minutes of steps per system, twice
     python bench/e2e_vs_trl.py                              # more steps, 3 alternating repeats
 
 Systems, all from the same student initialisation, teacher, prompts, prompts per step, max new
@@ -27,9 +27,13 @@ Two parts:
    reach an accuracy threshold, the final accuracy, and peak memory. Rollout length and temperature
    are the task's quick-start example's (examples/local-fibonacci.yaml samples at 0.5; addition keeps
    1.0 and 32 new tokens, as before).
-Runs alternate between systems (repeat r starts with system r mod 3). Each system runs in its own
-process tree, measured the same way (RSS of the tree, sampled every 0.2 s). The last line is a JSON
-summary.
+Runs alternate between systems (repeat r starts with system r mod the number of systems): a speed
+setting runs 2 repeats in quick mode, 3 in full, so two systems run A B B A (A B B A B A): this host's speed
+drifts by up to 2x over minutes, and a system's steps taken on both sides of the other's cancel a drift
+that is steady over the run (one repeat each measured whichever system the slow minutes fell to). The
+medians pool every repeat's timed steps; `speedup_per_repeat_vs_*` gives each repeat's own ratio, to show
+the spread. Each system runs in its own process tree, measured the same way (RSS of the tree, sampled every
+0.2 s). The last line is a JSON summary.
 """
 
 from __future__ import annotations
@@ -516,6 +520,18 @@ def step_stats(runs: list[dict]) -> dict:
     return {"median_s": statistics.median(times), "p10_s": q[0], "p90_s": q[-1], "n": len(times)}
 
 
+def repeat_speedups(ours: list[dict], theirs: list[dict]) -> list[float]:
+    """Each repeat's own speed-up (their median step over ours), for the repeats both systems finished: how
+    far one repeat's ratio strays from the pooled one on this host."""
+    theirs_by_repeat = {run["repeat"]: step_stats([run])["median_s"] for run in theirs}
+    speedups = []
+    for run in ours:
+        mine, their = step_stats([run])["median_s"], theirs_by_repeat.get(run["repeat"])
+        if mine and their:
+            speedups.append(their / mine)
+    return speedups
+
+
 def tokens_per_step(runs: list[dict]) -> float | None:
     """The median of the tokens a step sampled (the first step excluded, as its time is): the systems' steps
     compare only where they sampled about as much."""
@@ -571,7 +587,8 @@ def main(argv: list[str] | None = None) -> int:
         trl_child(args.child, Setting(**json.loads(args.setting.read_text())), args.out)
         return 0
 
-    repeats = 1 if args.quick else 3
+    # Speed settings: 2 repeats even in quick mode, so that two systems run A B B A (module docstring).
+    repeats = 2 if args.quick else 3
     # 12 quick steps, the first excluded: Distillery's next two or three are still warming up (new row
     # widths for oneDNN's kernels, the heap's growth), and of 7 timed steps they could move the median.
     speed_steps, learn_steps, eval_every = (12, 100, 5) if args.quick else (16, 150, 5)
@@ -606,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
                 except RuntimeError as error:  # one system failing must not lose the others' numbers
                     print(f"  {error}", file=sys.stderr, flush=True)
                     continue
-                results[s.name][system].append(run)
+                results[s.name][system].append({**run, "repeat": r})
 
     summary: dict = {
         "bench": "e2e_vs_trl",
@@ -689,6 +706,12 @@ def main(argv: list[str] | None = None) -> int:
             t = part["systems"].get(system)
             if d.get("median_s") and t and t.get("median_s"):
                 part[f"speedup_vs_{system}"] = t["median_s"] / d["median_s"]
+                per_repeat = repeat_speedups(results[s.name]["distillery"], results[s.name][system])
+                if len(per_repeat) > 1:
+                    part[f"speedup_per_repeat_vs_{system}"] = per_repeat
+                    print(
+                        f"  speed-up vs {system}, each repeat: " + ", ".join(f"{r:.2f}x" for r in per_repeat)
+                    )
             for kind in ("train_s", "wall_s"):
                 key = f"{kind}_to_threshold"
                 if s.eval and t and d.get(key) and t.get(key):

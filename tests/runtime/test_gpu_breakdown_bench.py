@@ -80,3 +80,20 @@ def test_e2e_bench_counts_the_tokens_hf_generate_sampled_up_to_each_rows_end() -
     assert e2e_vs_trl.sampled_tokens(sequences, prompt, 2) == 2 + 4 + 1
     assert e2e_vs_trl.sampled_tokens(sequences, prompt, [2, 8]) == 2 + 1 + 1
     assert e2e_vs_trl.sampled_tokens(sequences, None, [4]) == 3 * 6  # no prompt given, no end reached
+
+
+def test_e2e_bench_gives_each_repeats_own_speed_up_for_the_repeats_both_systems_finished() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import e2e_vs_trl
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+    def run(repeat: int, *seconds: float) -> dict:
+        # step 1 is warm-up: left out of every median
+        return {"repeat": repeat, "steps": [(1, 9.0, 0), *((i + 2, s, 0) for i, s in enumerate(seconds))]}
+
+    ours = [run(0, 1.0, 1.0, 1.2), run(1, 2.0, 2.0), run(2, 1.0)]
+    theirs = [run(0, 1.5, 1.5), run(1, 2.0, 3.0)]  # repeat 2 of theirs failed: no pair
+    assert e2e_vs_trl.repeat_speedups(ours, theirs) == pytest.approx([1.5, 1.25])
+    assert e2e_vs_trl.repeat_speedups(ours[1:], theirs[:1]) == []
