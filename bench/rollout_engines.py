@@ -34,7 +34,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "runtime")]
 
 from distillery.plan.host_threads import turn_taking_threads_env  # noqa: E402
 
-# as a local run's rollout actor: OpenMP threads that spin briefly, then sleep (set before torch starts them)
+# as a local run's rollout actor: OpenMP threads that keep libgomp's spin (set before torch starts them)
 os.environ.update(turn_taking_threads_env(os.environ))
 
 import torch  # noqa: E402

@@ -234,7 +234,7 @@ def init_ray(address: str | None, gpus: list[str] | None = None, model_locations
     # Ray gives every worker OMP_NUM_THREADS=1 (it assumes one CPU per task). Locally the trainer and the
     # rollout engine take turns on the machine's cores (and vLLM's CPU worker cannot raise its thread
     # count once bound), so each gets them all: 1.4x faster rollout and 2x faster training on 2 cores;
-    # their OpenMP threads spin briefly, then sleep (distillery.plan.host_threads).
+    # their OpenMP threads keep libgomp's spin between kernels (distillery.plan.host_threads).
     env.update(shared_host_env(local_threads(), os.environ))
     # They take turns: each keeps its freed heap for its next turn instead of faulting it in afresh.
     env.update(kept_heap_env(os.environ))

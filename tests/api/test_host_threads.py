@@ -6,7 +6,6 @@ import pytest
 
 from distillery.plan.host_threads import (
     LIBGOMP_SPIN,
-    SHORT_SPIN,
     lone_process_env,
     shared_host_env,
     sleeping_threads_env,
@@ -14,13 +13,13 @@ from distillery.plan.host_threads import (
 )
 
 
-def test_processes_taking_turns_spin_briefly_and_those_computing_at_once_sleep() -> None:
-    assert turn_taking_threads_env({}) == {"GOMP_SPINCOUNT": str(SHORT_SPIN)}
+def test_processes_taking_turns_keep_libgomps_spin_and_those_computing_at_once_sleep() -> None:
+    # set explicitly, so that a process a run starts keeps it whatever its parent's libgomp settings
+    assert turn_taking_threads_env({}) == {"GOMP_SPINCOUNT": str(LIBGOMP_SPIN)} and LIBGOMP_SPIN == 300_000
     assert sleeping_threads_env({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    # a local run's actors: every core, and the short spin
-    assert shared_host_env(2, {}) == {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": str(SHORT_SPIN)}
-    # the one process of a run that computes: libgomp's own spin, longer than the turn-takers'
-    assert lone_process_env({}) == {"GOMP_SPINCOUNT": str(LIBGOMP_SPIN)} and LIBGOMP_SPIN > SHORT_SPIN
+    # a local run's actors: every core, and the spin
+    assert shared_host_env(2, {}) == {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": str(LIBGOMP_SPIN)}
+    assert lone_process_env({}) == turn_taking_threads_env({})
 
 
 @pytest.mark.parametrize(
