@@ -31,6 +31,8 @@ SPIN_COUNT_VAR = "GOMP_SPINCOUNT"
 LIBGOMP_SPIN = 300_000
 """libgomp's own spin count where neither variable is set, set explicitly so that a process a run starts
 keeps it whatever its parent's libgomp settings."""
+
+
 def _callers_wait(environ: Mapping[str, str]) -> dict[str, str]:
     """The caller's own wait settings, empty where it sets none (an explicit spin count overrides a wait
     policy in libgomp, so adding ours to the caller's policy would undo it)."""
