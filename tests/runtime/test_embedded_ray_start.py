@@ -1,7 +1,9 @@
-"""A local run's embedded Ray is started again where its start timed out (`local.start_embedded_ray`).
+"""A local run's embedded Ray: started again where its start timed out (`local.start_embedded_ray`), and
+with no idle workers beside the run's own (`local.EMBEDDED_RAY_SYSTEM_CONFIG`).
 
-Ray's own start is replaced here: its timeout (the raylet aborting while its dashboard agent imports on a
-busy host) cannot be made to happen on demand. `bench/ray_startup.py` starts the real one under load."""
+Ray's own start is replaced in the first two tests: its timeout (the raylet aborting while its dashboard
+agent imports on a busy host) cannot be made to happen on demand. `bench/ray_startup.py` starts the real one
+under load. The last test starts a real one."""
 
 from __future__ import annotations
 
@@ -59,3 +61,34 @@ def test_another_failure_is_raised_at_once_and_a_third_timeout_too(starts) -> No
     assert len(fake.calls) == local.RAY_STARTS
     for process in fake.left:
         process.kill()
+
+
+IDLE_WORKERS_BESIDE_AN_ACTOR = """
+import psutil, ray
+from distillery_runtime.local import init_ray
+
+init_ray(None)
+
+@ray.remote(num_cpus=0)
+class Actor:
+    def pid(self):
+        import os
+        return os.getpid()
+
+actor = Actor.remote()
+pid = ray.get(actor.pid.remote())
+tree = psutil.Process().children(recursive=True)
+print(pid in {p.pid for p in tree}, sum(p.name().startswith("ray::IDLE") for p in tree))
+ray.shutdown()
+"""
+
+
+def test_an_embedded_ray_starts_no_idle_workers_beside_the_actors_it_is_asked_for() -> None:
+    # Ray's defaults prestart idle workers for the first driver (two on the 2-core host, there by the time
+    # ray.init returns) that no actor of the run's runtime environment ever starts in.
+    out = subprocess.run(
+        [sys.executable, "-c", IDLE_WORKERS_BESIDE_AN_ACTOR], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    actor_in_tree, idle_workers = out.stdout.split()
+    assert (actor_in_tree, idle_workers) == ("True", "0")
