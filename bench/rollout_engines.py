@@ -7,12 +7,17 @@ and small (11.5M) students. Engines, each in this process, each timed on the sam
 - vllm: `VllmRolloutEngine` as a run builds it (eager at tiny, compiled at small, as the e2e bench);
 - transformers: `TransformersRolloutEngine`, the step's requests decoded in one batch;
 - transformers, one at a time (the old path): the same engine with `batch_rows=1`;
+- transformers, one thread: the batched engine with torch's intra-op threads at 1;
 - HF generate (TRL's path, the peer): `model.generate` on the left-padded batch, sampling.
 
-Seconds per step: median of `--repeats` after one warm-up step. Prints a table and writes JSON
-(bench/results/rollout_engines/DATE.json).
+`--neighbour BUSY_MS IDLE_MS`: a process beside the engines spins BUSY_MS then sleeps IDLE_MS, over and over,
+as another tenant of a shared host (or a run's own helper processes) takes a core in bursts: an OpenMP region
+waits for its slowest thread, so a decode step of tiny kernels on every core stalls whenever one is taken.
 
-    python bench/rollout_engines.py [--scales tiny small] [--repeats 3]
+Seconds per step: median of `--repeats` after one warm-up step. Prints a table and writes JSON
+(bench/results/rollout_engines/DATE[-neighbour-B-I].json).
+
+    python bench/rollout_engines.py [--scales tiny small] [--repeats 3] [--neighbour 5 5]
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +51,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 from e2e_vs_trl import speed_setting  # noqa: E402
 
 PROMPTS, NEW_TOKENS, MAX_MODEL_LEN = 32, 128, 256
+NEIGHBOUR = """
+import sys, time
+busy, idle = float(sys.argv[1]) / 1000, float(sys.argv[2]) / 1000
+while True:
+    began = time.perf_counter()
+    while time.perf_counter() - began < busy:
+        pass
+    time.sleep(idle)
+"""
 
 
 def requests(prompts: list[str], tokenizer) -> list[GenerationRequest]:
@@ -67,6 +82,18 @@ def time_steps(step: Callable[[], int], repeats: int) -> tuple[list[float], int]
 
 def engine_step(engine, batch: list[GenerationRequest], sampling: SamplingSettings) -> Callable[[], int]:
     return lambda: sum(len(s.response_ids) for out in engine.generate(batch, sampling) for s in out)
+
+
+def on_one_thread(step: Callable[[], int]) -> Callable[[], int]:
+    def run() -> int:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return step()
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
 
 
 def hf_generate_step(model, tokenizer, batch: list[GenerationRequest]) -> Callable[[], int]:
@@ -113,6 +140,7 @@ def bench_scale(scale: str, work: Path, repeats: int) -> dict[str, dict]:
     gc.collect()
     batched = TransformersRolloutEngine(setting.student, dtype=torch.float32)
     record("transformers (batched)", engine_step(batched, batch, sampling))
+    record("transformers (batched), one thread", on_one_thread(engine_step(batched, batch, sampling)))
     alone = TransformersRolloutEngine(setting.student, dtype=torch.float32, batch_rows=1)
     record("transformers, one at a time (old)", engine_step(alone, batch, sampling))
     model = AutoModelForCausalLM.from_pretrained(setting.student, dtype=torch.float32).eval()
@@ -124,10 +152,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scales", nargs="*", default=["tiny", "small"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--neighbour", type=float, nargs=2, metavar=("BUSY_MS", "IDLE_MS"))
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "rollout_engines")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as work:
-        results = {scale: bench_scale(scale, Path(work), args.repeats) for scale in args.scales}
+    neighbour = (
+        subprocess.Popen([sys.executable, "-c", NEIGHBOUR, *map(str, args.neighbour)])
+        if args.neighbour
+        else None
+    )
+    try:
+        with tempfile.TemporaryDirectory() as work:
+            results = {scale: bench_scale(scale, Path(work), args.repeats) for scale in args.scales}
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
     names = list(next(iter(results.values())))
     print(f"\n{'engine':<34}" + "".join(f"{scale + ' s/step':>14}" for scale in results))
     for name in names:
@@ -137,9 +175,11 @@ def main() -> None:
         "date": datetime.date.today().isoformat(),
         "torch_threads": torch.get_num_threads(),
         "shape": {"prompts": PROMPTS, "new_tokens": NEW_TOKENS, "temperature": 1.0},
+        "neighbour_busy_idle_ms": args.neighbour,
         "results": results,
     }
-    path = args.out / f"{record['date']}.json"
+    suffix = f"-neighbour-{args.neighbour[0]:g}-{args.neighbour[1]:g}" if args.neighbour else ""
+    path = args.out / f"{record['date']}{suffix}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")
 
