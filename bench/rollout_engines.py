@@ -6,8 +6,8 @@ and small (11.5M) students. Engines, each in this process, each timed on the sam
 
 - vllm: `VllmRolloutEngine` as a run builds it (eager at tiny, compiled at small, as the e2e bench);
 - transformers: `TransformersRolloutEngine`, the step's requests decoded in one batch;
-- transformers, one at a time (the old path): the same engine with `batch_rows=1`;
 - transformers, one thread: the batched engine with torch's intra-op threads at 1;
+- transformers, one at a time (the old path): the same engine with `batch_rows=1`;
 - HF generate (TRL's path, the peer): `model.generate` on the left-padded batch, sampling.
 
 `--neighbour BUSY_MS IDLE_MS`: a process beside the engines spins BUSY_MS then sleeps IDLE_MS, over and over,
