@@ -1,11 +1,10 @@
 """What an embedded Ray costs a host while it waits: Ray's defaults against a local run's settings
 (`distillery_runtime.local.EMBEDDED_RAY_SYSTEM_CONFIG`).
 
-A fresh Python process starts an embedded Ray (no dashboard, the run's runtime environment, as
-`distillery run` does), makes three idle actors (a local run's trainer, rollout and teacher), waits
-`--settle` seconds and then measures, over `--seconds`, the CPU time of every process of the Ray tree
-(the actors excluded: in a run they compute, here they only wait), and counts Ray's idle workers and their
-memory. Each way once a round, alternating, for `--repeats` rounds. On a host whose few cores the run's
+A fresh Python process starts an embedded Ray as `distillery run` does (`local.init_ray`), makes three
+idle actors (a local run's trainer, rollout and teacher), waits `--settle` seconds and then measures, over
+`--seconds`, the CPU time of every process of the Ray tree (the actors excluded: in a run they compute, here
+they only wait), and counts Ray's idle workers and their memory. Each way once a round, alternating, for `--repeats` rounds. On a host whose few cores the run's
 processes share, every wake-up of those processes takes a core from a kernel of the step. Prints a table and
 writes JSON (bench/results/ray_idle/DATE.json).
 
@@ -26,11 +25,11 @@ from pathlib import Path
 MEASURE = """
 import json, sys, time
 import psutil, ray
-from distillery_runtime.local import EMBEDDED_RAY_SYSTEM_CONFIG, actor_env
+from distillery_runtime import local
 settle, seconds = float(sys.argv[2]), float(sys.argv[3])
-config = EMBEDDED_RAY_SYSTEM_CONFIG if sys.argv[1] == "ours" else {}
-ray.init(num_cpus=4, include_dashboard=False, configure_logging=False, log_to_driver=False,
-         runtime_env={"env_vars": actor_env({}, [])}, _system_config=config)
+if sys.argv[1] == "defaults":
+    local.EMBEDDED_RAY_SYSTEM_CONFIG.clear()
+local.init_ray(None)  # as `distillery run` starts it
 
 @ray.remote(num_cpus=0)
 class Waiting:

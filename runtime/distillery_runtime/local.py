@@ -219,6 +219,15 @@ def _hub_env(environ: Mapping[str, str], model_locations: Sequence[str]) -> dict
     return {"HF_HUB_OFFLINE": "1"}
 
 
+EMBEDDED_RAY_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "enable_metrics_collection": False}
+"""An embedded Ray's settings. None of a local run's actors starts in the idle workers Ray prestarts for the
+first driver (three actors of the run's runtime environment made, the two prestarted workers still idle
+after): those only take memory (79 MiB each) and wake up on the cores the run computes on. Nobody scrapes
+Ray's own metrics in a local run (the run's metrics are its own). With a run's three actors waiting, the
+Ray processes took 6.7% of a core by default and 3.8% so, on the 2-core host (`bench/ray_idle.py`); a
+tiny run's peak memory 2.08-2.11 -> 1.93-1.95 GiB."""
+
+
 def init_ray(address: str | None, gpus: list[str] | None = None, model_locations: Sequence[str] = ()) -> None:
     """Join a Ray cluster (address) or start an embedded one for this process. With `gpus`, the embedded
     one hands the trainer ranks those GPUs only (an empty list: none, even on a machine with GPUs).
@@ -250,15 +259,6 @@ def init_ray(address: str | None, gpus: list[str] | None = None, model_locations
         configure_logging=False,
         _system_config=EMBEDDED_RAY_SYSTEM_CONFIG,
     )
-
-
-EMBEDDED_RAY_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "enable_metrics_collection": False}
-"""An embedded Ray's settings. None of a local run's actors starts in the idle workers Ray prestarts for the
-first driver (three actors of the run's runtime environment made, the two prestarted workers still idle
-after): those only take memory (79 MiB each) and wake up on the cores the run computes on. Nobody scrapes
-Ray's own metrics in a local run (the run's metrics are its own). With a run's three actors waiting, the
-Ray processes took 5.9% of a core by default and 3.6% so, on the 2-core host (`bench/ray_idle.py`); a
-tiny run's peak memory 2.08-2.11 -> 1.93-1.95 GiB."""
 
 
 RAY_STARTS = 3
