@@ -6,7 +6,9 @@ and small (11.5M) students. Engines, each in this process, each timed on the sam
 
 - vllm: `VllmRolloutEngine` as a run builds it (eager at tiny, compiled at small, as the e2e bench);
 - transformers: `TransformersRolloutEngine`, the step's requests decoded in one batch;
-- transformers, one thread: the batched engine with torch's intra-op threads at 1;
+- transformers, decode on one thread: the batched engine with torch's intra-op threads at 1 in its decode
+  steps (the plan's `decode_threads` for these students on CPU, on 2026-12-04 and after; the prompts' forward
+  on every thread). Before that date this row ran the whole step on one thread;
 - transformers, one at a time (the old path): the same engine with `batch_rows=1`;
 - HF generate (TRL's path, the peer): `model.generate` on the left-padded batch, sampling.
 
@@ -84,18 +86,6 @@ def engine_step(engine, batch: list[GenerationRequest], sampling: SamplingSettin
     return lambda: sum(len(s.response_ids) for out in engine.generate(batch, sampling) for s in out)
 
 
-def on_one_thread(step: Callable[[], int]) -> Callable[[], int]:
-    def run() -> int:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return step()
-        finally:
-            torch.set_num_threads(threads)
-
-    return run
-
-
 def hf_generate_step(model, tokenizer, batch: list[GenerationRequest]) -> Callable[[], int]:
     width = max(len(r.prompt_ids) for r in batch)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -140,7 +130,8 @@ def bench_scale(scale: str, work: Path, repeats: int) -> dict[str, dict]:
     gc.collect()
     batched = TransformersRolloutEngine(setting.student, dtype=torch.float32)
     record("transformers (batched)", engine_step(batched, batch, sampling))
-    record("transformers (batched), one thread", on_one_thread(engine_step(batched, batch, sampling)))
+    batched.decode_threads = 1
+    record("transformers (batched), decode on one thread", engine_step(batched, batch, sampling))
     alone = TransformersRolloutEngine(setting.student, dtype=torch.float32, batch_rows=1)
     record("transformers, one at a time (old)", engine_step(alone, batch, sampling))
     model = AutoModelForCausalLM.from_pretrained(setting.student, dtype=torch.float32).eval()

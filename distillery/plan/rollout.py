@@ -49,6 +49,9 @@ class RolloutSettings:
     decode_attention: str | None = None
     """The transformers engine's attention implementation in its decode steps (`attention.decode_attention`);
     None: the model's own."""
+    decode_threads: int | None = None
+    """torch's intra-op threads in the transformers engine's decode steps (`decode_threads`); None: the
+    process's own."""
 
     @property
     def sync_ranks(self) -> int:
@@ -83,6 +86,28 @@ def rollout_engine(spec: DistillationJobSpec, student: ModelShape | None) -> Rol
     return RolloutEngine.TRANSFORMERS if small and on_cpu else RolloutEngine.VLLM
 
 
+CPU_SMALL_DECODE_THREADS = 1
+"""Intra-op threads of a small CPU student's decode steps (`decode_threads`)."""
+
+
+def decode_threads(
+    spec: DistillationJobSpec, engine: RolloutEngine, student: ModelShape | None
+) -> int | None:
+    """torch's intra-op threads in the transformers engine's decode steps: one on CPU for a student no larger
+    than `engine: auto` samples there (CPU_TRANSFORMERS_MAX_TOKEN_PARAMS), else None (the process's own; on a
+    GPU they only launch kernels). A decode step of such a student is a few dozen kernels of a few
+    microseconds each, every one an OpenMP region that waits for its slowest thread: split over the host's
+    cores it gains little, and it stalls whenever another process (a neighbour on a shared host, the run's
+    own Ray processes) takes one of them. The prompts' forward, the teachers and the trainer keep every
+    thread. Measured (`bench/rollout_engines.py`, a step of 32 prompts x 128 tokens, 2-core host, medians
+    of 5, s/step, all threads against one): the 0.46M student 0.426 (spread 0.42-0.57) against 0.406
+    (0.40-0.42) on a quiet host, 0.816 against 0.642 beside a process taking a core 5 ms in 10; the 2.23M
+    one level (1.232 against 1.144 quiet, 1.500 against 1.578 beside it)."""
+    on_cpu = spec.student.pool.gpus_per_worker == 0
+    small = student is not None and student.token_params <= CPU_TRANSFORMERS_MAX_TOKEN_PARAMS
+    return CPU_SMALL_DECODE_THREADS if on_cpu and small and engine == RolloutEngine.TRANSFORMERS else None
+
+
 def resolve_rollout(
     spec: DistillationJobSpec, student: ModelShape | None = None, *, in_trainer: bool = False
 ) -> RolloutSettings:
@@ -103,6 +128,7 @@ def resolve_rollout(
         sleeps=spec.student.pool.gpus_per_worker > 0,
         in_trainer=in_trainer,
         decode_attention=decode_attention(spec, engine),
+        decode_threads=decode_threads(spec, engine, student),
     )
 
 

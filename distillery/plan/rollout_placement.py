@@ -14,7 +14,13 @@ from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine, S
 from distillery.model_shapes import ModelShape
 from distillery.plan.attention import decode_attention
 from distillery.plan.engines import EngineSettings
-from distillery.plan.rollout import rollout_engine, rollout_replicas, trainer_world_size
+from distillery.plan.rollout import (
+    CPU_SMALL_DECODE_THREADS,
+    decode_threads,
+    rollout_engine,
+    rollout_replicas,
+    trainer_world_size,
+)
 from distillery.plan.training import TrainerSettings, resolve_training
 
 
@@ -79,7 +85,8 @@ def rollout_line(spec: DistillationJobSpec, student: ModelShape | None) -> str:
             "transformers if the student computes at most 1.5M parameters a token, else vllm (auto: read from "
             "its config.json when the run starts)"
             + (f"; transformers {in_trainer}" if shares else "")
-            + f"; transformers decodes with {decode_attention(spec, RolloutEngine.TRANSFORMERS)} attention (auto: on CPU)"
+            + f"; transformers decodes with {decode_attention(spec, RolloutEngine.TRANSFORMERS)} attention on "
+            f"{CPU_SMALL_DECODE_THREADS} thread (auto: on CPU)"
         )
     else:
         engine_why = "auto"
@@ -91,7 +98,9 @@ def rollout_line(spec: DistillationJobSpec, student: ModelShape | None) -> str:
         why = f"auto: one per {rollout.tensor_parallel} of the student's {pool.workers * pool.gpus_per_worker} GPUs"
     where = f", {in_trainer}" if shares and engine == RolloutEngine.TRANSFORMERS else ""
     decode = decode_attention(spec, engine)
-    kernel = f"; decode steps with {decode} attention (auto: on CPU)" if decode else ""
+    threads = decode_threads(spec, engine, student)
+    on_threads = f" on {threads} thread" if threads else ""
+    kernel = f"; decode steps with {decode} attention{on_threads} (auto: on CPU)" if decode else ""
     return (
         f"rollout: {replicas} {engine} engine(s) ({engine_why}) x tensorParallel {rollout.tensor_parallel} "
         f"({why}){where}{kernel}"

@@ -269,6 +269,7 @@ class RolloutWorker(EngineCalls):
             enforce_eager=settings.enforce_eager,
             tensor_parallel=settings.tensor_parallel,
             decode_attention=settings.decode_attention,
+            decode_threads=settings.decode_threads,
         )
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> int:
@@ -327,6 +328,7 @@ class TrainerWithRollout(TrainerWorker, EngineCalls):
             dtype=self.trainer.compute_dtype,
             model=self.trainer.model,
             decode_attention=rollout.decode_attention,
+            decode_threads=rollout.decode_threads,
         )
         self.dtype_name = compute_dtype_here(rollout.precision)
         self.teachers = {

@@ -171,13 +171,17 @@ def test_auto_samples_with_the_transformers_engine_only_a_small_cpu_student(
     # The transformers engine decodes with eager attention on CPU; vLLM and GPUs keep their own kernels.
     eager = engine == RolloutEngine.TRANSFORMERS and not gpus
     assert rollout_plan.decode_attention == ("eager" if eager else None)
+    # ... on one thread for a student no larger than auto samples there (the explicit engine's MINI keeps all)
+    one_thread = eager and student == TINY
+    assert rollout_plan.decode_threads == (1 if one_thread else None)
     line = rollout_line(spec, student)
     if student is None and not gpus:  # decided where the run reads the student's config.json
         assert "transformers if the student computes at most 1.5M parameters a token, else vllm" in line
-        assert "transformers decodes with eager attention (auto: on CPU)" in line
+        assert "transformers decodes with eager attention on 1 thread (auto: on CPU)" in line
     else:
         assert f"rollout: 1 {engine} engine(s)" in line
         assert ("decode steps with eager attention" in line) is eager
+        assert ("attention on 1 thread" in line) is one_thread
     assert TINY.token_params < CPU_TRANSFORMERS_MAX_TOKEN_PARAMS < MINI.token_params
 
 

@@ -215,6 +215,49 @@ def test_transformers_engine_decodes_with_the_plans_attention_and_gives_the_mode
             assert samples[sample.sample_id].logprobs == pytest.approx(sample.logprobs, abs=1e-5)
 
 
+def test_transformers_engine_decodes_on_the_plans_threads_and_gives_the_process_its_own_back(
+    job_files, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`decode_threads` (the plan's one for a small CPU student) holds for the decode steps only: the prompts'
+    forward of every batch runs on the process's threads, and so does whatever runs after the engine (the
+    teachers scored in the trainer's process, the trainer). The same samples as on the process's threads."""
+    # vLLM's CPU worker replaces torch.set_num_threads with a no-op in its process once it binds its threads:
+    # here, after a vLLM engine of an earlier test in this worker. A run's transformers engine never shares a
+    # process with vLLM (its own actor, or the trainer's), so the test gives torch its own back.
+    monkeypatch.setattr(torch, "set_num_threads", torch._C.set_num_threads)
+    own = build_engine("transformers", str(job_files.student), dtype=torch.float32, max_model_len=64)
+    engine = build_engine(
+        "transformers", str(job_files.student), dtype=torch.float32, max_model_len=64, decode_threads=1
+    )
+    engine.batch_rows = 2  # two batches: the second's prompts' forward is on the process's threads again
+    seen: list[tuple[int, int]] = []
+    forward = engine.model.forward
+
+    def recording(*args, **kwargs):
+        seen.append((kwargs["input_ids"].shape[1], torch.get_num_threads()))
+        return forward(*args, **kwargs)
+
+    engine.model.forward = recording
+    requests = [
+        GenerationRequest(f"r{i}", p, seed=i) for i, p in enumerate((PROMPT, PROMPT[:2], (9, 4, 2, 8)))
+    ]
+    sampling = SamplingSettings(temperature=1.0, max_new_tokens=6)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # a test worker may run on one: two tell the decode's one apart
+    try:
+        samples = {s.sample_id: s for batch in engine.generate(requests, sampling) for s in batch}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    # each batch's prompts' forward (4 tokens wide) on the process's 2, then its decode steps on 1
+    assert seen[0][0] == 4 and [n for width, n in seen if width > 1] == [2, 2], seen
+    assert {n for width, n in seen if width == 1} == {1}, seen
+    for batch in own.generate(requests, sampling):
+        for sample in batch:
+            assert samples[sample.sample_id].response_ids == sample.response_ids
+            assert samples[sample.sample_id].logprobs == pytest.approx(sample.logprobs, abs=1e-5)
+
+
 def test_transformers_engine_decodes_a_step_together_as_each_request_alone(job_files) -> None:
     """The step's requests decode in one left-padded batch, each row from its own seed: every sample is the one
     its request gets alone, rows are out as they end (shortest first), and the log-probs are the model's."""

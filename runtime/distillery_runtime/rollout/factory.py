@@ -23,9 +23,10 @@ def build_engine(
     enforce_eager: bool | None = None,
     tensor_parallel: int = 1,
     decode_attention: str | None = None,
+    decode_threads: int | None = None,
 ) -> RolloutEngine:
-    """The engine named by `student.rollout.engine` (vllm or transformers). `decode_attention`: the
-    transformers engine's in its decode steps (`RolloutSettings.decode_attention`)."""
+    """The engine named by `student.rollout.engine` (vllm or transformers). `decode_attention` and
+    `decode_threads`: the transformers engine's in its decode steps (`RolloutSettings`)."""
     if kind == EngineKind.VLLM:
         from distillery_runtime.rollout.vllm_engine import VllmRolloutEngine
 
@@ -43,5 +44,7 @@ def build_engine(
     if kind == EngineKind.TRANSFORMERS:
         from distillery_runtime.rollout.hf_engine import TransformersRolloutEngine
 
-        return TransformersRolloutEngine(model_dir, dtype=dtype, decode_attention=decode_attention)
+        return TransformersRolloutEngine(
+            model_dir, dtype=dtype, decode_attention=decode_attention, decode_threads=decode_threads
+        )
     raise ValueError(f"unknown rollout engine {kind!r}; known: {', '.join(EngineKind)}")

@@ -44,12 +44,15 @@ class TransformersRolloutEngine:
         batch_rows: int = BATCH_ROWS,
         model: Any = None,
         decode_attention: str | None = None,
+        decode_threads: int | None = None,
     ) -> None:
         """`model`: a module to sample with as it is, the trainer's own where the plan puts the engine in the
         trainer's process (`plan.rollout_in_trainer`): never copied, never synced, switched to eval mode
         only while it samples. None: the student is loaded from `model_dir` in `dtype`. `decode_attention`:
         the attention implementation of the decode steps (`plan.attention.decode_attention`); None: the
-        model's own. The prompts' forward always runs the model's own."""
+        model's own. `decode_threads`: torch's intra-op threads in the decode steps
+        (`plan.rollout.decode_threads`); None: the process's own. The prompts' forward always runs the
+        model's own attention on the process's threads."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if model is None:
@@ -66,6 +69,7 @@ class TransformersRolloutEngine:
         self.pad: int = 0 if pad is None else pad
         self.batch_rows = batch_rows
         self.decode_attention = decode_attention
+        self.decode_threads = decode_threads
         self.own_attention: str = self.model.config._attn_implementation
         self.policy_version = 0
         self.sync_ranks = 1
@@ -105,9 +109,10 @@ class TransformersRolloutEngine:
 
     @torch.no_grad()
     def _sample_batch(
-        self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
+        self, requests: Sequence[GenerationRequest], sampling: SamplingSettings, threads: int
     ) -> Iterator[list[Ended]]:
-        """The requests decoded together; yields the rows that end at each token, as they end."""
+        """The requests decoded together; yields the rows that end at each token, as they end. `threads`:
+        the process's intra-op threads, which the prompts' forward runs on."""
         ends = self._end_ids(sampling)
         # Each row's uniform draws for its whole response, from its own generator, one call a row: on CPU
         # the same numbers in the same order as a draw a token, without a call per row at every token (32 a
@@ -139,6 +144,7 @@ class TransformersRolloutEngine:
         live = list(range(len(requests)))  # the request of each row still in the batch
         cache = PreallocatedCache(width + sampling.max_new_tokens)
         self._use_attention(self.own_attention)
+        self._use_threads(threads)
         for t in range(sampling.max_new_tokens):
             logits = (
                 self.model(
@@ -167,8 +173,9 @@ class TransformersRolloutEngine:
                 yield ended
             if not kept:
                 return
-            if t == 0:
-                self._use_attention(self.decode_attention)  # the prompts are in the cache: one row a step now
+            if t == 0:  # the prompts are in the cache: one row a step now
+                self._use_attention(self.decode_attention)
+                self._use_threads(self.decode_threads)
             if len(kept) < len(live):
                 index = torch.tensor(kept, device=self.device)
                 cache.batch_select_indices(index)
@@ -184,10 +191,13 @@ class TransformersRolloutEngine:
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
     ) -> Iterator[list[RolloutSample]]:
         training = self.model.training  # a shared trainer's module goes back to train mode after
+        threads = (
+            torch.get_num_threads()
+        )  # the prompts' forward and whatever runs after the engine take these
         self.model.eval()
         try:
             for first in range(0, len(requests), self.batch_rows):
-                for ended in self._sample_batch(requests[first : first + self.batch_rows], sampling):
+                for ended in self._sample_batch(requests[first : first + self.batch_rows], sampling, threads):
                     yield [
                         RolloutSample(
                             sample_id=request.sample_id,
@@ -203,6 +213,8 @@ class TransformersRolloutEngine:
                     ]
         finally:
             self._use_attention(self.own_attention)  # the trainer sets its own per micro-batch from there
+            # the teachers scored in this process, and the trainer, compute on every thread
+            self._use_threads(threads)
             self.model.train(training)
 
     def _use_attention(self, kernel: str | None) -> None:
@@ -210,6 +222,12 @@ class TransformersRolloutEngine:
         transformers' AttentionInterface cannot switch (transformers warns) and keeps its own."""
         if kernel is not None and kernel != self.model.config._attn_implementation:
             self.model.set_attn_implementation(kernel)
+
+    @staticmethod
+    def _use_threads(threads: int | None) -> None:
+        """torch's intra-op threads from here on (None: as they are)."""
+        if threads is not None and threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
         state = {name: tensor for name, tensor in weights}
