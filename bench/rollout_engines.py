@@ -4,22 +4,27 @@ A step of the e2e bench's speed settings (`bench/e2e_vs_trl.py`): 32 prompts of 
 temperature 1.0, random Llamas that rarely emit EOS (so every response runs to 128 tokens), the tiny (0.4M)
 and small (11.5M) students. Engines, each in this process, each timed on the same requests:
 
-- vllm: `VllmRolloutEngine` as a run builds it (eager at tiny, compiled at small, as the e2e bench);
 - transformers: `TransformersRolloutEngine`, the step's requests decoded in one batch;
 - transformers, decode on one thread: the batched engine with torch's intra-op threads at 1 in its decode
-  steps (the plan's `decode_threads` for these students on CPU, on 2026-12-04 and after; the prompts' forward
-  on every thread). Before that date this row ran the whole step on one thread;
+  steps (the plan's `decode_threads` for these students on CPU; the prompts' forward on every thread). Its
+  figures from before this row was timed ahead of vLLM's (2026-12-04, 10:00 UTC) are the batched engine's
+  on every thread: vLLM had turned `torch.set_num_threads` off;
 - transformers, one at a time (the old path): the same engine with `batch_rows=1`;
-- HF generate (TRL's path, the peer): `model.generate` on the left-padded batch, sampling.
+- HF generate (TRL's path, the peer): `model.generate` on the left-padded batch, sampling;
+- vllm: `VllmRolloutEngine` as a run builds it (eager at tiny, compiled at small, as the e2e bench), timed
+  after the others (its CPU worker binds the process's threads and turns `torch.set_num_threads` off).
 
 `--neighbour BUSY_MS IDLE_MS`: a process beside the engines spins BUSY_MS then sleeps IDLE_MS, over and over,
 as another tenant of a shared host (or a run's own helper processes) takes a core in bursts: an OpenMP region
 waits for its slowest thread, so a decode step of tiny kernels on every core stalls whenever one is taken.
 
+`--alternate PAIRS`: only the batched engine, its decode steps on every thread and on one in turn, step by step,
+PAIRS pairs after a warm-up pair (a drift of the host falls on both).
+
 Seconds per step: median of `--repeats` after one warm-up step. Prints a table and writes JSON
 (bench/results/rollout_engines/DATE[-neighbour-B-I].json).
 
-    python bench/rollout_engines.py [--scales tiny small] [--repeats 3] [--neighbour 5 5]
+    python bench/rollout_engines.py [--scales tiny small] [--repeats 3] [--neighbour 5 5] [--alternate 10]
 """
 
 from __future__ import annotations
@@ -103,7 +108,33 @@ def hf_generate_step(model, tokenizer, batch: list[GenerationRequest]) -> Callab
     return step
 
 
-def bench_scale(scale: str, work: Path, repeats: int) -> dict[str, dict]:
+def alternate_threads(scale: str, work: Path, pairs: int) -> dict[str, dict]:
+    """The batched engine's decode on every thread and on one (`decode_threads`), step by step in turn after a
+    warm-up pair, so that a drift of the host falls on both."""
+    from transformers import AutoTokenizer
+
+    setting = speed_setting(work, 1, scale)
+    tokenizer = AutoTokenizer.from_pretrained(setting.student)
+    prompts = [json.loads(line)["prompt"] for line in Path(setting.train).read_text().splitlines()]
+    batch = requests(prompts, tokenizer)
+    sampling = SamplingSettings(temperature=1.0, max_new_tokens=NEW_TOKENS, logprobs=False)
+    engine = TransformersRolloutEngine(setting.student, dtype=torch.float32)
+    names = {None: "transformers (batched)", 1: "transformers (batched), decode on one thread"}
+    times: dict[int | None, list[float]] = {None: [], 1: []}
+    for i in range(2 * (pairs + 1)):
+        engine.decode_threads = None if i % 2 == 0 else 1
+        started = time.perf_counter()
+        engine_step(engine, batch, sampling)()
+        if i >= 2:
+            times[engine.decode_threads].append(time.perf_counter() - started)
+    results = {names[k]: {"median_s": statistics.median(v), "steps_s": v} for k, v in times.items()}
+    for name, result in results.items():
+        print(f"  {scale:<6} {name:<32} {result['median_s']:8.3f} s  (alternating)", flush=True)
+    return results
+
+
+def bench_scale(scale: str, work: Path, repeats: int, *, vllm: bool) -> dict[str, dict]:
+    """The scale's rows: vLLM's alone (`vllm`), else every other engine's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     setting = speed_setting(work, 1, scale)
@@ -118,16 +149,18 @@ def bench_scale(scale: str, work: Path, repeats: int) -> dict[str, dict]:
         results[name] = {"median_s": statistics.median(times), "steps_s": times, "tokens": tokens}
         print(f"  {scale:<6} {name:<32} {statistics.median(times):8.3f} s  ({tokens} tokens)", flush=True)
 
-    engine = build_engine(
-        "vllm",
-        setting.student,
-        dtype=torch.float32,
-        max_model_len=MAX_MODEL_LEN,
-        enforce_eager=setting.enforce_eager,
-    )
-    record("vllm", engine_step(engine, batch, sampling))
-    del engine
-    gc.collect()
+    if vllm:
+        engine = build_engine(
+            "vllm",
+            setting.student,
+            dtype=torch.float32,
+            max_model_len=MAX_MODEL_LEN,
+            enforce_eager=setting.enforce_eager,
+        )
+        record("vllm", engine_step(engine, batch, sampling))
+        del engine
+        gc.collect()
+        return results
     batched = TransformersRolloutEngine(setting.student, dtype=torch.float32)
     record("transformers (batched)", engine_step(batched, batch, sampling))
     batched.decode_threads = 1
@@ -144,6 +177,10 @@ def main() -> None:
     parser.add_argument("--scales", nargs="*", default=["tiny", "small"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--neighbour", type=float, nargs=2, metavar=("BUSY_MS", "IDLE_MS"))
+    parser.add_argument(
+        "--alternate", type=int, metavar="PAIRS",
+        help="only the batched engine's decode on every thread and on one, step by step in turn, PAIRS pairs",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "rollout_engines")
     args = parser.parse_args()
     neighbour = (
@@ -153,7 +190,18 @@ def main() -> None:
     )
     try:
         with tempfile.TemporaryDirectory() as work:
-            results = {scale: bench_scale(scale, Path(work), args.repeats) for scale in args.scales}
+            # vLLM's rows last: its CPU worker binds this process's threads and makes torch.set_num_threads a
+            # no-op from then on (before 2026-12-04 it ran first, and the one-thread row ran on every thread)
+            if args.alternate:
+                results = {
+                    scale: alternate_threads(scale, Path(work), args.alternate) for scale in args.scales
+                }
+            else:
+                results = {
+                    scale: bench_scale(scale, Path(work), args.repeats, vllm=False) for scale in args.scales
+                }
+                for scale in args.scales:
+                    results[scale].update(bench_scale(scale, Path(work), args.repeats, vllm=True))
     finally:
         if neighbour is not None:
             neighbour.kill()
@@ -167,9 +215,11 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "shape": {"prompts": PROMPTS, "new_tokens": NEW_TOKENS, "temperature": 1.0},
         "neighbour_busy_idle_ms": args.neighbour,
+        "alternate_pairs": args.alternate,
         "results": results,
     }
     suffix = f"-neighbour-{args.neighbour[0]:g}-{args.neighbour[1]:g}" if args.neighbour else ""
+    suffix = (f"-alternate-{'-'.join(args.scales)}" if args.alternate else "") + suffix
     path = args.out / f"{record['date']}{suffix}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")

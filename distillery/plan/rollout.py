@@ -86,25 +86,32 @@ def rollout_engine(spec: DistillationJobSpec, student: ModelShape | None) -> Rol
     return RolloutEngine.TRANSFORMERS if small and on_cpu else RolloutEngine.VLLM
 
 
+CPU_ONE_THREAD_DECODE_MAX_TOKEN_PARAMS = 1_000_000
+"""The largest CPU student (`ModelShape.token_params`) whose transformers decode steps run on one intra-op
+thread (`decode_threads`): between the two sizes measured, where one thread gained more beside a busy
+neighbour than it lost on a quiet host (0.46M) and where the two were even (2.23M)."""
+
 CPU_SMALL_DECODE_THREADS = 1
-"""Intra-op threads of a small CPU student's decode steps (`decode_threads`)."""
 
 
 def decode_threads(
     spec: DistillationJobSpec, engine: RolloutEngine, student: ModelShape | None
 ) -> int | None:
-    """torch's intra-op threads in the transformers engine's decode steps: one on CPU for a student no larger
-    than `engine: auto` samples there (CPU_TRANSFORMERS_MAX_TOKEN_PARAMS), else None (the process's own; on a
-    GPU they only launch kernels). A decode step of such a student is a few dozen kernels of a few
-    microseconds each, every one an OpenMP region that waits for its slowest thread: split over the host's
-    cores it gains little, and it stalls whenever another process (a neighbour on a shared host, the run's
-    own Ray processes) takes one of them. The prompts' forward, the teachers and the trainer keep every
-    thread. Measured (`bench/rollout_engines.py`, a step of 32 prompts x 128 tokens, 2-core host, medians
-    of 5, s/step, all threads against one): the 0.46M student 0.426 (spread 0.42-0.57) against 0.406
-    (0.40-0.42) on a quiet host, 0.816 against 0.642 beside a process taking a core 5 ms in 10; the 2.23M
-    one level (1.232 against 1.144 quiet, 1.500 against 1.578 beside it)."""
+    """torch's intra-op threads in the transformers engine's decode steps: one on CPU for a student of at most
+    CPU_ONE_THREAD_DECODE_MAX_TOKEN_PARAMS, else None (the process's own; on a GPU they only launch kernels).
+    A decode step of such a student is a few dozen kernels of microseconds, each an OpenMP region that ends
+    when its slowest thread does: whenever another process (a tenant of a shared host, the run's own Ray
+    processes) takes one of the cores, every step waits for it. The prompts' forward, the teachers and the
+    trainer keep every thread.
+
+    Measured on the 2-core host (2026-12-04, `bench/rollout_engines.py --alternate`: the e2e bench's rollout
+    of 32 prompts x 128 tokens, the two in turn in one process, medians, s/step, all threads against one):
+    the 0.46M student 0.330 against 0.397 on a quiet host, 0.631 against 0.416 beside a process taking a
+    core 5 ms in 10; the 2.23M one 0.767 against 1.034 quiet, 1.656 against 1.199 beside it. `distillery
+    run` of the e2e bench's tiny job (`bench/README.md`, four runs each, alternating): a step level (medians
+    0.800-1.047 s against 0.827-0.979 s), its 90th percentile lower (1.05-1.14 against 0.91-1.07 s)."""
     on_cpu = spec.student.pool.gpus_per_worker == 0
-    small = student is not None and student.token_params <= CPU_TRANSFORMERS_MAX_TOKEN_PARAMS
+    small = student is not None and student.token_params <= CPU_ONE_THREAD_DECODE_MAX_TOKEN_PARAMS
     return CPU_SMALL_DECODE_THREADS if on_cpu and small and engine == RolloutEngine.TRANSFORMERS else None
 
 

@@ -15,6 +15,7 @@ from distillery.model_shapes import ModelShape
 from distillery.plan.attention import decode_attention
 from distillery.plan.engines import EngineSettings
 from distillery.plan.rollout import (
+    CPU_ONE_THREAD_DECODE_MAX_TOKEN_PARAMS,
     CPU_SMALL_DECODE_THREADS,
     decode_threads,
     rollout_engine,
@@ -85,8 +86,9 @@ def rollout_line(spec: DistillationJobSpec, student: ModelShape | None) -> str:
             "transformers if the student computes at most 1.5M parameters a token, else vllm (auto: read from "
             "its config.json when the run starts)"
             + (f"; transformers {in_trainer}" if shares else "")
-            + f"; transformers decodes with {decode_attention(spec, RolloutEngine.TRANSFORMERS)} attention on "
-            f"{CPU_SMALL_DECODE_THREADS} thread (auto: on CPU)"
+            + f"; transformers decodes with {decode_attention(spec, RolloutEngine.TRANSFORMERS)} attention (auto: "
+            f"on CPU), on {CPU_SMALL_DECODE_THREADS} thread for a student of at most "
+            f"{CPU_ONE_THREAD_DECODE_MAX_TOKEN_PARAMS / 1e6:.1f}M"
         )
     else:
         engine_why = "auto"
@@ -100,7 +102,8 @@ def rollout_line(spec: DistillationJobSpec, student: ModelShape | None) -> str:
     decode = decode_attention(spec, engine)
     threads = decode_threads(spec, engine, student)
     on_threads = f" on {threads} thread" if threads else ""
-    kernel = f"; decode steps with {decode} attention{on_threads} (auto: on CPU)" if decode else ""
+    small = f", a student of at most {CPU_ONE_THREAD_DECODE_MAX_TOKEN_PARAMS / 1e6:.1f}M" if threads else ""
+    kernel = f"; decode steps with {decode} attention{on_threads} (auto: on CPU{small})" if decode else ""
     return (
         f"rollout: {replicas} {engine} engine(s) ({engine_why}) x tensorParallel {rollout.tensor_parallel} "
         f"({why}){where}{kernel}"

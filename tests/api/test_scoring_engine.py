@@ -13,7 +13,11 @@ from pydantic import ValidationError
 from distillery.api import DistillationTeacher, RolloutEngine, TeacherEngine
 from distillery.model_shapes import ModelShape
 from distillery.plan import resolve
-from distillery.plan.rollout import CPU_TRANSFORMERS_MAX_TOKEN_PARAMS, rollout_engine
+from distillery.plan.rollout import (
+    CPU_ONE_THREAD_DECODE_MAX_TOKEN_PARAMS,
+    CPU_TRANSFORMERS_MAX_TOKEN_PARAMS,
+    rollout_engine,
+)
 from distillery.plan.rollout_placement import rollout_line
 from distillery.plan.scoring_engine import scoring_engine, scoring_engine_lines
 from distillery.runtime_config import TeacherProtocol, resolve_runtime_config
@@ -140,12 +144,14 @@ def shape(hidden: int, layers: int, vocab: int = 1031) -> ModelShape:
 
 
 TINY, MINI = shape(128, 2), shape(256, 3)  # bench/rollout_engines.py's tiny and mini students: 0.46M, 2.23M
+BETWEEN = shape(192, 3)  # 1.31M: sampled by the transformers engine on every thread
 
 
 @pytest.mark.parametrize(
     ("rollout", "gpus", "student", "engine"),
     [
         ({}, 0, TINY, RolloutEngine.TRANSFORMERS),  # below the crossover on CPU
+        ({}, 0, BETWEEN, RolloutEngine.TRANSFORMERS),
         ({}, 0, MINI, RolloutEngine.VLLM),
         ({}, 0, None, RolloutEngine.VLLM),  # a shape unknown where the plan is made
         ({}, 1, TINY, RolloutEngine.VLLM),  # a GPU
@@ -171,18 +177,21 @@ def test_auto_samples_with_the_transformers_engine_only_a_small_cpu_student(
     # The transformers engine decodes with eager attention on CPU; vLLM and GPUs keep their own kernels.
     eager = engine == RolloutEngine.TRANSFORMERS and not gpus
     assert rollout_plan.decode_attention == ("eager" if eager else None)
-    # ... on one thread for a student no larger than auto samples there (the explicit engine's MINI keeps all)
+    # ... on one thread for a student of up to 1M (the explicit engine's 2.2M MINI keeps every thread)
     one_thread = eager and student == TINY
     assert rollout_plan.decode_threads == (1 if one_thread else None)
     line = rollout_line(spec, student)
     if student is None and not gpus:  # decided where the run reads the student's config.json
         assert "transformers if the student computes at most 1.5M parameters a token, else vllm" in line
-        assert "transformers decodes with eager attention on 1 thread (auto: on CPU)" in line
+        assert (
+            "transformers decodes with eager attention (auto: on CPU), on 1 thread for a student of" in line
+        )
     else:
         assert f"rollout: 1 {engine} engine(s)" in line
         assert ("decode steps with eager attention" in line) is eager
         assert ("attention on 1 thread" in line) is one_thread
-    assert TINY.token_params < CPU_TRANSFORMERS_MAX_TOKEN_PARAMS < MINI.token_params
+    assert TINY.token_params < CPU_ONE_THREAD_DECODE_MAX_TOKEN_PARAMS < BETWEEN.token_params
+    assert BETWEEN.token_params < CPU_TRANSFORMERS_MAX_TOKEN_PARAMS < MINI.token_params
 
 
 def test_the_transformers_engine_cannot_split_a_model(base_manifest: dict[str, Any]) -> None:

@@ -47,8 +47,11 @@ def test_the_trainer_hosted_engine_samples_what_a_synced_engine_of_its_own_would
     rollout = RolloutSettings(
         engine=RolloutEngine.TRANSFORMERS, precision=Precision.FLOAT32, max_model_len=64, seed=0,
         memory_fraction=0.5, enforce_eager=None, replicas=1, tensor_parallel=1, in_trainer=True,
+        decode_attention="eager", decode_threads=1,
     )  # fmt: skip
     worker = TrainerWithRollout(str(job_files.student), settings, rollout)
+    # the plan's decode settings reach the engine (test_generation checks what the engine does with them)
+    assert (worker.engine.decode_attention, worker.engine.decode_threads) == ("eager", 1)
     own = build_engine("transformers", str(job_files.student), dtype=torch.float32, max_model_len=64)
     sampling = SamplingSettings(max_new_tokens=6, temperature=1.0)
     assert worker.dtype() == "float32" and worker.policy_version() == 0

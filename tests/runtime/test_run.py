@@ -359,6 +359,7 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
     # The run's own plan (as `Loop` makes it): where the rollout engine and the teacher live.
     plan = resolve(parse_job(doc).spec, local_gpus=0, student=resolve_shape(str(job_files.student)))
     assert plan.rollout.in_trainer is (engine == "transformers")
+    assert plan.rollout.decode_threads == (1 if engine == "transformers" else None)  # a tiny CPU student
     assert plan.teachers_in_trainer == ({"teacher"} if engine == "transformers" else set())
 
     reference = tmp_path / "reference"
