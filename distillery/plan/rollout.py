@@ -92,6 +92,7 @@ thread (`decode_threads`): between the two sizes measured, where one thread gain
 neighbour than it lost on a quiet host (0.46M) and where the two were even (2.23M)."""
 
 CPU_SMALL_DECODE_THREADS = 1
+"""The intra-op threads of those decode steps."""
 
 
 def decode_threads(

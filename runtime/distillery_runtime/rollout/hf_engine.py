@@ -191,9 +191,8 @@ class TransformersRolloutEngine:
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
     ) -> Iterator[list[RolloutSample]]:
         training = self.model.training  # a shared trainer's module goes back to train mode after
-        threads = (
-            torch.get_num_threads()
-        )  # the prompts' forward and whatever runs after the engine take these
+        # the process's threads: the prompts' forward and whatever runs after the engine compute on them
+        threads = torch.get_num_threads()
         self.model.eval()
         try:
             for first in range(0, len(requests), self.batch_rows):
