@@ -108,16 +108,21 @@ def hf_generate_step(model, tokenizer, batch: list[GenerationRequest]) -> Callab
     return step
 
 
-def alternate_threads(scale: str, work: Path, pairs: int) -> dict[str, dict]:
-    """The batched engine's decode on every thread and on one (`decode_threads`), step by step in turn after a
-    warm-up pair, so that a drift of the host falls on both."""
+def step_inputs(scale: str, work: Path):
+    """The scale's setting (its models built once in `work`), tokenizer, one step's requests and sampling."""
     from transformers import AutoTokenizer
 
     setting = speed_setting(work, 1, scale)
     tokenizer = AutoTokenizer.from_pretrained(setting.student)
     prompts = [json.loads(line)["prompt"] for line in Path(setting.train).read_text().splitlines()]
-    batch = requests(prompts, tokenizer)
     sampling = SamplingSettings(temperature=1.0, max_new_tokens=NEW_TOKENS, logprobs=False)
+    return setting, tokenizer, requests(prompts, tokenizer), sampling
+
+
+def alternate_threads(scale: str, work: Path, pairs: int) -> dict[str, dict]:
+    """The batched engine's decode on every thread and on one (`decode_threads`), step by step in turn after a
+    warm-up pair, so that a drift of the host falls on both."""
+    setting, _, batch, sampling = step_inputs(scale, work)
     engine = TransformersRolloutEngine(setting.student, dtype=torch.float32)
     names = {None: "transformers (batched)", 1: "transformers (batched), decode on one thread"}
     times: dict[int | None, list[float]] = {None: [], 1: []}
@@ -135,13 +140,9 @@ def alternate_threads(scale: str, work: Path, pairs: int) -> dict[str, dict]:
 
 def bench_scale(scale: str, work: Path, repeats: int, *, vllm: bool) -> dict[str, dict]:
     """The scale's rows: vLLM's alone (`vllm`), else every other engine's."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    setting = speed_setting(work, 1, scale)
-    tokenizer = AutoTokenizer.from_pretrained(setting.student)
-    prompts = [json.loads(line)["prompt"] for line in Path(setting.train).read_text().splitlines()]
-    batch = requests(prompts, tokenizer)
-    sampling = SamplingSettings(temperature=1.0, max_new_tokens=NEW_TOKENS, logprobs=False)
+    setting, tokenizer, batch, sampling = step_inputs(scale, work)
     results: dict[str, dict] = {}
 
     def record(name: str, step: Callable[[], int]) -> None:
