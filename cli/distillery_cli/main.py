@@ -22,6 +22,7 @@ from distillery.plan.host_memory import host_memory_refusal, plan_host_memory
 from distillery.plan.memory import refusal
 from distillery.plan.memory_features import job_memory_plan, resolve_memory_features
 from distillery.plan.model_cache import cache_lines
+from distillery.plan.padding import padding_line
 from distillery.plan.pod_resources import pod_resources
 from distillery.plan.rollout_placement import rollout_line
 from distillery.plan.scoring_engine import scoring_engine_lines
@@ -88,6 +89,8 @@ def _plan(args: argparse.Namespace) -> int:
         print("\n".join(f"  {line}" for line in resolve_memory_features(job.spec).lines()))
         # The trainer's attention kernel (eager for narrow micro-batches of a bfloat16 CPU student).
         print(f"  {attention_line(job.spec)}")
+        # How the trainer's micro-batches are grouped by length (cut further on CPU, where padding costs more).
+        print(f"  {padding_line(job.spec)}")
         # Each worker pod's host memory by phase (load, training, checkpoint), which its memory must hold.
         host = plan_host_memory(job.spec)
         if host is not None:

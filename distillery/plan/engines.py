@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from distillery.api.spec import DistillationJobSpec, Placement, Teacher, TeacherEngine
+from distillery.plan.padding import forward_cost_tokens
 from distillery.plan.rollout import sequence_length
-from distillery.plan.scoring_engine import scoring_engine
+from distillery.plan.scoring_engine import scoring_engine, teacher_on_cpu
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class EngineSettings:
     engine is told the device it found (`engine_kwargs(on_gpu=...)`)."""
     engine: TeacherEngine = TeacherEngine.VLLM
     """vllm, or transformers: the model's forward in a Ray actor of the run (`scoring_engine`); never auto."""
+    forward_cost_tokens: int | None = None
+    """The transformers forward's samples are grouped by length and cut where a cut saves more padded tokens
+    than this (`padding.forward_cost_tokens`); None: the fewest forwards. vLLM schedules its own."""
 
     def server_args(self) -> list[str]:
         """The flags of our teacher server (`distillery_runtime.teachers.server`) after its address."""
@@ -122,4 +126,9 @@ def teacher_engine(
         enforce_eager=colocated,
         on_gpu=(spec.student.pool.gpus_per_worker if colocated else teacher.pool.gpus_per_replica) > 0,
         engine=engine,
+        forward_cost_tokens=(
+            forward_cost_tokens(on_gpu=not teacher_on_cpu(spec, teacher, local_gpus=local_gpus))
+            if engine == TeacherEngine.TRANSFORMERS
+            else None
+        ),
     )

@@ -39,7 +39,8 @@ def _in_job_processes(teacher: Teacher, *, local_gpus: int | None) -> bool:
     return local_gpus is not None and teacher.placement == Placement.STANDALONE
 
 
-def _on_cpu(spec: DistillationJobSpec, teacher: Teacher, *, local_gpus: int | None) -> bool:
+def teacher_on_cpu(spec: DistillationJobSpec, teacher: Teacher, *, local_gpus: int | None) -> bool:
+    """Whether the teacher computes on CPUs (`local_gpus`: see `scoring_engine`)."""
     if teacher.placement == Placement.COLOCATED:
         return spec.student.pool.gpus_per_worker == 0
     # A local run's standalone teacher takes GPUs where the machine has them (`local_gpus`), else the CPU.
@@ -56,7 +57,7 @@ def scoring_engine(spec: DistillationJobSpec, teacher: Teacher, *, local_gpus: i
         return chosen
     forward = (
         _in_job_processes(teacher, local_gpus=local_gpus)
-        and _on_cpu(spec, teacher, local_gpus=local_gpus)
+        and teacher_on_cpu(spec, teacher, local_gpus=local_gpus)
         and teacher.inference.dtype in TRANSFORMERS_DTYPES
         and not teacher.inference.extra_args  # vLLM flags a forward could not honour
     )

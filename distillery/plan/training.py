@@ -13,6 +13,7 @@ from distillery.api.spec import DistillationJobSpec, Precision, Sharding
 from distillery.plan.attention import eager_attention_width
 from distillery.plan.loss import LossConfig, resolve_loss
 from distillery.plan.memory_features import resolve_memory_features
+from distillery.plan.padding import trainer_forward_cost
 from distillery.plan.rollout import trainer_world_size
 
 
@@ -54,6 +55,9 @@ class TrainerSettings:
     eager_attention_width: int = 0
     """Micro-batches of up to this many tokens a row train with eager attention, wider ones with the model's
     own kernel (`attention.eager_attention_width`); 0: always the model's own."""
+    forward_cost_tokens: int | None = None
+    """Padded micro-batches: at most micro_batch_size samples each, sorted by length and cut where a cut saves
+    more padded tokens than this (`padding.trainer_forward_cost`); None: the fewest micro-batches."""
 
 
 def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSettings:
@@ -83,6 +87,7 @@ def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSett
         # Every layout: a replicated or single rank also writes without a whole cast copy of the model.
         streamed_export=True,
         eager_attention_width=eager_attention_width(spec),
+        forward_cost_tokens=trainer_forward_cost(spec, features.sharding),
     )
 
 

@@ -31,7 +31,7 @@ from distillery.plan.attention import attention_kernel
 from distillery.plan.loss import LossConfig
 from distillery.plan.training import TrainerSettings
 from distillery_runtime.losses import TeacherTargets, counted_tokens, distillation_loss, reduction_units
-from distillery_runtime.packing import pack_in_order
+from distillery_runtime.packing import length_groups, pack_in_order
 from distillery_runtime.samples import TrainSample
 from distillery_runtime.schedule import lr_factor
 
@@ -108,12 +108,17 @@ def sample_tokens(sample: TrainSample) -> int:
 
 
 def micro_batches(
-    samples: Sequence[TrainSample], size: int, token_budget: int | None
+    samples: Sequence[TrainSample], size: int, token_budget: int | None, forward_cost: int | None = None
 ) -> list[list[TrainSample]]:
-    """The step's micro-batches, in order: `size` samples each, or packed up to `token_budget` tokens
-    (a sample longer than the budget gets a micro-batch of its own)."""
+    """The step's micro-batches. Padded: at most `size` samples each, grouped by length, shortest first, cut
+    where a cut saves more than `forward_cost` padded tokens (None: the fewest micro-batches;
+    `plan.padding`). Packed: in order, up to `token_budget` tokens each (a sample longer than the budget
+    gets a micro-batch of its own)."""
     if token_budget is None:
-        return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
+        groups = length_groups(
+            [sample_tokens(s) for s in samples], forward_cost, lambda rows, width, start: rows <= size
+        )
+        return [[samples[i] for i in group] for group in groups]
     return pack_in_order(samples, sample_tokens, token_budget)
 
 
@@ -332,7 +337,9 @@ class Trainer:
         started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         budget = self.settings.micro_batch_tokens
-        batches = micro_batches(samples, self.settings.micro_batch_size, budget)
+        batches = micro_batches(
+            samples, self.settings.micro_batch_size, budget, self.settings.forward_cost_tokens
+        )
         idle = self._micro_batch_count(len(batches)) - len(batches)
         weighted_sums: dict[str, float] = {}
         total_share = 0

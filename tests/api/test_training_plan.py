@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from distillery.api.spec import LossMode, Objective, Precision, Reduction, Sharding
+from distillery.api.spec import LossMode, Objective, Precision, Reduction, Sharding, TeacherEngine
 from distillery.plan import resolve
 from distillery.plan.loss import LossConfig, resolve_loss
 from distillery.plan.training import TrainerSettings, resolve_training
@@ -115,3 +115,39 @@ def test_only_a_bfloat16_student_on_cpu_trains_narrow_micro_batches_with_eager_a
     assert attention_kernel(CPU_BF16_EAGER_MAX_WIDTH, CPU_BF16_EAGER_MAX_WIDTH, "sdpa") == "eager"
     assert attention_kernel(CPU_BF16_EAGER_MAX_WIDTH + 1, CPU_BF16_EAGER_MAX_WIDTH, "sdpa") == "sdpa"
     assert attention_kernel(1, 0, "flash_attention_2") == "flash_attention_2"
+
+
+def test_padded_forwards_are_cut_by_length_on_cpu_and_fewest_on_gpus_or_over_fsdp_ranks(
+    base_manifest: dict[str, Any],
+) -> None:
+    from distillery.plan.padding import CPU_FORWARD_COST_TOKENS, padding_line
+
+    def plan_of(gpus: int, workers: int = 1, sharding: str = "auto", local_gpus: int | None = None) -> Any:
+        doc = copy.deepcopy(base_manifest)
+        doc["spec"]["student"]["pool"] = {"workers": workers, "gpusPerWorker": gpus}
+        doc["spec"]["student"]["training"] = {"sharding": sharding}
+        spec = parse_job(doc).spec
+        return resolve(spec, local_gpus=local_gpus), padding_line(spec)
+
+    plan, line = plan_of(0)
+    assert plan.trainer.forward_cost_tokens == CPU_FORWARD_COST_TOKENS
+    assert line.startswith(
+        f"micro-batches: sorted by length, cut where a cut saves over {CPU_FORWARD_COST_TOKENS}"
+    )
+    plan, line = plan_of(1)
+    assert plan.trainer.forward_cost_tokens is None and line.endswith("sorted by length (on GPUs)")
+    # FSDP over two CPU ranks: every micro-batch all-gathers the weights again.
+    plan, line = plan_of(0, workers=2, sharding="fsdp")
+    assert plan.trainer.forward_cost_tokens is None and "FSDP over several ranks" in line
+    assert (
+        plan_of(0, workers=2, sharding="replicate")[0].trainer.forward_cost_tokens == CPU_FORWARD_COST_TOKENS
+    )
+    # The teachers': a transformers forward on this machine's CPU (a local run without GPUs) is cut; in a
+    # cluster the standalone teacher is a vLLM server, which schedules its own, as is an external one.
+    local, _ = plan_of(0, local_gpus=0)
+    assert local.engines["math"].engine == TeacherEngine.TRANSFORMERS
+    assert local.engines["math"].forward_cost_tokens == CPU_FORWARD_COST_TOKENS
+    cluster, _ = plan_of(0)
+    assert cluster.engines["math"].engine == TeacherEngine.VLLM
+    assert cluster.engines["math"].forward_cost_tokens is None
+    assert local.engines["ext"].forward_cost_tokens is None

@@ -149,8 +149,10 @@ def test_two_data_parallel_workers_equal_one_worker_with_twice_the_micro_batches
         )
     g1 = ray.get(single.gradients.remote())
     g2 = ray.get(pair[0].gradients.remote())
-    for name, value in g1.items():  # the all-reduced gradient of the second step
-        torch.testing.assert_close(g2[name], value, rtol=1e-4, atol=1e-7)
+    # The all-reduced gradient of the second step. Each rank groups its own samples by length, so the
+    # micro-batches (and the order of the sums) differ from the single worker's: equal up to rounding.
+    for name, value in g1.items():
+        torch.testing.assert_close(g2[name], value, rtol=1e-4, atol=1e-6)
     w1 = dict(ray.get(single.weights.remote("float32")))
     w2a, w2b = (dict(ray.get(w.weights.remote("float32"))) for w in pair)
     for name, value in w1.items():

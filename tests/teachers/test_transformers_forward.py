@@ -9,6 +9,7 @@ test_vllm_teacher.py / test_colocated_and_routing.py, so the two engines agree t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -89,6 +90,29 @@ def test_a_batch_split_into_groups_scores_the_same(teacher, model_dir, reference
     np.testing.assert_array_equal(split.mask, whole.mask)
     np.testing.assert_allclose(split.topk_logprobs[split.mask], whole.topk_logprobs[whole.mask], atol=ATOL)
     assert_exact(split, samples, reference(model_dir, samples))
+
+
+def test_the_plans_forward_cost_cuts_the_padding_and_scores_the_same(
+    model_dir, reference, monkeypatch
+) -> None:
+    samples = make_samples(10, 1024, seed=11, max_prompt=20, max_response=80)
+
+    def padded(groups: list[list[int]]) -> int:
+        return sum(
+            len(g) * max(len(samples[i].prompt_ids) + len(samples[i].response_ids) for i in g) for g in groups
+        )
+
+    fewest, cut = forward_groups(samples, 1024), forward_groups(samples, 1024, 16)
+    assert len(fewest) == 1 and len(cut) > 1
+    assert padded(cut) + 16 * len(cut) < padded(fewest) + 16
+    settings = dataclasses.replace(engine(), forward_cost_tokens=16)
+    cutting = TransformersTeacher(str(model_dir), settings, dtype=torch.float32, device=torch.device("cpu"))
+    seen: list[list[list[int]]] = []
+    real = forward.forward_groups
+    monkeypatch.setattr(forward, "forward_groups", lambda *args: seen.append(real(*args)) or seen[-1])
+    scores = asyncio.run(cutting.score(samples, 8))
+    assert seen == [cut]  # the engine's settings reach its forwards
+    assert_exact(scores, samples, reference(model_dir, samples))
 
 
 def test_score_each_answers_each_sample_in_order(teacher, model_dir, reference) -> None:

@@ -4,7 +4,8 @@
 Samples are scored in groups of similar length, right-padded into one batch: a causal model's position
 never attends to a later one, so the padding after a sample changes none of its log-probs and needs no
 attention mask. Only the positions that predict a response token get logits (`logits_to_keep`), and a group
-is bounded so that they fit `LOGITS_BYTES` at the model's vocabulary. Log-probs are of the model's raw
+is bounded so that they fit `LOGITS_BYTES` at the model's vocabulary; the plan says where a cut into one more
+forward is worth its padding (`plan.padding`). Log-probs are of the model's raw
 logits in float32, as vLLM's prompt log-probs are, and the top-k is exact (`fast_topk.cpu_topk` on CPU
 past its crossover).
 """
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from distillery.plan.engines import EngineSettings
+from distillery_runtime.packing import length_groups
 from distillery_runtime.teachers.base import BatchTeacher, Rows
 from distillery_runtime.teachers.fast_topk import MIN_K, cpu_topk
 from distillery_runtime.teachers.types import ScoreRequest
@@ -34,28 +36,19 @@ def _length(sample: ScoreRequest) -> int:
     return len(sample.prompt_ids) + len(sample.response_ids)
 
 
-def forward_groups(samples: Sequence[ScoreRequest], vocabulary: int) -> list[list[int]]:
-    """The samples' indices in groups to score together: by length, each group within `BATCH_TOKENS` of
-    padded tokens and `LOGITS_BYTES` of logits (one sample a group at least)."""
-    groups: list[list[int]] = []
-    group: list[int] = []
-    first = 0  # the group's first kept position: its shortest prompt's last token
-    for index in sorted(range(len(samples)), key=lambda i: _length(samples[i])):
-        width = _length(samples[index])  # the longest so far: the samples come shortest first
-        start = (
-            min(first, len(samples[index].prompt_ids) - 1) if group else len(samples[index].prompt_ids) - 1
-        )
-        rows = len(group) + 1
-        if group and (
-            rows * width > BATCH_TOKENS or rows * (width - 1 - start) * vocabulary * 4 > LOGITS_BYTES
-        ):
-            groups.append(group)
-            group, start = [], len(samples[index].prompt_ids) - 1
-        group.append(index)
-        first = start
-    if group:
-        groups.append(group)
-    return groups
+def forward_groups(
+    samples: Sequence[ScoreRequest], vocabulary: int, forward_cost: int | None = None
+) -> list[list[int]]:
+    """The samples' indices in groups to score together, by length (`packing.length_groups`: cut where a cut
+    saves more than `forward_cost` padded tokens, None: the fewest groups), each group within `BATCH_TOKENS`
+    of padded tokens and `LOGITS_BYTES` of logits (one sample a group at least)."""
+
+    def fits(rows: int, width: int, first: int) -> bool:
+        # `first`: the group's first kept position, its shortest prompt's last token.
+        return rows * width <= BATCH_TOKENS and rows * (width - 1 - first) * vocabulary * 4 <= LOGITS_BYTES
+
+    starts = [len(s.prompt_ids) - 1 for s in samples]
+    return length_groups([_length(s) for s in samples], forward_cost, fits, starts)
 
 
 class TransformersTeacher(BatchTeacher):
@@ -88,7 +81,8 @@ class TransformersTeacher(BatchTeacher):
     def rows(self, samples: Sequence[ScoreRequest], top_k: int) -> list[Rows]:
         """Each sample's (top-k ids [T, K], top-k log-probs [T, K], the response token's log-prob [T])."""
         out: dict[int, Rows] = {}
-        for group in forward_groups(samples, self.vocabulary_size):
+        cost = self.engine_settings.forward_cost_tokens
+        for group in forward_groups(samples, self.vocabulary_size, cost):
             out.update(zip(group, self._group_rows([samples[i] for i in group], top_k), strict=True))
         return [out[index] for index in range(len(samples))]
 
