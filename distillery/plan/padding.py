@@ -2,7 +2,7 @@
 teacher's forwards group their samples by length (`distillery_runtime.packing.length_groups`).
 
 A padded forward computes every row as wide as its longest: a step of the e2e bench's small job (32 samples,
-prompts of 6-14 tokens, responses of 128 or, where the student sampled its end of text early, fewer) is ~9%
+prompts of 6-14 tokens, responses of 128 or, where the student sampled its end of text early, fewer) is ~8%
 padding in one forward. Sorted by length and cut where a cut saves more padded tokens than a forward costs,
 the same samples take less arithmetic. Each forward costs a fixed amount besides its tokens: its kernels'
 dispatch, and smaller matrix products. The gradient and the log-probs are the same either way: the trainer
