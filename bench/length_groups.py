@@ -36,8 +36,9 @@ from distillery.plan.training import TrainerSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_vs_trl import speed_setting
+from trainer_attention import TOP_K, VOCAB, random_sample
 
-ROWS, RESPONSE, EARLY, TOP_K, VOCAB = 32, 128, 0.12, 16, 1031
+ROWS, RESPONSE, EARLY = 32, 128, 0.12
 WARM_UP = 2
 
 
@@ -47,18 +48,7 @@ def step_samples(prompt_lengths: list[int], seed: int) -> list[TrainSample]:
     for _ in range(ROWS):
         prompt = int(rng.choice(prompt_lengths))
         response = RESPONSE if rng.random() >= EARLY else int(rng.integers(1, RESPONSE))
-        logprobs = np.sort(rng.standard_normal((response, TOP_K)).astype(np.float32) - 3.0, axis=-1)[:, ::-1]
-        out.append(
-            TrainSample(
-                prompt_ids=rng.integers(0, VOCAB, size=prompt).tolist(),
-                response_ids=rng.integers(0, VOCAB, size=response).tolist(),
-                old_logprobs=None,
-                topk_ids=rng.integers(0, VOCAB, size=(response, TOP_K)).astype(np.int32),
-                topk_logprobs=np.ascontiguousarray(logprobs),
-                token_logprobs=logprobs[:, 0].copy(),
-                teacher_mask=np.ones(response, bool),
-            )
-        )
+        out.append(random_sample(rng, prompt, response))
     return out
 
 
@@ -86,7 +76,7 @@ def measure(setting, precision: Precision, cost: int, batches: int, prompt_lengt
     times: dict[str, list[float]] = {
         f"{part}_{name}": [] for part in ("train", "teacher") for name in trainers
     }
-    groups = {"fewest": [], "cut": []}
+    forwards_cut: list[int] = []
     padding = {"real": 0, "fewest": 0, "cut": 0}
     for batch in range(batches + WARM_UP):
         samples = step_samples(prompt_lengths, seed=batch)
@@ -105,7 +95,8 @@ def measure(setting, precision: Precision, cost: int, batches: int, prompt_lengt
             padding["real"] += sum(lengths)
             for name, forward_cost in (("fewest", None), ("cut", cost)):
                 parts = micro_batches(samples, ROWS, None, forward_cost)
-                groups[name].append(len(parts))
+                if name == "cut":
+                    forwards_cut.append(len(parts))
                 padding[name] += sum(len(p) * max(map(sample_tokens, p)) for p in parts)
                 # The teacher's forwards group the same samples the same way (its bounds are far away here).
                 assert len(forward_groups(requests, VOCAB, forward_cost)) == len(parts)
@@ -114,7 +105,7 @@ def measure(setting, precision: Precision, cost: int, batches: int, prompt_lengt
         "precision": str(precision),
         "cost_tokens": cost,
         **{f"{key}_s": round(value, 4) for key, value in medians.items()},
-        "forwards_cut_mean": statistics.mean(groups["cut"]),
+        "forwards_cut_mean": statistics.mean(forwards_cut),
         "padding_fewest": round(1 - padding["real"] / padding["fewest"], 4),
         "padding_cut": round(1 - padding["real"] / padding["cut"], 4),
         "runs": {key: [round(v, 4) for v in values] for key, values in times.items()},

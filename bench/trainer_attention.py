@@ -46,20 +46,22 @@ def samples(width: int, seed: int = 0) -> list[TrainSample]:
     for row in range(rows):
         length = width if row % 2 == 0 else int(rng.integers(width // 2, width + 1))
         prompt = min(PROMPT, length // 2)
-        response = length - prompt
-        logprobs = np.sort(rng.standard_normal((response, TOP_K)).astype(np.float32) - 3.0, axis=-1)[:, ::-1]
-        out.append(
-            TrainSample(
-                prompt_ids=rng.integers(0, VOCAB, size=prompt).tolist(),
-                response_ids=rng.integers(0, VOCAB, size=response).tolist(),
-                old_logprobs=None,
-                topk_ids=rng.integers(0, VOCAB, size=(response, TOP_K)).astype(np.int32),
-                topk_logprobs=np.ascontiguousarray(logprobs),
-                token_logprobs=logprobs[:, 0].copy(),
-                teacher_mask=np.ones(response, bool),
-            )
-        )
+        out.append(random_sample(rng, prompt, length - prompt))
     return out
+
+
+def random_sample(rng: np.random.Generator, prompt: int, response: int) -> TrainSample:
+    """A sample of random tokens, `prompt` + `response` long, with a teacher top-K of sorted random log-probs."""
+    logprobs = np.sort(rng.standard_normal((response, TOP_K)).astype(np.float32) - 3.0, axis=-1)[:, ::-1]
+    return TrainSample(
+        prompt_ids=rng.integers(0, VOCAB, size=prompt).tolist(),
+        response_ids=rng.integers(0, VOCAB, size=response).tolist(),
+        old_logprobs=None,
+        topk_ids=rng.integers(0, VOCAB, size=(response, TOP_K)).astype(np.int32),
+        topk_logprobs=np.ascontiguousarray(logprobs),
+        token_logprobs=logprobs[:, 0].copy(),
+        teacher_mask=np.ones(response, bool),
+    )
 
 
 def time_steps(
