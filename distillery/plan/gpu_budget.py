@@ -43,8 +43,9 @@ class GpuBudget:
     trainer_gpus: float
     """Ray's logical GPU share of a trainer rank (on GPU workers)."""
     engine_gpus: float
-    """Ray's logical GPU share of the rollout engine and of each colocated teacher: they share the first
-    rank's GPU and sleep while it trains."""
+    """Ray's logical GPU share of each rollout engine (of each tensor-parallel rank) and of each colocated
+    teacher, on the GPU the placement names (`gpu_placement`): with the trainer rank's, at most 1 on a GPU
+    that holds every colocated teacher. They sleep while the trainer trains."""
 
 
 def share_left(taken: float, own_fractions: Sequence[float | None]) -> float:

@@ -13,6 +13,7 @@ from distillery.model_shapes import ModelShape
 from distillery.plan.engines import EngineSettings, max_logprobs, teacher_engine
 from distillery.plan.export import ExportSettings, resolve_export
 from distillery.plan.gpu_budget import GpuBudget, gpu_budget
+from distillery.plan.gpu_placement import GpuPlacement, plan_gpu_placement
 from distillery.plan.grader import GraderPlan, resolve_grader
 from distillery.plan.loss import LossConfig
 from distillery.plan.prompts import PromptPlan, resolve_prompts
@@ -35,6 +36,8 @@ class JobPlan:
     """Route value -> teacher name (`routes.route_table`)."""
     gpu_budget: GpuBudget
     """Memory fractions and Ray GPU shares (`gpu_budget.gpu_budget`)."""
+    gpu_placement: GpuPlacement | None
+    """Which GPU of which worker each actor sits on; None on CPU (`gpu_placement.plan_gpu_placement`)."""
     loss: LossConfig
     """The loss, keyed by the API's enums (`loss.resolve_loss`)."""
     trainer: TrainerSettings
@@ -80,6 +83,7 @@ def resolve(
         top_k=max_logprobs(spec),
         routes=route_table(spec),
         gpu_budget=budget,
+        gpu_placement=plan_gpu_placement(spec, budget),
         loss=trainer.loss,
         trainer=trainer,
         world_size=trainer_world_size(spec),

@@ -43,6 +43,7 @@ from distillery_runtime.data import PreparedData, PromptRecord, check_training_r
 from distillery_runtime.export import DTYPE_BYTES
 from distillery_runtime.generation_config import declared_end_tokens
 from distillery_runtime.metrics import JsonlWriter, RuntimeMetrics
+from distillery_runtime.placement import RayPlacement
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.rollout_pool import RolloutPool
 from distillery_runtime.rollout_stats import response_stats
@@ -128,6 +129,8 @@ class Components:
     rollout_dtype: str
     weight_metas: list[Any] | None = None
     """What a streamed weight sync sends (weight_sync.py); None: through the object store."""
+    placement: Any = None
+    """The student's placement groups (`placement.RayPlacement`), released when the run stops."""
 
 
 class Loop:
@@ -683,20 +686,23 @@ def _combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-async def _start_student(loop: Loop, config: RuntimeConfig) -> tuple[list[Any], RolloutPool]:
-    """The trainer ranks and the rollout engines as Ray actors: the engines in actors of their own, or, where
-    the plan puts the one engine in the trainer's process (`rollout_in_trainer`), the one trainer rank as
-    the rollout's replica, with the teachers the plan scores there (`teachers_in_trainer`)."""
+async def _start_student(
+    loop: Loop, config: RuntimeConfig, placement: RayPlacement
+) -> tuple[list[Any], RolloutPool]:
+    """The trainer ranks and the rollout engines as Ray actors, each on the GPU the plan names
+    (`placement`): the engines in actors of their own, or, where the plan puts the one engine in the
+    trainer's process (`rollout_in_trainer`), the one trainer rank as the rollout's replica, with the
+    teachers the plan scores there (`teachers_in_trainer`)."""
     import ray
 
     from distillery_runtime import workers
 
     spec, plan = config.spec, loop.plan
-    gpus, world, settings = spec.student.pool.gpus_per_worker, plan.world_size, plan.trainer
-    trainer_options = workers.actor_options("trainer", gpus_per_worker=gpus, budget=plan.gpu_budget)
+    world, settings = plan.world_size, plan.trainer
     # Actor handles: Ray's stubs type them as the worker class, whose methods have no `.remote`.
     trainers: list[Any]
     if plan.rollout.in_trainer:
+        trainer_options = placement.trainer(0)
         if plan.trainer_alone and loop.options.local:
             # Ray merges these into the run's env_vars (`local.init_ray`): this actor's threads only.
             trainer_options["runtime_env"] = {"env_vars": lone_process_env(os.environ)}
@@ -708,20 +714,19 @@ async def _start_student(loop: Loop, config: RuntimeConfig) -> tuple[list[Any], 
         }
         trainers = [hosting_cls.remote(loop.model_dir, settings, plan.rollout, scored_here)]
         return trainers, RolloutPool(trainers)
-    trainer_cls = ray.remote(workers.TrainerWorker).options(**trainer_options)
-    trainers = [trainer_cls.remote(loop.model_dir, settings, rank, world) for rank in range(world)]
+    trainer_cls = ray.remote(workers.TrainerWorker)
+    trainers = [
+        trainer_cls.options(**placement.trainer(rank)).remote(loop.model_dir, settings, rank, world)
+        for rank in range(world)
+    ]
     if world > 1:
         address = await trainers[0].rendezvous.remote()
         await asyncio.gather(*(t.init_group.remote(address) for t in trainers))
-    rollout_cls = ray.remote(workers.RolloutWorker).options(
-        **workers.actor_options(
-            "rollout",
-            gpus_per_worker=gpus,
-            budget=plan.gpu_budget,
-            tensor_parallel=plan.rollout.tensor_parallel,
-        )
-    )
-    engines = [rollout_cls.remote(loop.model_dir, plan.rollout) for _ in range(plan.rollout.replicas)]
+    rollout_cls = ray.remote(workers.RolloutWorker)
+    engines = [
+        rollout_cls.options(**placement.rollout(replica)).remote(loop.model_dir, plan.rollout)
+        for replica in range(plan.rollout.replicas)
+    ]
     return trainers, RolloutPool(engines, tensor_parallel=plan.rollout.tensor_parallel)
 
 
@@ -737,19 +742,21 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
 
     spec = config.spec
     plan = loop.plan
-    gpus = spec.student.pool.gpus_per_worker
     in_process = {t.name for t in config.teachers if t.protocol == TeacherProtocol.IN_PROCESS}
     hosted = plan.teachers_in_trainer
-    trainers, rollout = await _start_student(loop, config)
+    placement = RayPlacement(plan.gpu_placement)
+    # In a worker thread: the driver's event loop keeps serving while Ray places the student's GPUs.
+    await asyncio.to_thread(placement.reserve)
+    trainers, rollout = await _start_student(loop, config, placement)
     teacher_actors: dict[str, Any] = {}
-    for teacher in spec.teachers:
+    for index, teacher in enumerate(spec.teachers):
         if teacher.name not in in_process or teacher.name in hosted:
             continue
-        # A colocated teacher shares the student's GPUs; a local run's CPU standalone takes none.
-        on_student = gpus if teacher.placement == Placement.COLOCATED else 0
+        # A colocated teacher shares the student's GPU the plan names; a local run's CPU standalone takes none.
+        options = placement.teacher(index, colocated=teacher.placement == Placement.COLOCATED)
         actor = (
             ray.remote(workers.InProcessTeacherWorker)
-            .options(**workers.actor_options("teacher", gpus_per_worker=on_student, budget=plan.gpu_budget))
+            .options(**options)
             .remote(resolve_location(teacher.model), plan.engines[teacher.name])
         )
         teacher_actors[teacher.name] = actor
@@ -795,7 +802,9 @@ async def start_components(loop: Loop, config: RuntimeConfig) -> Components:
             rollout.join_weight_sync(host, port, names),
         )
         metas = await trainers[0].weight_metas.remote(dtype)
-    components = Components(trainers, rollout, scoring, list(teacher_actors.values()), dtype, metas)
+    components = Components(
+        trainers, rollout, scoring, list(teacher_actors.values()), dtype, metas, placement=placement
+    )
     if loop.version:  # resumed: the trainers restore optimizer, schedule and RNG states
         assert loop.last_checkpoint is not None
         await asyncio.gather(*(t.load_state.remote(loop.last_checkpoint) for t in trainers))
@@ -809,3 +818,5 @@ async def stop_components(c: Components) -> None:
     for actor in c.teachers:
         with contextlib.suppress(Exception):
             await actor.close.remote()
+    if c.placement is not None:
+        c.placement.release()

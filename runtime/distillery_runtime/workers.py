@@ -1,7 +1,7 @@
 """The Ray actors of a run: trainer ranks, the rollout engine, the teachers computed in the run's processes.
 
 Each class is a plain Python class; `loop.py` turns it into an actor with `ray.remote(...).options(...)`
-and the resources of its role (`actor_options`). Samples move through Ray's object store; the new weights
+and the GPU the plan names for it (`placement.RayPlacement`). Samples move through Ray's object store; the new weights
 do not: they stream from the trainers' shards to the rollout engine in buckets over a torch.distributed
 group of their own (`weight_sync.py`).
 """
@@ -19,7 +19,6 @@ import torch
 
 from distillery.plan.engines import EngineSettings
 from distillery.plan.export import ExportSettings
-from distillery.plan.gpu_budget import GpuBudget
 from distillery.plan.rollout import RolloutSettings
 from distillery_runtime.samples import RolloutSample, TrainSample
 
@@ -42,26 +41,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
-
-
-def actor_options(
-    role: str, *, gpus_per_worker: int, budget: GpuBudget, tensor_parallel: int = 1
-) -> dict[str, Any]:
-    """Ray resources of an actor. A trainer rank takes one GPU; the rollout engine and colocated teachers
-    share the first rank's GPU by the budget's fractions (they sleep while it trains); on CPU nothing is
-    reserved so that a small machine is never short of logical CPUs.
-
-    A tensor-parallel rollout engine spans several GPUs, which one Ray actor cannot hold in fractions:
-    vLLM's Ray executor starts a worker actor per rank that takes the engine's share of one GPU
-    (VLLM_RAY_PER_WORKER_GPUS), and the engine's own actor, which only drives them, takes none."""
-    if gpus_per_worker <= 0:
-        return {"num_cpus": 0}
-    if role == "trainer":
-        return {"num_cpus": 1, "num_gpus": budget.trainer_gpus}
-    if role == "rollout" and tensor_parallel > 1:
-        env = {"VLLM_RAY_PER_WORKER_GPUS": str(budget.engine_gpus)}
-        return {"num_cpus": 0, "num_gpus": 0, "runtime_env": {"env_vars": env}}
-    return {"num_cpus": 0, "num_gpus": budget.engine_gpus}
 
 
 class TrainerWorker:
