@@ -15,6 +15,7 @@ from pydantic import Field
 from distillery.api import ApiModel, DistillationJob, DistillationJobSpec, Placement, Teacher, TeacherEngine
 from distillery.plan import resolve
 from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.plan.teacher_client import LocalAccess, TeacherClient, check_local_access, teacher_client
 
 CONFIG_KEY = "runtime-config.json"
 """The ConfigMap key (and file name in the trainer pods) of the resolved config."""
@@ -46,6 +47,8 @@ class ResolvedTeacher(ApiModel):
     served_model_name: str
     max_logprobs: int
     max_model_len: int
+    client: TeacherClient | None = None
+    """How to talk to `endpoints` (TLS, CA bundle, API key's variable); None for a teacher in the run."""
 
 
 class StatusTarget(ApiModel):
@@ -155,17 +158,22 @@ def resolve_runtime_config(
     in_cluster: bool,
     shared_teachers: Mapping[str, str] | None = None,
     local_gpus: int = 0,
+    teacher_access: Mapping[str, LocalAccess] | None = None,
 ) -> RuntimeConfig:
     """The runtime config of a job: standalone and shared teachers at their Service (Distillery's teacher
     server, its compact protocol), external at their URL. Out of a cluster a shared teacher is at the URL
     that `shared_teachers` (DistillationTeacher name -> URL) gives; UnservedSharedTeacher if none. A teacher
     computed in the run's processes (`plan.scoring_engine`; out of a cluster it depends on `local_gpus`, the
-    CUDA GPUs the machine shows) is reached in process."""
+    CUDA GPUs the machine shows) is reached in process. Out of a cluster an external teacher's API key and CA
+    bundle are where `teacher_access` (teacher name -> LocalAccess) says; LocalAccessError if the spec
+    asks for one that it does not give (`plan.teacher_client`)."""
     spec = job.spec
+    if not in_cluster:
+        check_local_access(spec.teachers, teacher_access or {})
     engines = resolve(spec, local_gpus=None if in_cluster else local_gpus).engines
     local_shared = {} if in_cluster else local_shared_endpoints(job, shared_teachers or {})
     teachers: list[ResolvedTeacher] = []
-    for teacher in spec.teachers:
+    for index, teacher in enumerate(spec.teachers):
         endpoints = local_shared.get(teacher.name) or teacher_endpoints(job, teacher, namespace)
         if (
             teacher.placement == Placement.COLOCATED
@@ -185,6 +193,13 @@ def resolve_runtime_config(
                 served_model_name=engines[teacher.name].served_model_name,
                 max_logprobs=engines[teacher.name].max_logprobs,
                 max_model_len=engines[teacher.name].max_model_len,
+                client=teacher_client(
+                    teacher,
+                    index,
+                    endpoints,
+                    in_cluster=in_cluster,
+                    local=(teacher_access or {}).get(teacher.name),
+                ),
             )
         )
     status_target = (

@@ -11,12 +11,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from distillery import __version__
+from distillery.api.spec import DistillationJobSpec
 from distillery.model_shapes import resolve_shape
+from distillery.plan import resolve
 from distillery.plan.attention import attention_line
 from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.plan.gpu_placement import plan_gpu_placement
 from distillery.plan.grader import pattern_refusal, resolve_grader
 from distillery.plan.host_memory import host_memory_refusal, plan_host_memory
 from distillery.plan.memory import refusal
@@ -26,6 +29,7 @@ from distillery.plan.padding import padding_line
 from distillery.plan.pod_resources import pod_resources
 from distillery.plan.rollout_placement import rollout_line
 from distillery.plan.scoring_engine import scoring_engine_lines
+from distillery.plan.sleep import sleep_lines
 from distillery.validation import InvalidManifest, load_jobs, load_manifests
 
 
@@ -79,8 +83,14 @@ def _plan(args: argparse.Namespace) -> int:
         print("\n".join(f"  {line}" for line in checkpoint_storage(job.metadata.name, job.spec).lines()))
         # How many rollout engines sample, on which GPUs.
         print(f"  {rollout_line(job.spec, resolve_shape(job.spec.student.model))}")
+        # Which GPU of which worker each trainer rank, rollout engine and colocated teacher takes.
+        placement = plan_gpu_placement(job.spec)
+        if placement is not None:
+            print("\n".join(f"  {line}" for line in placement.lines()))
         # Which engine computes each teacher's log-probs, in a cluster and in `distillery run`.
         print("\n".join(f"  {line}" for line in scoring_engine_lines(job.spec)))
+        # How deep each engine on the student's GPUs sleeps while it trains, and why.
+        print("\n".join(f"  {line}" for line in _sleep_lines(job.spec)))
         # Where each pod keeps what it downloads (HF_HOME), and how big.
         print("\n".join(f"  {line}" for line in cache_lines(job.spec)))
         # What each pod of it asks the cluster for (CPU, memory, GPUs) and why.
@@ -115,6 +125,13 @@ def _plan(args: argparse.Namespace) -> int:
         print("\n".join("  " + line for line in plan.table().splitlines()))
         fits = fits and plan.fits
     return 0 if fits else 1
+
+
+def _sleep_lines(spec: DistillationJobSpec) -> list[str]:
+    """The plan's sleep levels (`distillery.plan.sleep`), the rollout engine's and the colocated teachers'."""
+    plan = resolve(spec, student=resolve_shape(spec.student.model))
+    teachers = {name: engine.sleep_level for name, engine in plan.engines.items()}
+    return sleep_lines(plan.rollout.sleep_level, teachers, one_step_off=spec.schedule.one_step_off)
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -182,6 +199,18 @@ def _name_url(value: str) -> tuple[str, str]:
     return name, url
 
 
+def _name_value(what: str) -> Callable[[str], tuple[str, str]]:
+    """`NAME=VALUE` as (NAME, VALUE), `what` saying what VALUE is in the error."""
+
+    def parse(value: str) -> tuple[str, str]:
+        name, equals, rest = value.partition("=")
+        if not equals or not name or not rest:
+            raise argparse.ArgumentTypeError(f"expected NAME={what}, got {value!r}")
+        return name, rest
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="distillery", description="On-policy LLM distillation on Kubernetes."
@@ -244,6 +273,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME=URL",
         help="locally: DistillationTeacher NAME (a teacherRef) is served at URL, e.g. by serve-teacher (repeatable)",
+    )
+    p.add_argument(
+        "--teacher-api-key",
+        action="append",
+        type=_name_value("VAR"),
+        default=[],
+        metavar="NAME=VAR",
+        help="locally: external teacher NAME's API key is in environment variable VAR (a cluster reads "
+        "external.apiKeySecret; repeatable)",
+    )
+    p.add_argument(
+        "--teacher-ca",
+        action="append",
+        type=_name_value("PATH"),
+        default=[],
+        metavar="NAME=PATH",
+        help="locally: external teacher NAME's certificate chains to the CAs of PEM file PATH (a cluster "
+        "reads external.caBundle; repeatable)",
     )
     p.set_defaults(func=_run)
 

@@ -377,6 +377,44 @@ class TeacherRef(ApiModel):
     """The DistillationTeacher's metadata.name."""
 
 
+SECRET_KEY_RE = r"^[-._a-zA-Z0-9]+$"
+"""A key of a Secret's or ConfigMap's data (what the API server allows in a volume's `items`)."""
+
+
+class CaBundle(ApiModel):
+    """PEM certificates of the certificate authorities an https:// teacher's certificate must chain to, from
+    a Secret or a ConfigMap of the job's namespace (cert-manager's `ca.crt`, a trust-manager bundle): for a
+    server behind a private CA. Without one, the system's public CAs are trusted."""
+
+    secret_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """A Secret holding the bundle."""
+    config_map_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """A ConfigMap holding the bundle."""
+    key: str = Field(default="ca.crt", min_length=1, max_length=253, pattern=SECRET_KEY_RE)
+    """The bundle's key in that Secret or ConfigMap."""
+
+    rules = (
+        Rule(
+            check=lambda b: (b.secret_name is None) != (b.config_map_name is None),
+            cel="has(self.secretName) != has(self.configMapName)",
+            message="names exactly one of secretName or configMapName",
+        ),
+    )
+
+
+class ExternalAccess(ApiModel):
+    """What it takes to talk to an external teacher besides its URL: the CA its certificate chains to and
+    its API key. The trainer and the operator's health checks use both alike."""
+
+    ca_bundle: CaBundle | None = None
+    """The CAs to check an https:// endpoint's certificate against (default: the system's public CAs). The
+    certificate is always checked, against the endpoint's host name."""
+    api_key_secret: SecretKeyRef | None = None
+    """A Secret holding the server's API key, sent as `Authorization: Bearer KEY` by the trainer and by the
+    operator's health checks. The key is never copied into an object, the status, an Event or a log: the
+    trainer pods read it from the Secret (an environment variable), the operator through the API."""
+
+
 class Teacher(ApiModel):
     """A model whose log-probs the student learns from."""
 
@@ -391,7 +429,10 @@ class Teacher(ApiModel):
     endpoint: str | None = Field(
         default=None, pattern=f"^https?://[^{WHITESPACE}/]+(/[^{WHITESPACE}]*)?$", max_length=MAX_LOCATION
     )
-    """Base URL of an OpenAI-compatible server (external teachers only)."""
+    """Base URL of an OpenAI-compatible server (external teachers only); https:// is checked against the
+    host name's certificate (external.caBundle for a private CA)."""
+    external: ExternalAccess | None = None
+    """TLS and authentication of the endpoint (external teachers only)."""
     teacher_ref: TeacherRef | None = None
     """The DistillationTeacher that serves this teacher (shared teachers only)."""
     routes: list[Annotated[str, Field(min_length=1, max_length=MAX_ROUTE)]] = Field(
@@ -414,6 +455,24 @@ class Teacher(ApiModel):
             cel="has(self.endpoint) == (self.placement == 'external')",
             message="is required for placement external and not allowed for the other placements",
             field="endpoint",
+        ),
+        Rule(
+            check=lambda t: t.external is None or t.placement == Placement.EXTERNAL,
+            cel="!has(self.external) || self.placement == 'external'",
+            message="is for placement external (the operator serves its other teachers itself)",
+            field="external",
+        ),
+        Rule(
+            # Plain http has no certificate to check: a bundle there would be ignored without a word.
+            check=lambda t: (
+                t.external is None
+                or t.external.ca_bundle is None
+                or (t.endpoint or "").startswith("https://")
+            ),
+            cel="!has(self.external) || !has(self.external.caBundle) || "
+            "(has(self.endpoint) && self.endpoint.startsWith('https://'))",
+            message="checks a TLS certificate: the endpoint must be https://",
+            field="external.caBundle",
         ),
         Rule(
             check=lambda t: (

@@ -15,6 +15,7 @@ from distillery.api.spec import DistillationJobSpec, Placement, Teacher, Teacher
 from distillery.plan.padding import forward_cost_tokens
 from distillery.plan.rollout import sequence_length
 from distillery.plan.scoring_engine import scoring_engine, teacher_on_cpu
+from distillery.plan.sleep import SleepLevel, sleep_level
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class EngineSettings:
     forward_cost_tokens: int | None = None
     """The transformers forward's samples are grouped by length and cut where a cut saves more padded tokens
     than this (`padding.forward_cost_tokens`); None: the fewest forwards. vLLM schedules its own."""
+    sleep_level: SleepLevel = SleepLevel.NONE
+    """How deep an in-process engine sleeps while the student trains (`sleep.sleep_level`): a colocated
+    vLLM teacher on the student's GPUs at level 1 (its weights must survive); NONE for every other."""
 
     def server_args(self) -> list[str]:
         """The flags of our teacher server (`distillery_runtime.teachers.server`) after its address."""
@@ -131,4 +135,15 @@ def teacher_engine(
             if engine == TeacherEngine.TRANSFORMERS
             else None
         ),
+        sleep_level=teacher_sleep_level(spec, teacher, engine),
+    )
+
+
+def teacher_sleep_level(spec: DistillationJobSpec, teacher: Teacher, engine: TeacherEngine) -> SleepLevel:
+    """How deep a teacher's engine sleeps while the student trains (`sleep.sleep_level`): a colocated vLLM
+    engine on the student's GPUs keeps its weights in host memory (level 1), as nothing reloads them; every
+    other teacher (a server, a transformers forward, anything on CPU) never sleeps."""
+    on_student_gpus = teacher.placement == Placement.COLOCATED and spec.student.pool.gpus_per_worker > 0
+    return sleep_level(
+        sleeps=on_student_gpus and engine == TeacherEngine.VLLM, weights_synced_after_wake=False
     )

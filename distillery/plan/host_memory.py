@@ -14,9 +14,10 @@ parameters (`model_shapes`), the plan counts:
   toward the pod's memory cgroup) and every rank holds one broadcast chunk of LOAD_CHUNK_FRACTION of the
   float32 model. Otherwise every rank builds the whole student in float32 (4P) before sharding it.
 - **resident while training**: the offloaded state with cpuOffload (float32 weights, gradients and AdamW's
-  moments, 16P/N a rank, PINNED_OVERHEAD more in pinned memory), and each rollout engine asleep on the
-  pod's GPUs (vLLM sleep level 1 keeps its weights in host memory: P x the engine's bytes a parameter over
-  its tensor-parallel GPUs).
+  moments, 16P/N a rank, PINNED_OVERHEAD more in pinned memory), and each engine asleep on the pod's GPUs
+  at sleep level 1 (`sleep.py`: its weights in host memory, the engine's bytes a parameter): the colocated
+  teachers whose shape is known. The rollout engines sleep at level 2 and keep no host copy (the weight
+  sync after each wake-up reloads them).
 - **checkpoint**: on top of what is resident, master/ and model/ are streamed (`streamed_export`): every
   rank gathers one float32 tensor at a time (the largest: the embedding or an MLP matrix) and rank 0 also
   holds its cast to the kept dtype; without the stream, every rank gathers the whole float32 weights (4P)
@@ -35,10 +36,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine, Sharding
+from distillery.api.spec import DistillationJobSpec, Precision, Sharding
 from distillery.model_shapes import resolve_shape
+from distillery.plan.engines import teacher_sleep_level
 from distillery.plan.quantity import memory_bytes
-from distillery.plan.rollout import rollout_engine, rollout_replicas, trainer_world_size
+from distillery.plan.rollout import rollout_engine, rollout_replicas, rollout_sleep_level, trainer_world_size
+from distillery.plan.scoring_engine import scoring_engine
+from distillery.plan.sleep import SleepLevel
 from distillery.plan.training import resolve_training
 
 GIB = 1024**3
@@ -119,12 +123,20 @@ def plan_host_memory(spec: DistillationJobSpec) -> HostMemoryPlan | None:
         offloaded = gpus * 16 * p // shards
         overhead = PINNED_OVERHEAD if settings.offload_pinned else 1.0
         resident.append(("offloaded state (pinned)", math.ceil(offloaded * overhead)))
-    rollout = spec.student.rollout
-    if rollout_engine(spec, shape) == RolloutEngine.VLLM:
+    # An engine's weights in the student's precision (a colocated teacher computes in it too).
+    engine_bytes = 4 if spec.student.precision == Precision.FLOAT32 else 2
+    if rollout_sleep_level(spec, rollout_engine(spec, shape)) == SleepLevel.OFFLOAD_WEIGHTS:
         # Replicas fill the pods' GPUs one tensor-parallel group at a time (Ray packs them in order).
-        engines = min(rollout_replicas(spec), max(1, gpus // rollout.tensor_parallel))
-        engine_bytes = 4 if spec.student.precision == Precision.FLOAT32 else 2
+        engines = min(rollout_replicas(spec), max(1, gpus // spec.student.rollout.tensor_parallel))
         resident.append(("rollout engines asleep (weights in host memory)", engines * engine_bytes * p))
+    asleep = 0
+    for teacher in spec.teachers:
+        teacher_shape = resolve_shape(teacher.model)
+        level = teacher_sleep_level(spec, teacher, scoring_engine(spec, teacher, local_gpus=None))
+        if level == SleepLevel.OFFLOAD_WEIGHTS and teacher_shape is not None:
+            asleep += engine_bytes * teacher_shape.params  # every colocated teacher on one pod: the largest
+    if asleep:
+        resident.append(("colocated teachers asleep (weights in host memory)", asleep))
 
     if settings.streamed_export:
         largest = shape.hidden * max(shape.vocab, shape.intermediate)

@@ -42,7 +42,7 @@ GIB = 1024**3
 CUDA_CONTEXT_BYTES = 1 * GIB
 """CUDA context, cuBLAS workspace and NCCL buffers of the trainer process (not in torch's counters)."""
 SLEEPING_ENGINE_BYTES = 1 * GIB
-"""What a vLLM engine in sleep mode (level 1) keeps on the GPU: CUDA graphs, its context."""
+"""What a vLLM engine in sleep mode (either level, `sleep.py`) keeps on the GPU: CUDA graphs, its context."""
 ADAM_BYTES = 8
 MASTER_BYTES = 4
 

@@ -20,8 +20,8 @@ Defaults, by pod:
   Requests equal limits: a replica holds whole GPUs, and the Guaranteed QoS class keeps it from being the
   first evicted.
 - **GPU student worker**: the same CPU, and memory from the host-memory plan (`host_memory.py`: the
-  runtime, the load, the offloaded state, the rollout engines asleep and a checkpoint's gathers, by phase)
-  with its headroom; for a student of unknown shape, as a teacher of unknown size.
+  runtime, the load, the offloaded state, the engines asleep at sleep level 1 and a checkpoint's gathers,
+  by phase) with its headroom; for a student of unknown shape, as a teacher of unknown size.
 - **CPU-only pools** (`gpus... = 0`: tests and tiny jobs): small requests (CPU_ONLY_CPU_REQUEST, memory
   CPU_ONLY_MEMORY_REQUEST) so that a small node schedules the whole job, and limits that let the process
   use what it needs (CPU_ONLY_CPU_LIMIT; memory CPU_ONLY_MEMORY_GIB plus the same weights term). Burstable.

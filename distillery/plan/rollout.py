@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from distillery.api.spec import DistillationJobSpec, Objective, Precision, RolloutEngine
 from distillery.model_shapes import ModelShape
 from distillery.plan.attention import decode_attention
+from distillery.plan.sleep import SleepLevel, sleep_level
 
 LOGPROB_CHECK_EVERY = 10
 """Where the loss has no use for the rollout's own log-probs, they are still asked for on the first step
@@ -43,6 +44,9 @@ class RolloutSettings:
     """The engines on the student's GPUs (rollout, colocated teachers) sleep while the student trains
     (vLLM sleep mode frees their weights and KV cache for the trainer). Only on a GPU: on CPU vLLM has no
     sleep mode, and each sleep or wake-up would be a Ray call per engine for nothing, every step."""
+    sleep_level: SleepLevel = SleepLevel.NONE
+    """How deep the vLLM engine sleeps (`sleep.sleep_level`): level 2 on GPUs, its weights discarded, as
+    the sync after each wake-up overwrites them; NONE where it never sleeps."""
     in_trainer: bool = False
     """The engine samples with the trainer's own model, in the trainer's process
     (`rollout_placement.rollout_in_trainer`): no second copy of the student, no weight sync."""
@@ -123,6 +127,7 @@ def resolve_rollout(
     `in_trainer`: `rollout_placement.rollout_in_trainer`'s decision."""
     rollout = spec.student.rollout
     engine = rollout_engine(spec, student)
+    sleeps = spec.student.pool.gpus_per_worker > 0
     return RolloutSettings(
         engine=engine,
         precision=spec.student.precision,
@@ -133,10 +138,24 @@ def resolve_rollout(
         replicas=rollout_replicas(spec),
         tensor_parallel=rollout.tensor_parallel,
         logprobs_every=rollout_logprobs_every(spec),
-        sleeps=spec.student.pool.gpus_per_worker > 0,
+        sleeps=sleeps,
+        sleep_level=rollout_sleep_level(spec, engine, in_trainer=in_trainer),
         in_trainer=in_trainer,
         decode_attention=decode_attention(spec, engine),
         decode_threads=decode_threads(spec, engine, student),
+    )
+
+
+def rollout_sleep_level(
+    spec: DistillationJobSpec, engine: RolloutEngine, *, in_trainer: bool = False
+) -> SleepLevel:
+    """How deep the rollout engine sleeps while the student trains (`sleep.sleep_level`): a vLLM engine on
+    the student's GPUs discards its weights (level 2), as the weight sync after each wake-up overwrites
+    them; the transformers engine and anything on CPU never sleep, and an engine in the trainer's process
+    (`in_trainer`) samples with the trainer's own weights, which nothing syncs."""
+    on_gpu = spec.student.pool.gpus_per_worker > 0
+    return sleep_level(
+        sleeps=on_gpu and engine == RolloutEngine.VLLM, weights_synced_after_wake=not in_trainer
     )
 
 

@@ -145,6 +145,7 @@ class Controller:
             lambda key: self.enqueue(key, "ExternalTeacher"),
             interval=self.settings.probe_interval,
             timeout=self.settings.probe_timeout,
+            read_key=self.kube.read_key,
         )
         self.scheduling = SchedulingWatch(
             self.kube.list_pods,

@@ -25,14 +25,24 @@ from distillery.api import (
     ObjectMeta,
     Phase,
     Placement,
+    Teacher,
     TeacherStatus,
 )
 from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.plan.teacher_client import teacher_client
 from distillery.runtime_config import teacher_endpoints
 from distillery.validation import InvalidManifest, parse_spec
 from distillery_operator import naming
 from distillery_operator.drift import drifted
-from distillery_operator.observe import BUDGET_KIND, CLAIM_KIND, POLICY_KIND, Child, ClaimFacts, Observed
+from distillery_operator.observe import (
+    BUDGET_KIND,
+    CLAIM_KIND,
+    POLICY_KIND,
+    Child,
+    ClaimFacts,
+    Observed,
+    ProbeTarget,
+)
 from distillery_operator.render import (
     KUEUE_QUEUE_LABEL,
     NO_CLUSTER_SETTINGS,
@@ -82,8 +92,8 @@ class Decision:
     """The operator's fields of the new status (the runtime's are left at their defaults: never written)."""
     actions: list[Action] = field(default_factory=list)
     events: list[EventSpec] = field(default_factory=list)
-    external: dict[str, str] = field(default_factory=dict)
-    """External teachers to health-check: name -> endpoint."""
+    external: dict[str, ProbeTarget] = field(default_factory=dict)
+    """Teachers served elsewhere to health-check, by name."""
     starting: bool = False
     """The job's pods are being placed (valid, not suspended or held by Kueue, the trainer not running
     yet): the operator lists them to say which wait for a node and why (`scheduling.py`)."""
@@ -194,7 +204,7 @@ def decide(
     teachers: list[TeacherStatus] = []
     failing: set[str] = set()
     actions: list[Action] = []
-    external: dict[str, str] = {}
+    external: dict[str, ProbeTarget] = {}
     read_claims: list[str] = []
     storage_check: StorageCheck | None = None
     storage_cond: Cond | None = None
@@ -236,8 +246,8 @@ def decide(
         # Teachers served elsewhere are asked directly whether they answer: an external server, and a
         # shared teacher's Service (the job does not own its Deployment, so it has none to watch).
         external = {
-            t.name: teacher_endpoints(job, t, job.metadata.namespace)[0]
-            for t in job.spec.teachers
+            t.name: probe_target(job, index, t)
+            for index, t in enumerate(job.spec.teachers)
             if t.placement in SERVED_ELSEWHERE and terminal is None and not suspend
         }
 
@@ -313,6 +323,14 @@ def decide(
         held=held or (refs is not None and bool(refs.missing or refs.refused)),
         wait=held and not conflicting,
     )
+
+
+def probe_target(job: DistillationJob, index: int, teacher: Teacher) -> ProbeTarget:
+    """How the operator checks a teacher served elsewhere: at its URL, with the trainer's client settings."""
+    endpoints = teacher_endpoints(job, teacher, job.metadata.namespace)
+    client = teacher_client(teacher, index, endpoints, in_cluster=True)
+    assert client is not None  # a teacher served elsewhere has an endpoint
+    return ProbeTarget(endpoints[0], client)
 
 
 def _operators_claim(claim: Child | None) -> ClaimFacts | None:

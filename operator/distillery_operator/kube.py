@@ -3,7 +3,8 @@
 Writes go through here; reads come from kopf's watches, but for the claims a job's pods mount that the
 operator does not make (`read_claims`: read once before the trainer is made, not worth a watch of every
 claim) and a starting job's pods, whose `PodScheduled` conditions say why they wait (`scheduling.py`,
-listed by the job's label). Every call runs in a small thread pool, skips the client's deserialisation
+listed by the job's label), and the one key of a Secret or ConfigMap that an external teacher's health
+check needs (its API key, its CA bundle: `probes.py`, a `get` by name, never a list or a watch). Every call runs in a small thread pool, skips the client's deserialisation
 into its models (a write's result comes back through the watch; reads are parsed as plain JSON), and
 turns `ApiException` into `ApiError` with the HTTP code, which the metrics count and the status shows.
 """
@@ -11,6 +12,7 @@ turns `ApiException` into `ApiError` with the HTTP code, which the metrics count
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -229,6 +231,27 @@ class Kube:
             else:
                 out[name] = claim_facts(orjson.loads(data))
         return out
+
+    async def read_key(self, namespace: str, kind: str, name: str, key: str) -> str | None:
+        """The value of `key` in Secret or ConfigMap `name` (kind "Secret" or "ConfigMap"); None when the
+        object or the key does not exist. The caller uses it at once and keeps it nowhere."""
+        read = (
+            self._core.read_namespaced_secret if kind == "Secret" else self._core.read_namespaced_config_map
+        )
+        try:
+            data = await self._call("get", kind, read, name, namespace, read=True)
+        except ApiError as error:
+            if error.code == 404:
+                return None
+            raise
+        obj = orjson.loads(data)
+        if kind == "Secret":
+            value = (obj.get("data") or {}).get(key)
+            return None if value is None else base64.b64decode(value).decode("utf-8", "replace")
+        value = (obj.get("data") or {}).get(key)
+        if value is None and key in (obj.get("binaryData") or {}):
+            value = base64.b64decode(obj["binaryData"][key]).decode("utf-8", "replace")
+        return value
 
     async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         await self._call(

@@ -78,8 +78,3 @@ def replica_load(sample: ReplicaSample, previous: tuple[float, float] | None, no
         if now > then and sample.waited_seconds >= waited_before:
             queued = max(queued, (sample.waited_seconds - waited_before) / (now - then))
     return ReplicaLoad(waiting=sample.waiting + queued, running=sample.running)
-
-
-def parse_replica_load(text: str) -> ReplicaLoad:
-    """A replica's load from one read alone: vLLM's queue and ours as they are now."""
-    return replica_load(parse_replica_sample(text), None, 0.0)

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from distillery.plan.grader import GraderKind, resolve_grader
+from distillery.plan.teacher_client import LocalAccess, LocalAccessError
 from distillery.runtime_config import (
     RuntimeConfig,
     TeacherProtocol,
@@ -45,11 +46,15 @@ EXIT_OK, EXIT_INVALID, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def load_config(
-    path: str, shared_teachers: Mapping[str, str] | None = None, local_gpus: int = 0
+    path: str,
+    shared_teachers: Mapping[str, str] | None = None,
+    local_gpus: int = 0,
+    teacher_access: Mapping[str, LocalAccess] | None = None,
 ) -> tuple[RuntimeConfig, bool]:
     """(config, in_cluster): a resolved runtime config JSON, or a manifest resolved for a local run on a
     machine showing `local_gpus` CUDA GPUs, its shared teachers at the URLs of `shared_teachers`
-    (DistillationTeacher name -> URL)."""
+    (DistillationTeacher name -> URL), its external teachers' keys and CA bundles where `teacher_access`
+    says (`--teacher-api-key`, `--teacher-ca`)."""
     raw = Path(path).read_bytes()
     if path.endswith(".json"):
         try:
@@ -60,7 +65,12 @@ def load_config(
             return RuntimeConfig.model_validate(document), True
     job = load_job(path)
     config = resolve_runtime_config(
-        job, None, in_cluster=False, shared_teachers=shared_teachers, local_gpus=local_gpus
+        job,
+        None,
+        in_cluster=False,
+        shared_teachers=shared_teachers,
+        local_gpus=local_gpus,
+        teacher_access=teacher_access,
     )
     return config, False
 
@@ -170,6 +180,7 @@ async def check_served_tokenizers(config: RuntimeConfig, student_tokenizer: Any,
     reports every id; another server only what its `/tokenize` says of a probe text (`tokenizer_compat`)."""
     import aiohttp
 
+    from distillery_runtime.teachers.access import client_access
     from distillery_runtime.teachers.tokenizer_compat import (
         check_vocabulary,
         served_vocabulary,
@@ -187,7 +198,10 @@ async def check_served_tokenizers(config: RuntimeConfig, student_tokenizer: Any,
         served = resolved[teacher.name]
         try:
             reported = await served_vocabulary(
-                served.endpoints[0], served.served_model_name, student_tokenizer
+                served.endpoints[0],
+                served.served_model_name,
+                student_tokenizer,
+                access=client_access(served.name, served.client, served.endpoints),
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             say(f"teacher {teacher.name}: its tokenizer could not be checked against the student's ({error})")
@@ -258,6 +272,7 @@ async def _run(
     from distillery_runtime.loop import Loop, RunOptions, start_components, stop_components
     from distillery_runtime.metrics import RuntimeMetrics
     from distillery_runtime.report import accuracy_label, graded_evals, write_report
+    from distillery_runtime.teachers.consistency import check_teacher_replicas
     from distillery_runtime.teachers.outage import TeacherOutageError
     from distillery_runtime.teachers.served_limits import check_served_limits
 
@@ -375,6 +390,8 @@ async def _run(
                 # A shared teacher was started with its own maxLogprobs and context, not this job's.
                 await check_served_limits(config)
                 await check_served_tokenizers(config, loop.tokenizer, progress.event)
+                # Here, not in start_components (which runs while the teachers boot): every replica answers now.
+                await check_teacher_replicas(config, loop.plan, loop.tokenizer, progress.event)
                 components = await components_task
                 try:
                     result = await loop.run(components)
@@ -440,6 +457,14 @@ def output_dir(config: RuntimeConfig, in_cluster: bool, requested: str | None) -
     return Path("runs") / config.job_name
 
 
+def local_teacher_access(
+    api_keys: list[tuple[str, str]], ca_files: list[tuple[str, str]]
+) -> dict[str, LocalAccess]:
+    """`--teacher-api-key NAME=VAR` and `--teacher-ca NAME=PATH` by teacher name."""
+    keys, cas = dict(api_keys), dict(ca_files)
+    return {name: LocalAccess(api_key_env=keys.get(name), ca_file=cas.get(name)) for name in {*keys, *cas}}
+
+
 def run_command(args: argparse.Namespace) -> int:
     """`distillery run`: validate, then run locally or in the cluster; returns the exit code."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -449,8 +474,11 @@ def run_command(args: argparse.Namespace) -> int:
     visible = [] if args.ray_address else visible_gpus()
     try:
         shared = dict(getattr(args, "shared_teacher", None) or [])
-        config, in_cluster = load_config(args.file, shared, local_gpus=len(visible))
-    except UnservedSharedTeacher as error:
+        access = local_teacher_access(
+            getattr(args, "teacher_api_key", None) or [], getattr(args, "teacher_ca", None) or []
+        )
+        config, in_cluster = load_config(args.file, shared, local_gpus=len(visible), teacher_access=access)
+    except (UnservedSharedTeacher, LocalAccessError) as error:
         for line in str(error).splitlines():
             print(f"{args.file}: {line}", file=sys.stderr)
         return EXIT_INVALID

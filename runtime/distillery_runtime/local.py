@@ -146,10 +146,21 @@ async def wait_for_teachers(
     stop: threading.Event | None = None,
 ) -> float:
     """Poll every HTTP teacher until it answers, at most `timeout` seconds; returns the time waited. Returns
-    early, with teachers still pending, once `stop` is set (the run was interrupted while it started)."""
+    early, with teachers still pending, once `stop` is set (the run was interrupted while it started). A
+    teacher whose certificate is not trusted or that refuses the key is not waited for: TeacherAccessError
+    at once, naming it (`teachers.access`; the scoring client's settings, so a teacher it calls ready is one
+    the client can score with)."""
     import aiohttp
 
+    from distillery_runtime.teachers.access import client_access
+    from distillery_runtime.teachers.http import REFUSED_CREDENTIALS
+
     started = time.monotonic()
+    access = {
+        t.name: client_access(t.name, t.client, t.endpoints)
+        for t in config.teachers
+        if t.protocol != TeacherProtocol.IN_PROCESS
+    }
     pending = {
         (t.name, url): url.rstrip("/") + health_path(t)
         for t in config.teachers
@@ -160,12 +171,17 @@ async def wait_for_teachers(
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         while pending:
             for key, url in list(pending.items()):
+                teacher = access[key[0]]
                 try:
-                    async with session.get(url) as response:
+                    async with session.get(url, ssl=teacher.ssl, headers=teacher.headers) as response:
                         if response.status == 200:
                             del pending[key]
                             continue
+                        if response.status in REFUSED_CREDENTIALS:
+                            raise teacher.refused(url, response.status, await response.read())
                         last[key] = f"HTTP {response.status}"
+                except aiohttp.ClientConnectorCertificateError as error:
+                    raise teacher.certificate_error(url, error) from None
                 except (aiohttp.ClientError, OSError, TimeoutError) as error:
                     last[key] = f"{type(error).__name__}: {error}"
             if processes is not None:

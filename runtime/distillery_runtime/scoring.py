@@ -97,6 +97,11 @@ def build_client(
     teacher shares its engine fairly among the jobs it serves and accounts for each by it). `hosted`: the
     in-process actor is the trainer's (`RayTeacher`)."""
     retry = retry or RetryPolicy()
+    if teacher.protocol in (TeacherProtocol.COMPACT, TeacherProtocol.OPENAI):
+        from distillery_runtime.teachers.access import client_access
+
+        # TLS, CA bundle, key and DNS re-resolution as the plan decided them (`plan.teacher_client`).
+        access = client_access(teacher.name, teacher.client, teacher.endpoints)
     if teacher.protocol == TeacherProtocol.COMPACT:
         from distillery_runtime.teachers.compact_http import CompactTeacher
 
@@ -107,7 +112,8 @@ def build_client(
             max_model_len=engine.max_model_len,
             concurrency=engine.max_concurrency,
             batch_size=1,
-            resolve_dns=True,
+            resolve_dns=access.settings.resolve_dns,
+            access=access,
             retry=retry,
             coalesce=(engine.coalesced_in_flight, engine.request_tokens),
             job=job,
@@ -120,7 +126,8 @@ def build_client(
             engine.served_model_name,
             name=teacher.name,
             concurrency=engine.max_concurrency,
-            resolve_dns=True,
+            resolve_dns=access.settings.resolve_dns,
+            access=access,
             retry=retry,
         )
     if in_process_actor is None:

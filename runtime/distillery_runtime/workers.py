@@ -249,6 +249,7 @@ class RolloutWorker(EngineCalls):
             tensor_parallel=settings.tensor_parallel,
             decode_attention=settings.decode_attention,
             decode_threads=settings.decode_threads,
+            sleep_level=settings.sleep_level,
         )
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> int:

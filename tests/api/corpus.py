@@ -163,6 +163,52 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.teachers[0].teacherRef.name",
         AGREE,
     ),
+    # External teachers' TLS and API key (issue 51): for external teachers, a CA bundle for https only.
+    (
+        "standalone-with-external",
+        {"spec.teachers[0].external": {"apiKeySecret": {"name": "k", "key": "api-key"}}},
+        "spec.teachers[0].external",
+        AGREE,
+    ),
+    (
+        "ca-bundle-over-plain-http",
+        {"spec.teachers[1].external": {"caBundle": {"configMapName": "ca"}}},
+        "spec.teachers[1].external.caBundle",
+        AGREE,
+    ),
+    (
+        "ca-bundle-from-both",
+        {
+            "spec.teachers[1].endpoint": "https://t",
+            "spec.teachers[1].external": {"caBundle": {"configMapName": "ca", "secretName": "ca"}},
+        },
+        "spec.teachers[1].external.caBundle",
+        AGREE,
+    ),
+    (
+        "ca-bundle-from-neither",
+        {
+            "spec.teachers[1].endpoint": "https://t",
+            "spec.teachers[1].external": {"caBundle": {"key": "ca.crt"}},
+        },
+        "spec.teachers[1].external.caBundle",
+        AGREE,
+    ),
+    (
+        "ca-bundle-key-with-a-slash",
+        {
+            "spec.teachers[1].endpoint": "https://t",
+            "spec.teachers[1].external": {"caBundle": {"secretName": "ca", "key": "a/b"}},
+        },
+        "spec.teachers[1].external.caBundle.key",
+        AGREE,
+    ),
+    (
+        "api-key-secret-without-key",
+        {"spec.teachers[1].external": {"apiKeySecret": {"name": "k"}}},
+        "spec.teachers[1].external.apiKeySecret.key",
+        AGREE,
+    ),
     ("teacher-name-uppercase", {"spec.teachers[0].name": "Math"}, "spec.teachers[0].name", AGREE),
     ("teacher-name-too-long", {"spec.teachers[0].name": "t" * 41}, "spec.teachers[0].name", AGREE),
     ("endpoint-not-http", {"spec.teachers[1].endpoint": "ftp://x"}, "spec.teachers[1].endpoint", AGREE),
@@ -915,6 +961,18 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ),
     ("metadata-annotation-null", {"metadata.annotations": {"a": None}}),
     ("endpoint-non-ascii-space", {"spec.teachers[1].endpoint": "http://t\u00a0x:8000"}),
+    # An API key over plain http (a vLLM with --api-key inside the cluster); a private CA over https.
+    ("api-key-over-http", {"spec.teachers[1].external": {"apiKeySecret": {"name": "k", "key": "api-key"}}}),
+    (
+        "https-with-a-private-ca-and-a-key",
+        {
+            "spec.teachers[1].endpoint": "https://teacher.example.com/v1",
+            "spec.teachers[1].external": {
+                "caBundle": {"configMapName": "corp-ca", "key": "bundle.pem"},
+                "apiKeySecret": {"name": "k", "key": "api-key"},
+            },
+        },
+    ),
     # The CEL rule counts the teachers listing a route, so one teacher may repeat its own.
     ("route-repeated-by-its-teacher", {"spec.teachers[0].routes": ["math", "math"]}),
     ("metadata-generate-name", {"metadata.name": DELETE, "metadata.generateName": "job-"}),
@@ -940,7 +998,15 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
 # ---------------------------------------------------------------------------------------------- bounds
 
 # Where a bounded field is put when the first list item or a fresh map key would break a rule.
-_TARGETS = {"spec.teachers[].endpoint": "spec.teachers[1].endpoint"}
+_TARGETS = {
+    "spec.teachers[].endpoint": "spec.teachers[1].endpoint",
+    # `external` is for the external teacher.
+    "spec.teachers[].external.caBundle.secretName": "spec.teachers[1].external.caBundle.secretName",
+    "spec.teachers[].external.caBundle.configMapName": "spec.teachers[1].external.caBundle.configMapName",
+    "spec.teachers[].external.caBundle.key": "spec.teachers[1].external.caBundle.key",
+    "spec.teachers[].external.apiKeySecret.name": "spec.teachers[1].external.apiKeySecret.name",
+    "spec.teachers[].external.apiKeySecret.key": "spec.teachers[1].external.apiKeySecret.key",
+}
 # A bounded field that a rule allows only beside a sibling's value: the sibling is set to it too.
 _SIBLINGS = {
     "spec.data.grader.pattern": ("spec.data.grader.name", "regex"),
@@ -948,6 +1014,10 @@ _SIBLINGS = {
     "spec.data.train.subset": ("spec.data.train.path", "hf://datasets/openai/gsm8k"),
     "spec.data.eval.subset": ("spec.data.eval.path", "hf://datasets/openai/gsm8k"),
     "spec.teachers[0].teacherRef.name": ("spec.teachers[0].placement", "shared"),
+    # A CA bundle checks a TLS certificate: its endpoint is https.
+    "spec.teachers[1].external.caBundle.secretName": ("spec.teachers[1].endpoint", "https://t:8000"),
+    "spec.teachers[1].external.caBundle.configMapName": ("spec.teachers[1].endpoint", "https://t:8000"),
+    "spec.teachers[1].external.caBundle.key": ("spec.teachers[1].endpoint", "https://t:8000"),
 }
 
 
@@ -989,6 +1059,7 @@ def _string(node: dict[str, Any], length: int) -> str | None:
 # has exactly one source, an env source exactly one reference.
 _MINIMAL_OBJECTS = {
     ("name", "emptyDir", "configMap", "secret"): {"name": "x", "emptyDir": {}},
+    ("secretName", "configMapName", "key"): {"secretName": "x"},
     ("secretKeyRef", "configMapKeyRef", "fieldRef"): {"fieldRef": {"fieldPath": "metadata.name"}},
 }
 
@@ -1064,6 +1135,7 @@ def _entries(node: dict[str, Any], count: int) -> dict[str, Any]:
 _ONE_OF = (
     {"emptyDir", "configMap", "secret", "persistentVolumeClaim", "csi"},
     {"secretKeyRef", "configMapKeyRef", "fieldRef"},
+    {"secretName", "configMapName"},
 )
 """Fields of which an object holds exactly one (a volume's source, an env variable's reference)."""
 

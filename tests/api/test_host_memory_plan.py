@@ -32,8 +32,8 @@ def standalone(student: str = SEVEN_B, memory: str | None = "64Gi") -> dict[str,
 
 
 def test_a_7b_student_on_8_gpus_counts_what_each_rank_holds() -> None:
-    """The checkpoint streams master/ and model/ a tensor at a time (the largest: the embedding), the 8
-    rollout engines (one a GPU) keep their bf16 weights in host memory while asleep."""
+    """The checkpoint streams master/ and model/ a tensor at a time (the largest: the embedding); the 8
+    rollout engines (one a GPU) sleep at level 2 and keep no copy of their weights in host memory."""
     plan = plan_host_memory(parse_job(standalone()).spec)
     assert plan is not None and plan.gpus == 8
     shape = known_shape(SEVEN_B)
@@ -43,15 +43,16 @@ def test_a_7b_student_on_8_gpus_counts_what_each_rank_holds() -> None:
     assert checkpoint["runtime"] == 8 * RUNTIME_GIB_PER_GPU * GIB
     largest = shape.hidden * max(shape.vocab, shape.intermediate)
     assert checkpoint["the largest float32 tensor a rank (master/, model/ streamed)"] == 8 * 4 * largest
-    assert checkpoint["rollout engines asleep (weights in host memory)"] == 8 * 2 * p
+    assert not any("asleep" in what for what in checkpoint)
     assert not any("whole float32 weights" in what for what in checkpoint)
     # FSDP2 over 8 ranks: the sharded load (no rank builds the whole float32 model) and optimizer shards.
     load = dict(plan.parts["load"])
     assert "the whole float32 student a rank" not in load
     assert load["a broadcast chunk a rank"] == 8 * -(-4 * p // 16)
     assert not any("optimizer" in what for what in checkpoint)
-    assert plan.peak_phase == "checkpoint"
-    assert plan.phase_bytes("load") < plan.peak_bytes
+    # Without the engines' host copies (113 GiB at level 1), the load's mapped files and chunks are the peak.
+    assert plan.peak_phase == "load"
+    assert plan.phase_bytes("checkpoint") < plan.peak_bytes
 
 
 def test_validate_refuses_64gi_for_a_7b_student_naming_the_field_and_numbers(
@@ -62,21 +63,21 @@ def test_validate_refuses_64gi_for_a_7b_student_naming_the_field_and_numbers(
     assert cli_main(["validate", str(path)]) == 1
     (line,) = capsys.readouterr().out.strip().splitlines()
     assert line.startswith(f"{path}: spec.student.pool.resources.requests.memory: 64Gi cannot hold ")
-    assert "GiB of host memory in the checkpoint phase" in line and "ask for at least" in line
+    assert "GiB of host memory in the load phase" in line and "ask for at least" in line
     assert cli_main(["plan", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "host memory per worker pod, checkpoint:" in out and "(peak)" in out
+    assert "host memory per worker pod, load:" in out and "(peak)" in out
 
 
 def test_a_limit_is_held_to_the_plan_too_and_enough_memory_passes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     doc = standalone(memory=None)
-    doc["spec"]["student"]["pool"]["resources"]["limits"] = {"memory": "100Gi"}
+    doc["spec"]["student"]["pool"]["resources"]["limits"] = {"memory": "70Gi"}
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     assert cli_main(["validate", str(path)]) == 1
-    assert "spec.student.pool.resources.limits.memory: 100Gi cannot hold" in capsys.readouterr().out
+    assert "spec.student.pool.resources.limits.memory: 70Gi cannot hold" in capsys.readouterr().out
     plan = plan_host_memory(parse_job(doc).spec)
     assert plan is not None
     doc["spec"]["student"]["pool"]["resources"]["limits"] = {"memory": f"{plan.default_memory_gib}Gi"}

@@ -341,6 +341,45 @@ def test_the_operator_uses_exactly_what_the_chart_grants(
             lambda: not installation.get("dt", "qwen-7b", namespace)["metadata"].get("finalizers"),
             what="the DistillationTeacher's finalizer taken off",
         )
+        # An external teacher behind TLS with an API key: its health checks read the key's Secret and the CA
+        # bundle's ConfigMap by name (`get`), then fail on the bundle, which holds no certificate.
+        apply(
+            installation,
+            namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "ext-key"},
+                "stringData": {"key": "k"},
+            },
+        )
+        apply(
+            installation,
+            namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "ext-ca"},
+                "data": {"ca.crt": "none"},
+            },
+        )
+        external = example("ext", "external-teacher.yaml", checkpoint={"deleteWithJob": True})
+        external["spec"]["teachers"][0].update(
+            endpoint="https://127.0.0.1:9",
+            external={
+                "apiKeySecret": {"name": "ext-key", "key": "key"},
+                "caBundle": {"configMapName": "ext-ca"},
+            },
+        )
+        apply(installation, namespace, external)
+        wait_until(
+            lambda: (
+                "caBundle"
+                in ((status(installation, namespace, "ext").get("teachers") or [{}])[0].get("message") or "")
+            ),
+            what="the external teacher's bundle read and refused",
+        )
+        installation.admin("delete", "dj", "ext", "-n", namespace)
         installation.admin("delete", "dj", name, "-n", namespace)
         wait_until(
             lambda: not any(children(installation, namespace, name).values()),

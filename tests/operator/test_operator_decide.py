@@ -29,6 +29,7 @@ from distillery_operator.scheduling import unscheduled_pods
 from distillery_operator.workqueue import Backoff, WorkQueue
 
 from distillery.api import DistillationJobStatus, DistillationTeacherSpec, Phase
+from distillery.plan.teacher_client import TeacherClient
 
 ROOT = Path(__file__).resolve().parents[2]
 T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
@@ -221,7 +222,11 @@ def test_multi_teacher_status_counts_each_teacher() -> None:
 def test_external_teacher_readiness_follows_its_health() -> None:
     world = World(job_body("external-teacher.yaml"))
     decision = world.settle()
-    assert decision.external == {"big": "http://vllm-72b.inference.svc.cluster.local:8000"}
+    (target,) = decision.external.values()
+    assert decision.external.keys() == {"big"}
+    assert target.endpoint == "http://vllm-72b.inference.svc.cluster.local:8000"
+    # Checked as the trainer scores: plain http, spread over the Service's addresses, no key.
+    assert target.client == TeacherClient(field="spec.teachers[0]", tls=False, resolve_dns=True)
     assert sorted(kind for kind, _ in world.objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
     assert world.condition("TeachersReady")["reason"] == "TeachersStarting"  # not checked yet
     world.health["big"] = Health(True, "GET .../health: 200")
@@ -847,7 +852,9 @@ def test_shared_teacher_is_not_the_jobs_and_is_ready_when_its_service_answers() 
     world.shared["qwen-72b"] = SharedTeacherFacts(DistillationTeacherSpec(model="qwen-72b", max_logprobs=64))
     decision = world.settle()
     # Asked at its DistillationTeacher's Service; no Deployment, Service or PDB of the job's for it.
-    assert decision.external == {"big": "http://qwen-72b.ns.svc:8000"}
+    assert {name: t.endpoint for name, t in decision.external.items()} == {
+        "big": "http://qwen-72b.ns.svc:8000"
+    }
     assert sorted(kind for kind, _ in world.objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
     teacher = world.body["status"]["teachers"][0]
     assert teacher["endpoint"] == "http://qwen-72b.ns.svc:8000" and not teacher["ready"]

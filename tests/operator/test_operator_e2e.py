@@ -10,6 +10,7 @@ no controllers: tests play KubeRay and the Deployment controller where the story
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from operator_harness import (
 )
 
 pytestmark = pytest.mark.timeout(120)
+
+SECRETS = "v1/secrets"
 
 MOPD = "mopd-math-code"
 MOPD_TEACHERS = [f"{MOPD}-teacher-{t}" for t in ("math", "code", "general")]
@@ -135,6 +138,83 @@ async def test_external_teacher_outage_and_recovery(operator: Cluster) -> None:
     server = await start_fake_teacher(port)  # and recovers by itself
     await wait_for(lambda: c.condition(name, "TeachersReady")["status"] == "True", what="recovered")
     await server.cleanup()
+
+
+async def test_an_external_teacher_behind_tls_is_checked_with_the_jobs_key_and_ca(
+    operator: Cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Emulator: the operator in this process reads the job's Secret and ConfigMap through its real client
+    and checks a real TLS teacher (a private CA, an API key) with the trainer's client settings; the key
+    reaches no object it makes, no status, Event or log line."""
+    import base64
+    import copy
+    import json
+
+    from tests.teachers.tls_teacher import TestCA, TlsTeacher
+
+    c = operator
+    caplog.set_level(logging.DEBUG)
+    ca = TestCA(tmp_path / "ca")
+    key = "sk-e2e-4f9c2d7be1"
+    server = await TlsTeacher(ca, key).start()
+    try:
+        for name, value in (("teacher-key", key), ("old-key", "sk-revoked")):
+            secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}}
+            await c.create(
+                {**secret, "data": {"api-key": base64.b64encode(value.encode()).decode()}}, SECRETS
+            )
+        bundle = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "teacher-ca"}}
+        await c.create({**bundle, "data": {"ca.crt": ca.ca_pem}}, CONFIGMAPS)
+        job = load_example("external-teacher.yaml")
+        job["spec"]["data"]["train"]["path"] = "/data/train.jsonl"  # no claim to wait for: children are made
+        job["spec"]["teachers"][0]["endpoint"] = server.url
+        job["spec"]["teachers"][0]["external"] = {
+            "apiKeySecret": {"name": "teacher-key", "key": "api-key"},
+            "caBundle": {"configMapName": "teacher-ca"},
+        }
+        revoked = copy.deepcopy(job)
+        revoked["metadata"]["name"] = "revoked"
+        revoked["spec"]["teachers"][0]["external"]["apiKeySecret"]["name"] = "old-key"
+        await c.create(job)
+        await c.create(revoked)
+        name = "external-teacher"
+        await wait_for(
+            lambda: (c.condition(name, "TeachersReady") or {}).get("status") == "True", what="ready"
+        )
+        assert c.status(name)["teachers"][0]["message"] == f"GET {server.url}/v1/models: 200"
+        assert server.seen_sni == {"localhost"}
+        cond = await wait_for(
+            lambda: (
+                (c.condition("revoked", "TeachersReady") or {}).get("reason") == "TeacherUnavailable"
+                and c.condition("revoked", "TeachersReady")
+            ),
+            what="the revoked key refused",
+        )
+        assert (
+            f"GET {server.url}/v1/models: HTTP 401, refusing the API key of "
+            "spec.teachers[0].external.apiKeySecret (Secret old-key, key api-key)"
+        ) in cond["message"]
+        # The trainer's driver gets the key from the Secret, by reference, and the bundle as a file.
+        rayjob = await wait_for(
+            lambda: c.emulator.obj(RAYJOBS, c.namespace, f"{name}-trainer"), what="RayJob"
+        )
+        head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+        env = {e["name"]: e for e in head["containers"][0]["env"]}
+        assert env["DISTILLERY_TEACHER_BIG_API_KEY"]["valueFrom"] == {
+            "secretKeyRef": {"name": "teacher-key", "key": "api-key"}
+        }
+        # The runtime config names the variable (what the driver reads), never the key.
+        config = c.emulator.obj(CONFIGMAPS, c.namespace, f"{name}-config") or {}
+        assert '"apiKeyEnv":"DISTILLERY_TEACHER_BIG_API_KEY"' in config["data"]["runtime-config.json"]
+        secrets = kmock.resource(SECRETS)
+        for (resource, _, object_name), stored in c.emulator.objects.items():
+            if resource == secrets:
+                continue
+            for version in stored.history:
+                assert key not in json.dumps(version, default=dict), f"the key is in {resource} {object_name}"
+        assert key not in caplog.text
+    finally:
+        await server.stop()
 
 
 async def test_api_errors_are_retried_and_shown(operator: Cluster) -> None:

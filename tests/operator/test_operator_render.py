@@ -28,7 +28,7 @@ from distillery_operator.render import (
     spec_hash,
 )
 
-from distillery.api import DistillationJob, Placement
+from distillery.api import DistillationJob, ExternalAccess, Placement
 from distillery.runtime_config import CONFIG_KEY, RuntimeConfig
 from distillery.validation import load_job, parse_job
 
@@ -219,6 +219,62 @@ def test_extra_args_node_selector_and_tolerations_pass_through() -> None:
 def test_external_and_colocated_teachers_get_no_objects(example: str) -> None:
     objects = render_job(load(example), CTX)
     assert sorted(o["kind"] for o in objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
+
+
+def test_an_external_teachers_key_and_ca_reach_the_driver_by_reference_only() -> None:
+    """The head (the driver scores) gets the key from a secretKeyRef and the CA bundle as a file of its
+    Secret; the runtime config names the variable and the file, the workers get neither."""
+    job = load("external-teacher.yaml")
+    job.spec.teachers[0] = job.spec.teachers[0].model_copy(
+        update={
+            "endpoint": "https://teacher.example.com",
+            "external": ExternalAccess.model_validate(
+                {
+                    "apiKeySecret": {"name": "teacher-key", "key": "api-key"},
+                    "caBundle": {"secretName": "corp-ca"},
+                }
+            ),
+        }
+    )
+    objects = render_job(job, CTX)
+    (rayjob,) = by_kind(objects, "RayJob")
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    kubernetes_validate.validate(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "head"}, "spec": head},
+        KUBE_VERSION,
+        strict=True,
+    )
+    (container,) = head["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["DISTILLERY_TEACHER_BIG_API_KEY"] == {
+        "name": "DISTILLERY_TEACHER_BIG_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "teacher-key", "key": "api-key"}},
+    }
+    volumes = {v["name"]: v for v in head["volumes"]}
+    assert volumes["teacher-ca-big"] == {
+        "name": "teacher-ca-big",
+        "secret": {"secretName": "corp-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+    }
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["teacher-ca-big"] == {
+        "name": "teacher-ca-big",
+        "mountPath": "/etc/distillery-teachers/big",
+        "readOnly": True,
+    }
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
+    assert "teacher-ca-big" not in str(worker) and "API_KEY" not in str(worker)
+
+    (config_map,) = by_kind(objects, "ConfigMap")
+    config = RuntimeConfig.model_validate_json(config_map["data"][CONFIG_KEY])
+    client = config.teachers[0].client
+    assert client is not None and client.tls and not client.resolve_dns
+    assert (client.api_key_env, client.ca_file) == (
+        "DISTILLERY_TEACHER_BIG_API_KEY",
+        "/etc/distillery-teachers/big/ca.crt",
+    )
+    # What a leaked key would look like: no header, no value, in any object made.
+    assert "Bearer" not in str(objects) and "valueFrom" not in config_map["data"][CONFIG_KEY]
 
 
 def test_multi_teacher_gets_one_deployment_and_service_each() -> None:

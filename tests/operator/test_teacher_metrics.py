@@ -1,10 +1,11 @@
-"""A shared teacher replica's load from vLLM's Prometheus text: the colon-named gauges, summed over
-their series; a page without them is refused rather than read as idle."""
+"""A shared teacher replica's load from vLLM's Prometheus text (`parse_replica_sample`, `replica_load`, as
+the operator's scaler reads it): the colon-named gauges, summed over their series; a page without them is
+refused rather than read as idle."""
 
 from __future__ import annotations
 
 import pytest
-from distillery_operator.teacher_metrics import parse_replica_load, parse_replica_sample, replica_load
+from distillery_operator.teacher_metrics import ReplicaSample, parse_replica_sample, replica_load
 
 from distillery.plan.teacher_scaling import ReplicaLoad
 
@@ -24,8 +25,16 @@ vllm:kv_cache_usage_perc{engine="0",model_name="teacher"} 0.42
 """
 
 
+def load_now(page: str) -> ReplicaLoad:
+    """The load of a first read (no previous one to take our queue's mean over)."""
+    return replica_load(parse_replica_sample(page), None, 0.0)
+
+
 def test_the_waiting_and_running_gauges_of_a_vllm_page() -> None:
-    assert parse_replica_load(VLLM_PAGE) == ReplicaLoad(waiting=12, running=7)
+    assert parse_replica_sample(VLLM_PAGE) == ReplicaSample(
+        waiting=12, running=7, queued=0, waited_seconds=None
+    )
+    assert load_now(VLLM_PAGE) == ReplicaLoad(waiting=12, running=7)
 
 
 def test_several_series_of_a_gauge_are_summed() -> None:
@@ -37,34 +46,34 @@ def test_several_series_of_a_gauge_are_summed() -> None:
         'vllm:num_requests_running{engine="0",model_name="a"} 1\n'
         'vllm:num_requests_running{engine="1",model_name="a"} 4\n'
     )
-    assert parse_replica_load(page) == ReplicaLoad(waiting=5, running=5)
+    assert load_now(page) == ReplicaLoad(waiting=5, running=5)
 
 
 def test_untyped_samples_are_read_too() -> None:
     page = 'vllm:num_requests_waiting{model_name="a"} 1\nvllm:num_requests_running{model_name="a"} 0\n'
-    load = parse_replica_load(page)
+    load = load_now(page)
     assert load == ReplicaLoad(waiting=1, running=0) and load.busy
 
 
 def test_an_idle_replica() -> None:
     page = VLLM_PAGE.replace("} 7.0", "} 0.0").replace("} 12.0", "} 0.0")
-    load = parse_replica_load(page)
+    load = load_now(page)
     assert load == ReplicaLoad() and not load.busy
 
 
 def test_one_gauge_missing_counts_as_zero() -> None:
     page = '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name="a"} 3\n'
-    assert parse_replica_load(page) == ReplicaLoad(waiting=3, running=0)
+    assert load_now(page) == ReplicaLoad(waiting=3, running=0)
 
 
 def test_a_page_without_the_gauges_is_refused() -> None:
     with pytest.raises(ValueError, match="neither vllm:num_requests_waiting nor vllm:num_requests_running"):
-        parse_replica_load("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.5\n")
+        load_now("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.5\n")
 
 
 def test_text_that_is_not_the_prometheus_format_is_refused() -> None:
     with pytest.raises(ValueError):
-        parse_replica_load("<html>not metrics</html>\n")
+        load_now("<html>not metrics</html>\n")
 
 
 def test_what_waits_in_our_servers_fair_queue_counts_as_waiting() -> None:
@@ -74,7 +83,7 @@ def test_what_waits_in_our_servers_fair_queue_counts_as_waiting() -> None:
         "# TYPE distillery_teacher_waiting_sequences gauge\n"
         "distillery_teacher_waiting_sequences 5.0\n"
     )
-    assert parse_replica_load(page) == ReplicaLoad(waiting=17, running=7)
+    assert load_now(page) == ReplicaLoad(waiting=17, running=7)
 
 
 def _our_server(queued: float, waited: float) -> str:

@@ -39,7 +39,11 @@ from distillery.plan import resolve
 from distillery.plan.gpu_placement import GpuPlacement, GpuSlot, Role
 from distillery.validation import load_jobs, parse_spec
 
-pytestmark = pytest.mark.slow
+# A process per probe, up to 17 at once on three raylets: a few GiB, which must not run beside the node's
+# scenarios (tests/support/work_groups.py).
+pytestmark = [pytest.mark.slow, pytest.mark.local_run]
+OBJECT_STORE_BYTES = 128 * 1024**2
+"""Each node's object store: the probes pass only a few small dicts."""
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [*sorted((ROOT / "examples").glob("*.yaml")), ROOT / "tests" / "golden" / "variants.yaml"]
@@ -204,7 +208,13 @@ def _tp_replicas(seen: list[Seen]) -> list[list[Seen]]:
 @pytest.fixture
 def single_node() -> Iterator[None]:
     ray.shutdown()
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, configure_logging=False)
+    ray.init(
+        num_cpus=2,
+        num_gpus=2,
+        object_store_memory=OBJECT_STORE_BYTES,
+        include_dashboard=False,
+        configure_logging=False,
+    )
     yield
     ray.shutdown()
 
@@ -224,10 +234,15 @@ def two_nodes() -> Iterator[None]:
     from ray.cluster_utils import Cluster
 
     ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "num_gpus": 0, "object_store_memory": OBJECT_STORE_BYTES},
+    )
     # Nodes as large as the largest worker of the layouts (a worker pod's GPUs are one node's).
     gpus = max(spec.student.pool.gpus_per_worker for spec in LAYOUTS.values())
-    nodes = [cluster.add_node(num_cpus=1, num_gpus=gpus) for _ in range(2)]
+    nodes = [
+        cluster.add_node(num_cpus=1, num_gpus=gpus, object_store_memory=OBJECT_STORE_BYTES) for _ in range(2)
+    ]
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, configure_logging=False)
     yield

@@ -2,7 +2,8 @@
 equal the trainer's. Real engines: vLLM (CPU build, in-process; eager and torch.compiled, whose graphs must
 see weights reloaded in place), vLLM with two tensor-parallel worker processes, and the transformers
 fallback; updated through the object store's path (`update_weights`) and streamed over a sync group
-(`receive_weights`, through vLLM's weight-transfer API into each worker)."""
+(`receive_weights`, through vLLM's weight-transfer API into each worker). The streamed sync reaches a vLLM
+engine whose weights were all made NaN first, as sleep level 2 leaves them undefined: it loads every one."""
 
 from __future__ import annotations
 
@@ -92,6 +93,11 @@ def test_streamed_sync_reaches_every_engine_worker(job_files, kind, tensor_paral
         metas = trainer.weight_metas(torch.float32)
 
         def streamed(e: Any) -> None:
+            if kind == "vllm":
+                # What sleep level 2 leaves (plan/sleep.py): weights undefined until the sync loads them. A
+                # parameter the sync missed would stay NaN, and the log-probs below with it.
+                e.llm.collective_rpc(_discard_weights)
+                assert all(x != x for x in e.sequence_logprobs(PROMPT, RESPONSE))  # NaN: the discard took
             sent = pool.submit(trainer.stream_weights, group, torch.float32, BUCKET)
             e.receive_weights(metas, BUCKET, version=3)
             assert sent.result(timeout=60) == sum(m.nbytes for m in metas)
@@ -102,6 +108,13 @@ def test_streamed_sync_reaches_every_engine_worker(job_files, kind, tensor_paral
         pool.shutdown(wait=False)
         del engine
         gc.collect()
+
+
+def _discard_weights(worker: Any) -> None:
+    """In a vLLM worker (a collective RPC): every parameter of its model overwritten with NaN."""
+    with torch.no_grad():
+        for parameter in worker.get_model().parameters():
+            parameter.fill_(float("nan"))
 
 
 def _check_sync(trainer, engine, settings, update: Callable[[Any], None]) -> None:

@@ -8,6 +8,7 @@ with the workers rather than Pending forever.
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from distillery import pvc
@@ -16,7 +17,8 @@ from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.plan.model_cache import TRAINER, model_cache
 from distillery.plan.pod_resources import ContainerResources, pod_resources
 from distillery.plan.pod_scheduling import PodScheduling, pod_scheduling
-from distillery.runtime_config import CONFIG_KEY, CONFIG_MOUNT_DIR, RUNTIME_METRICS_PORT
+from distillery.plan.teacher_client import teacher_client
+from distillery.runtime_config import CONFIG_KEY, CONFIG_MOUNT_DIR, RUNTIME_METRICS_PORT, teacher_endpoints
 from distillery_operator import naming
 from distillery_operator.render.common import (
     RenderContext,
@@ -65,6 +67,43 @@ def trainer_locations(job: DistillationJob) -> list[str | None]:
     return [spec.student.model, spec.student.tokenizer, *models, *data]
 
 
+def teacher_access(
+    job: DistillationJob,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(env, volumes, mounts) that give the driver each external teacher's API key and CA bundle where its
+    client settings say (`plan.teacher_client`): the key as a variable from a secretKeyRef (a reference: the
+    value never enters the RayJob or the runtime config), the bundle as a file of its Secret or ConfigMap."""
+    env: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for index, teacher in enumerate(job.spec.teachers):
+        if teacher.placement not in SERVED_ELSEWHERE:
+            continue
+        endpoints = teacher_endpoints(job, teacher, job.metadata.namespace)
+        client = teacher_client(teacher, index, endpoints, in_cluster=True)
+        if client is None:
+            continue
+        if client.api_key_secret is not None and client.api_key_env is not None:
+            ref = client.api_key_secret
+            env.append(
+                {
+                    "name": client.api_key_env,
+                    "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+                }
+            )
+        if client.ca_bundle is not None and client.ca_file is not None:
+            bundle, name = client.ca_bundle, f"teacher-ca-{teacher.name}"
+            items = [{"key": bundle.key, "path": posixpath.basename(client.ca_file)}]
+            source = (
+                {"secret": {"secretName": bundle.secret_name, "items": items}}
+                if bundle.secret_name
+                else {"configMap": {"name": bundle.config_map_name, "items": items}}
+            )
+            volumes.append({"name": name, **source})
+            mounts.append({"name": name, "mountPath": posixpath.dirname(client.ca_file), "readOnly": True})
+    return env, volumes, mounts
+
+
 def prestop_command(job: DistillationJob) -> list[str]:
     """The head's preStop hook: stop the driver (it checkpoints) within the grace period, then Ray."""
     timeout = job.spec.termination_grace_period_seconds - PRESTOP_MARGIN_SECONDS
@@ -108,6 +147,12 @@ def _ray_pod_template(
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
     env.extend(hf_token_env(trainer_hf_token(spec)))
+    if not worker:
+        # The driver alone talks to teachers: only the head gets their keys and CA bundles.
+        teacher_env, teacher_volumes, teacher_mounts = teacher_access(job)
+        env.extend(teacher_env)
+        volumes.extend(teacher_volumes)
+        mounts.extend(teacher_mounts)
     container: dict[str, Any] = {
         "name": container_name,
         "image": spec.image,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from distillery.api.spec import RolloutEngine as EngineKind
+from distillery.plan.sleep import SleepLevel
 from distillery_runtime.rollout.base import RolloutEngine
 
 
@@ -24,9 +25,11 @@ def build_engine(
     tensor_parallel: int = 1,
     decode_attention: str | None = None,
     decode_threads: int | None = None,
+    sleep_level: SleepLevel = SleepLevel.NONE,
 ) -> RolloutEngine:
     """The engine named by `student.rollout.engine` (vllm or transformers). `decode_attention` and
-    `decode_threads`: the transformers engine's in its decode steps (`RolloutSettings`)."""
+    `decode_threads`: the transformers engine's in its decode steps; `sleep_level`: the vLLM engine's
+    (`RolloutSettings`; the transformers engine never sleeps)."""
     if kind == EngineKind.VLLM:
         from distillery_runtime.rollout.vllm_engine import VllmRolloutEngine
 
@@ -38,6 +41,7 @@ def build_engine(
             memory_fraction=memory_fraction,
             enforce_eager=enforce_eager,
             tensor_parallel=tensor_parallel,
+            sleep_level=sleep_level,
         )
     if tensor_parallel != 1:  # the spec refuses it; a direct caller gets the same reason
         raise ValueError("tensor_parallel needs the vllm engine (the transformers engine runs on one device)")

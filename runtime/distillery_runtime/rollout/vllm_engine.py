@@ -10,8 +10,10 @@ update: cached KV blocks were computed with the old weights.
 
 With one tensor-parallel rank the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, uni
 executor: ~3 s start on CPU, ~10 s more when compiled); with more, its workers are processes of vLLM's
-own (`distillery.plan.rollout.rollout_executor`). Sleep/wake are no-ops on CPU (vLLM's CPU worker does
-not support sleep mode); on GPU they free the KV cache and weights while the trainer runs.
+own (`distillery.plan.rollout.rollout_executor`). On GPU the engine sleeps while the trainer runs at the
+plan's level (`RolloutSettings.sleep_level`: 2, its weights discarded, as the sync after each wake-up
+overwrites them), translated by `sleep_mode.EngineSleep`, which also refuses to sample between a level-2
+wake-up and the sync. On CPU it never sleeps (vLLM's CPU worker has no sleep mode).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from distillery.plan.rollout import rollout_executor
+from distillery.plan.sleep import SleepLevel
 from distillery.plan.vllm_env import tensor_parallel_env, vllm_env
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
+from distillery_runtime.rollout.sleep_mode import EngineSleep
 from distillery_runtime.samples import RolloutSample
 from distillery_runtime.weight_sync import TensorMeta
 
@@ -45,7 +49,10 @@ class VllmRolloutEngine:
         memory_fraction: float = 0.5,
         enforce_eager: bool | None = None,
         tensor_parallel: int = 1,
+        sleep_level: SleepLevel = SleepLevel.NONE,
     ) -> None:
+        """`sleep_level`: the plan's (`RolloutSettings.sleep_level`); taken on a GPU only, as vLLM's CPU
+        build has no sleep mode."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         for name, value in vllm_env(os.environ).items():
             os.environ.setdefault(name, value)
@@ -72,9 +79,10 @@ class VllmRolloutEngine:
             os.environ["VLLM_PLUGINS"] = f"{plugins},{vllm_transfer.PLUGIN}"
 
         kwargs: dict = {}
+        sleep_level = sleep_level if _on_gpu() else SleepLevel.NONE
         if _on_gpu():
             kwargs["gpu_memory_utilization"] = memory_fraction
-            kwargs["enable_sleep_mode"] = True
+            kwargs["enable_sleep_mode"] = sleep_level != SleepLevel.NONE
         else:
             # A step's prompts past the token budget get split (chunked prefill), and the sample a split
             # prompt draws is discarded by rewinding its seeded generator, which a CPU generator cannot do
@@ -109,7 +117,7 @@ class VllmRolloutEngine:
         """Ranks this engine takes in the weight-sync group: one per worker."""
         self.engine = self.llm.llm_engine
         self.policy_version = 0
-        self._asleep = False
+        self.sleep_mode = EngineSleep(self.llm, sleep_level)
         self._counter = 0
 
     def _params(self, sampling: SamplingSettings, seed: int):
@@ -144,6 +152,7 @@ class VllmRolloutEngine:
         from vllm import RequestOutput
         from vllm.inputs import TokensPrompt
 
+        self.sleep_mode.check_ready()
         by_id: dict[str, GenerationRequest] = {}
         for request in requests:
             self._counter += 1
@@ -187,6 +196,7 @@ class VllmRolloutEngine:
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
+        self.sleep_mode.weights_loaded()
         self.llm.reset_prefix_cache()
         self.policy_version = version
 
@@ -210,6 +220,7 @@ class VllmRolloutEngine:
         self.llm.collective_rpc("start_weight_update")
         self.llm.collective_rpc("update_weights", kwargs={"update_info": update})
         self.llm.collective_rpc("finish_weight_update")
+        self.sleep_mode.weights_loaded()
         self.llm.reset_prefix_cache()
         self.policy_version = version
 
@@ -217,6 +228,7 @@ class VllmRolloutEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self.sleep_mode.check_ready()
         ids = [*prompt_ids, *response_ids]
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
         out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
@@ -231,11 +243,8 @@ class VllmRolloutEngine:
         return result
 
     def sleep(self) -> None:
-        if _on_gpu() and not self._asleep:
-            self.llm.sleep(level=1)
-            self._asleep = True
+        self.sleep_mode.sleep()
 
     def wake_up(self) -> None:
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
+        """Before the weight sync (at level 2 the KV cache wakes once the sync has loaded the weights)."""
+        self.sleep_mode.wake_up()

@@ -3,9 +3,11 @@
 It scores through the same tensor path as the teacher server's compact endpoint
 (`engine_scoring`), on the caller's event loop: no second loop, no `asyncio.run` inside.
 
-Sleep/wake: around training the trainer calls `sleep()` (weights offloaded, KV cache freed)
-and `wake_up()` before scoring. vLLM supports sleep mode on CUDA/ROCm/XPU only; on CPU
-both calls are no-ops (`sleeps` is False) and the engine keeps its memory. After a real
+Sleep/wake: around training the trainer calls `sleep()` and `wake_up()` before scoring, at the
+plan's level (`EngineSettings.sleep_level`: 1 on the student's GPUs, the weights offloaded to host
+memory and the KV cache freed, as nothing reloads a teacher's weights; `distillery.plan.sleep`).
+vLLM supports sleep mode on CUDA/ROCm/XPU only; on CPU the plan's level is 0 and both calls are
+no-ops (`sleeps` is False), the engine keeping its memory. After a real
 wake-up the teacher re-scores a fixed probe and compares it with the probe taken at start,
 because a known failure mode is a woken teacher returning -ln(V) everywhere (weights not
 restored); a mismatch raises instead of silently training on garbage.
@@ -20,7 +22,9 @@ from typing import Any
 import numpy as np
 
 from distillery.plan.engines import EngineSettings
+from distillery.plan.sleep import SleepLevel
 from distillery_runtime.teachers.base import BatchTeacher, Rows
+from distillery_runtime.teachers.consistency import check_after_wake
 from distillery_runtime.teachers.types import ScoreRequest, TeacherError
 from distillery_runtime.teachers.wire import WireSequence
 
@@ -35,14 +39,19 @@ class ColocatedTeacher(BatchTeacher):
         model: str,
         engine: EngineSettings,
         *,
-        sleep_level: int = 1,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        """`engine`: the plan's settings of this teacher; `engine_kwargs`: vLLM arguments that override them."""
+        """`engine`: the plan's settings of this teacher (its sleep level among them: `plan.sleep`);
+        `engine_kwargs`: vLLM arguments that override them."""
+        if engine.sleep_level == SleepLevel.DISCARD_WEIGHTS:
+            # Level 2 discards the weights and nothing reloads a teacher's: it would score garbage.
+            raise ValueError(
+                f"teacher {engine.served_model_name}: a teacher's engine cannot sleep at level 2"
+            )
         self.name = engine.served_model_name
         self.model = model
         self.engine_settings = engine
-        self.sleep_level = sleep_level
+        self.sleep_level = engine.sleep_level
         self.engine_kwargs = dict(engine_kwargs or {})
         self.engine: Any = None
         self.sleeps = False
@@ -57,7 +66,8 @@ class ColocatedTeacher(BatchTeacher):
         from distillery_runtime.teachers.engine_scoring import install_tensor_logprobs
 
         install_tensor_logprobs()
-        self.sleeps = bool(current_platform.is_sleep_mode_available())
+        # The plan's level where this device has a sleep mode (vLLM's CPU build has none).
+        self.sleeps = self.sleep_level != SleepLevel.NONE and bool(current_platform.is_sleep_mode_available())
         kwargs = self.engine_options(on_gpu=bool(current_platform.is_cuda_alike()))
         args = AsyncEngineArgs(model=self.model, enable_sleep_mode=self.sleeps, **kwargs)
         self.engine = AsyncLLM.from_engine_args(args)
@@ -91,7 +101,7 @@ class ColocatedTeacher(BatchTeacher):
     async def sleep(self) -> None:
         """Free the device for training (no-op where vLLM has no sleep mode, e.g. CPU)."""
         if self.sleeps and not self.asleep:
-            await self.engine.sleep(self.sleep_level)
+            await self.engine.sleep(int(self.sleep_level))
             self.asleep = True
 
     async def wake_up(self) -> None:
@@ -100,14 +110,11 @@ class ColocatedTeacher(BatchTeacher):
             return
         await self.engine.wake_up()
         self.asleep = False
-        if self.sleep_level >= 2:
-            return  # level 2 discards weights: the caller reloads them before scoring
+        # Every wake, not a schedule: a wake that loses the weights scores -ln V from then on, and one
+        # 16-token prefill is nothing beside a step's scoring (`teachers.consistency`).
         probe = (await self._rows([_PROBE], 1))[0][2]
-        if self._probe is not None and not np.allclose(probe, self._probe, atol=0.05):
-            raise TeacherError(
-                f"teacher {self.name}: after wake-up the probe log-probs changed (max diff "
-                f"{float(np.abs(probe - self._probe).max()):.3f}); the weights were not restored"
-            )
+        if self._probe is not None:
+            check_after_wake(self.name, self._probe.tolist(), probe.tolist())
 
     def vocabulary(self) -> dict[int, str]:
         """The id -> token map of the tokenizer the engine loaded (`tokenizer_compat`)."""

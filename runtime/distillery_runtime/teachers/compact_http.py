@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import orjson
 
+from distillery_runtime.teachers.access import ClientAccess
 from distillery_runtime.teachers.base import BatchTeacher
 from distillery_runtime.teachers.coalesce import Coalescer
 from distillery_runtime.teachers.dense import check_top_k, empty_scores, pack_flat
@@ -58,6 +59,7 @@ class CompactTeacher(BatchTeacher):
         batch_size: int = 8,
         retry: RetryPolicy | None = None,
         resolve_dns: bool = False,
+        access: ClientAccess | None = None,
         coalesce: tuple[int, int] | None = None,
         job: str | None = None,
     ) -> None:
@@ -70,7 +72,10 @@ class CompactTeacher(BatchTeacher):
         self._max_logprobs = max_logprobs
         self._max_model_len = max_model_len
         self.transport = HttpTransport(
-            EndpointPool(endpoints, concurrency=concurrency, resolve_dns=resolve_dns), retry, name=name
+            EndpointPool(endpoints, concurrency=concurrency, resolve_dns=resolve_dns),
+            retry,
+            name=name,
+            access=access,
         )
         self._info_lock: asyncio.Lock | None = None
         self.coalescer = (

@@ -99,25 +99,3 @@ def pack_rows(
         top_k,
         sample_ids,
     )
-
-
-def take_rows(scores: TeacherScores, index: Sequence[int] | np.ndarray, width: int) -> TeacherScores:
-    """Select samples `index` and pad the time axis to `width` (used to merge teachers)."""
-    idx = np.asarray(index, dtype=np.int64)
-    pad = width - scores.mask.shape[1]
-    k = scores.top_k
-
-    def grow(a: np.ndarray, fill: float | int | bool) -> np.ndarray:
-        a = a[idx]
-        if pad <= 0:
-            return a
-        widths = [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)
-        return np.pad(a, widths, constant_values=fill)
-
-    return TeacherScores(
-        grow(scores.topk_ids, 0).reshape(len(idx), width, k),
-        grow(scores.topk_logprobs, -np.inf).reshape(len(idx), width, k),
-        grow(scores.token_logprobs, -np.inf),
-        grow(scores.mask, False),
-        [scores.sample_ids[i] for i in idx] if scores.sample_ids else [],
-    )

@@ -1,9 +1,11 @@
 """Pooled async HTTP to the replicas of one teacher: least-outstanding-requests endpoint
 choice, a per-endpoint concurrency limit, and retries with backoff inside a bounded time.
 
-Replicas are a list of base URLs, or (with `resolve_dns=True`) every address behind each
-host name, which is how a Kubernetes headless Service exposes its pods; the addresses are
-re-resolved every `dns_ttl` seconds.
+Replicas are a list of base URLs, or (with `resolve_dns=True`, plain http only) every address
+behind each host name, which is how a Kubernetes headless Service exposes its pods; the addresses
+are re-resolved every `dns_ttl` seconds. Every request carries the teacher's `ClientAccess` (TLS
+context, API key); an untrusted certificate or a refused key ends the request at once
+(`TeacherAccessError`): no retry can fix either.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from distillery_runtime.teachers.access import ClientAccess, client_access
 from distillery_runtime.teachers.retry import RetryPolicy, backoff_delay, is_retryable_status
 from distillery_runtime.teachers.types import TeacherUnavailableError
+
+REFUSED_CREDENTIALS = (401, 403)
+"""Answers to a missing or wrong API key (OpenAI's API and vLLM's --api-key answer 401)."""
 
 
 class HttpStatusError(Exception):
@@ -77,6 +83,9 @@ class EndpointPool:
         if not self.urls:
             raise ValueError("a teacher needs at least one endpoint URL")
         self.urls = [u.rstrip("/") for u in self.urls]
+        if self.resolve_dns and any(urlsplit(u).scheme == "https" for u in self.urls):
+            # An address in the URL sends no SNI, and TLS checks the certificate against the address.
+            raise ValueError(f"resolve_dns is for plain http: TLS checks the host name of {list(self.urls)}")
 
     async def refresh(self) -> None:
         """(Re)build the endpoint list, keeping the state of endpoints that stay."""
@@ -131,11 +140,18 @@ class HttpTransport:
     """POST/GET with retries to the least loaded replica; one aiohttp session per event loop."""
 
     def __init__(
-        self, pool: EndpointPool, policy: RetryPolicy | None = None, *, name: str = "teacher"
+        self,
+        pool: EndpointPool,
+        policy: RetryPolicy | None = None,
+        *,
+        name: str = "teacher",
+        access: ClientAccess | None = None,
     ) -> None:
+        """`access`: the TLS context and headers of every request (default: none of either, http's)."""
         self.pool = pool
         self.policy = policy or RetryPolicy()
         self.name = name
+        self.access = access or client_access(name, None, pool.urls)
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rng = random.Random()
@@ -149,7 +165,9 @@ class HttpTransport:
         if self._session is None or self._session.closed or self._loop is not loop:
             self._loop = loop
             total = max(1, self.pool.concurrency * max(1, len(self.pool.urls)) * 4)
-            connector = aiohttp.TCPConnector(limit=total, limit_per_host=0, keepalive_timeout=30)
+            connector = aiohttp.TCPConnector(
+                limit=total, limit_per_host=0, keepalive_timeout=30, ssl=self.access.ssl
+            )
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self._session
 
@@ -179,6 +197,8 @@ class HttpTransport:
                     return await self._attempt(session, ep, method, path, body, headers, remaining)
                 except HttpStatusError:
                     raise
+                except aiohttp.ClientConnectorCertificateError as exc:
+                    raise self.access.certificate_error(ep.url, exc) from None
                 except _Retryable as exc:
                     last = str(exc)
                 except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -209,7 +229,7 @@ class HttpTransport:
         timeout = aiohttp.ClientTimeout(
             total=max(0.01, min(self.policy.request_timeout, remaining)), connect=self.policy.connect_timeout
         )
-        hdrs = dict(headers or {})
+        hdrs = {**self.access.headers, **(headers or {})}
         if ep.host_header:
             hdrs["Host"] = ep.host_header
         async with session.request(method, ep.url + path, data=body, headers=hdrs, timeout=timeout) as resp:
@@ -218,6 +238,8 @@ class HttpTransport:
         if 200 <= status < 300:
             ep.served += 1
             return data
+        if status in REFUSED_CREDENTIALS:
+            raise self.access.refused(ep.url + path, status, data)
         if is_retryable_status(status):
             raise _Retryable(f"{ep.url}{path}: HTTP {status}: {data[:200].decode('utf-8', 'replace')}")
         raise HttpStatusError(status, data, ep.url + path)

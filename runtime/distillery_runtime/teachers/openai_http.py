@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import orjson
 
+from distillery_runtime.teachers.access import ClientAccess
 from distillery_runtime.teachers.base import BatchTeacher, Rows
 from distillery_runtime.teachers.http import EndpointPool, HttpStatusError, HttpTransport
 from distillery_runtime.teachers.openai_parse import parse_completion
@@ -42,13 +43,17 @@ class OpenAITeacher(BatchTeacher):
         concurrency: int = 8,
         retry: RetryPolicy | None = None,
         resolve_dns: bool = False,
+        access: ClientAccess | None = None,
     ) -> None:
         self.name = name or model
         self.model = model
         self._max_logprobs = max_logprobs
         self._max_model_len = max_model_len
         self.transport = HttpTransport(
-            EndpointPool(endpoints, concurrency=concurrency, resolve_dns=resolve_dns), retry, name=self.name
+            EndpointPool(endpoints, concurrency=concurrency, resolve_dns=resolve_dns),
+            retry,
+            name=self.name,
+            access=access,
         )
         self._limits_lock: asyncio.Lock | None = None
 

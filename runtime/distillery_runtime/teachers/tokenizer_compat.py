@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distillery_runtime.teachers.types import TokenizerMismatchError
 from distillery_runtime.teachers.wire import VOCABULARY_PATH
+
+if TYPE_CHECKING:
+    from distillery_runtime.teachers.access import ClientAccess
 
 Vocabulary = Mapping[int, str]
 """token id -> token string, as `convert_ids_to_tokens` spells it (byte-level symbols for BPE)."""
@@ -116,13 +119,23 @@ def tokenize_answer_vocabulary(
 
 
 async def served_vocabulary(
-    base_url: str, model: str, student_tok: Any, timeout: float = 60.0
+    base_url: str,
+    model: str,
+    student_tok: Any,
+    timeout: float = 60.0,
+    access: ClientAccess | None = None,
 ) -> tuple[dict[int, str], bool] | None:
     """(vocabulary, complete) of a teacher's server: Distillery's vocabulary route (every id), else vLLM's
-    `/tokenize` of `probe_text` (the ids it returns); None when the server has neither."""
+    `/tokenize` of `probe_text` (the ids it returns); None when the server has neither. `access`: the
+    teacher's TLS context and key, as its scoring client sends them."""
     import aiohttp
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+    connector = aiohttp.TCPConnector(ssl=access.ssl) if access is not None else None
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=timeout),
+        connector=connector,
+        headers=access.headers if access is not None else None,
+    ) as session:
         async with session.get(base_url.rstrip("/") + VOCABULARY_PATH) as response:
             if response.status not in (404, 405):
                 response.raise_for_status()

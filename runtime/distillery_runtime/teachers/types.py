@@ -91,3 +91,8 @@ class TeacherUnavailableError(TeacherError):
 
 class TokenizerMismatchError(TeacherError):
     """Student and teacher tokenizers map tokens differently."""
+
+
+class TeacherAccessError(TeacherError):
+    """The teacher's certificate is not trusted, or it refused our API key (or its lack): retrying cannot
+    help, so the first such answer ends the wait with one line naming the teacher and the reason."""
