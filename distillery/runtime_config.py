@@ -199,6 +199,7 @@ def resolve_runtime_config(
                     endpoints,
                     in_cluster=in_cluster,
                     local=(teacher_access or {}).get(teacher.name),
+                    job_name=job.metadata.name,
                 ),
             )
         )

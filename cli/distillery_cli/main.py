@@ -14,6 +14,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from distillery import __version__
+from distillery.admission import load_settings as load_admission_settings
+from distillery.admission import violations as admission_violations
+from distillery.api.shared_teacher import DistillationTeacherSpec
 from distillery.api.spec import DistillationJobSpec
 from distillery.model_shapes import resolve_shape
 from distillery.plan import resolve
@@ -35,6 +38,13 @@ from distillery.validation import InvalidManifest, load_jobs, load_manifests
 
 def _validate(args: argparse.Namespace) -> int:
     failed = False
+    settings = None
+    if args.admission:
+        try:
+            settings = load_admission_settings(args.admission)
+        except (OSError, ValueError) as error:
+            print(error, file=sys.stderr)
+            return 1
     for path in args.files:
         try:
             jobs, teachers = load_manifests(path)
@@ -61,6 +71,12 @@ def _validate(args: argparse.Namespace) -> int:
             if host_refused is not None:
                 refused = failed = True
                 print(f"{path}: {host_refused[0]}: {host_refused[1]}")
+        # What the platform's admission policy (the chart's `admission` values) would refuse on apply.
+        specs: list[DistillationJobSpec | DistillationTeacherSpec] = [j.spec for j in jobs]
+        specs += [t.spec for t in teachers]
+        for violation in [v for s in specs for v in admission_violations(s, settings)] if settings else []:
+            refused = failed = True
+            print(f"{path}: {violation.message}")
         if refused:
             continue
         if not args.quiet:
@@ -221,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check DistillationJob manifests; one line per problem")
     p.add_argument("files", nargs="+")
     p.add_argument("-q", "--quiet", action="store_true", help="print problems only")
+    p.add_argument(
+        "--admission",
+        metavar="VALUES",
+        help="also check what the cluster's admission policy allows: the distillery chart's values file the "
+        "platform installed it with (its `admission` section)",
+    )
     p.set_defaults(func=_validate)
 
     p = sub.add_parser("plan", help="print the per-GPU memory plan of a job (exit 1 if it does not fit)")

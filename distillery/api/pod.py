@@ -75,9 +75,13 @@ OPERATOR_ENV = (
     "DO_NOT_TRACK",
     "VLLM_CPU_KVCACHE_SPACE",
     "HF_HOME",
+    "VLLM_API_KEY",
 )
 """Env variables the operator sets on its pods (tests/operator/test_pod_settings.py checks the rendered
 pods against this list): a second one of the same name would silently win or lose."""
+OPERATOR_ENV_PREFIX = "DISTILLERY_TEACHER_"
+"""The prefix of the head pod's teacher key variables (`DISTILLERY_TEACHER_<NAME>_API_KEY`,
+`distillery.plan.teacher_client.api_key_env_name`): a user's variable of that name could replace a key."""
 OPERATOR_VOLUMES = ("distillery-config", "checkpoints", "dshm", "model-cache")
 OPERATOR_VOLUME_PREFIX = "pvc-"
 """The claims of pvc:// locations are mounted as volumes `pvc-CLAIM` (`distillery.pvc.volume_name`)."""
@@ -262,6 +266,12 @@ class EnvVar(ApiModel):
             check=lambda e: e.name not in OPERATOR_ENV,
             cel=f"!(self.name in {_quoted(OPERATOR_ENV)})",
             message=f"the operator sets this variable itself ({', '.join(OPERATOR_ENV)})",
+            field="name",
+        ),
+        Rule(
+            check=lambda e: not e.name.startswith(OPERATOR_ENV_PREFIX),
+            cel=f"!self.name.startsWith('{OPERATOR_ENV_PREFIX}')",
+            message=f"the operator sets the {OPERATOR_ENV_PREFIX}* variables itself (teachers' API keys)",
             field="name",
         ),
     )

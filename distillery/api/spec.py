@@ -947,6 +947,13 @@ class ModelCache(ApiModel):
     )
 
 
+class RayAuth(StrEnum):
+    """Ray's token authentication of the trainer's cluster (KubeRay `authOptions.mode`)."""
+
+    TOKEN = "token"
+    DISABLED = "disabled"
+
+
 class DistillationJobSpec(ApiModel):
     """A distillation job: a student, its teachers, the data, the loss and the schedule."""
 
@@ -981,6 +988,11 @@ class DistillationJobSpec(ApiModel):
     image_pull_secrets: list[PullSecretName] = Field(default_factory=list, max_length=MAX_PULL_SECRETS)
     """Secrets (of the job's namespace) to pull the images of every pod with, after the cluster's own
     (the chart's `imagePullSecrets`)."""
+    ray_auth: RayAuth | None = None
+    """Ray's token authentication of the trainer's cluster: its dashboard, Jobs API and GCS answer only
+    requests carrying the cluster's token (KubeRay makes it, in a Secret of the RayCluster's). Unset: the
+    platform's choice (the chart's `rayAuth`, token unless changed); `disabled` opts this job out (a Ray
+    or KubeRay too old for it, docs/security.md)."""
 
     rules = (
         label_keys_rule("labels", "labels"),

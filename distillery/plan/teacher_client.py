@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 from pydantic import ConfigDict
 
 from distillery.api import ApiModel, CaBundle, Placement, SecretKeyRef, Teacher
+from distillery.api.pod import OPERATOR_ENV_PREFIX
+from distillery.plan.job_access import teacher_key
 
 TEACHER_ACCESS_DIR = "/etc/distillery-teachers"
 """In the trainer pods, where each external teacher's CA bundle is mounted: DIR/NAME/ca.crt."""
@@ -44,12 +46,20 @@ class TeacherClient(ApiModel):
     api_key_secret: SecretKeyRef | None = None
     """Where the key is in the cluster: the operator's probe reads it there, the renderer maps it to
     `api_key_env`."""
+    job_key: bool = False
+    """The key is the job's own teacher key (a standalone teacher's, `plan.job_access`), not one the spec
+    names."""
     resolve_dns: bool = False
     """Spread over every address behind the host name, re-resolved (a headless Service's pods). Plain http
     only: it connects to an address, and TLS checks the certificate of the name it connects to."""
 
     def key_origin(self) -> str:
         """Where the key sent comes from, for messages (never the key)."""
+        if self.api_key_secret is not None and self.job_key:
+            return (
+                f"the job's teacher key (Secret {self.api_key_secret.name}, key {self.api_key_secret.key}, "
+                "made by the operator)"
+            )
         if self.api_key_secret is not None:
             return (
                 f"the API key of {self.field}.external.apiKeySecret "
@@ -90,7 +100,7 @@ class LocalAccessError(ValueError):
 def api_key_env_name(teacher_name: str) -> str:
     """The trainer pods' variable holding a teacher's key. Teacher names are DNS labels (no `_`), unique in a
     job, so the variable names are too."""
-    return f"DISTILLERY_TEACHER_{teacher_name.upper().replace('-', '_')}_API_KEY"
+    return f"{OPERATOR_ENV_PREFIX}{teacher_name.upper().replace('-', '_')}_API_KEY"
 
 
 def ca_file_path(teacher_name: str) -> str:
@@ -116,9 +126,11 @@ def teacher_client(
     *,
     in_cluster: bool,
     local: LocalAccess | None = None,
+    job_name: str | None = None,
 ) -> TeacherClient | None:
     """The client settings of `teacher` (spec.teachers[index]) at `endpoints`; None for a teacher computed
-    in the run's processes (no endpoint). Raises LocalAccessError where a local run lacks the key or the
+    in the run's processes (no endpoint). In a cluster, `job_name` given, a standalone teacher wants the
+    job's teacher key (`plan.job_access`). Raises LocalAccessError where a local run lacks the key or the
     CA bundle the spec asks for."""
     if not endpoints:
         return None
@@ -130,6 +142,8 @@ def teacher_client(
     key_secret = access.api_key_secret if access else None
     local = local or LocalAccess()
     problems: list[str] = []
+    job_key = teacher_key(job_name, teacher) if in_cluster and job_name is not None else None
+    key_secret = key_secret or job_key
     if in_cluster:
         ca_file = ca_file_path(teacher.name) if ca_bundle else None
         key_env = api_key_env_name(teacher.name) if key_secret else None
@@ -163,6 +177,7 @@ def teacher_client(
             "ca_bundle": ca_bundle_used,
             "api_key_env": key_env,
             "api_key_secret": key_secret_used,
+            "job_key": job_key is not None,
         }
     )
 

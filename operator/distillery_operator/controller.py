@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import contextvars
 import datetime
+import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -21,13 +23,15 @@ from typing import Any, cast
 
 import kopf
 
-from distillery.api import DistillationJobStatus, Phase
+from distillery.api import DistillationJobStatus, Phase, RayAuth
+from distillery.plan.network import DEFAULT_NETWORK_POLICY, NetworkPolicySettings, Outside, Peer
 from distillery_operator import metrics, naming
-from distillery_operator.decide import Decision, decide
+from distillery_operator.decide import Action, Decision, decide
 from distillery_operator.identity import identity_actions
 from distillery_operator.kube import ApiError, Kube
 from distillery_operator.observe import (
     CLAIM_KIND,
+    SECRET_KIND,
     Child,
     JobKey,
     SharedTeacherFacts,
@@ -36,7 +40,7 @@ from distillery_operator.observe import (
     teacher_facts,
 )
 from distillery_operator.probes import TeacherProber
-from distillery_operator.render import ClusterSettings, NetworkPolicySettings
+from distillery_operator.render import ClusterSettings, with_new_key
 from distillery_operator.scheduling import SchedulingWatch
 from distillery_operator.workqueue import Backoff, WorkQueue
 
@@ -46,7 +50,10 @@ log = logging.getLogger("distillery.operator")
 PULL_SECRETS_ENV = "DISTILLERY_IMAGE_PULL_SECRETS"
 """The chart's `imagePullSecrets`, comma-separated names: the one place the operator learns them."""
 NETWORK_POLICY_ENV = "DISTILLERY_NETWORK_POLICY"
-"""The chart's `networkPolicy` values, `kuberay=NS,monitoring=NS`; unset or empty: no policies."""
+"""The chart's `networkPolicy` values as JSON (`{"kuberay": {"namespace": NS, "podLabels": {...}}, "operator":
+..., "monitoring": ...}`, each part optional), or `off`; unset or empty: the defaults (policies on)."""
+RAY_AUTH_ENV = "DISTILLERY_RAY_AUTH"
+"""The chart's `rayAuth`: `token` (unset too) or `disabled`, for jobs whose spec does not choose."""
 
 
 def cluster_pull_secrets(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
@@ -61,8 +68,54 @@ def cluster_settings(environ: Mapping[str, str] | None = None) -> ClusterSetting
     env = os.environ if environ is None else environ
     return ClusterSettings(
         image_pull_secrets=cluster_pull_secrets(env),
-        network_policy=NetworkPolicySettings.parse(env.get(NETWORK_POLICY_ENV, "")),
+        network_policy=cluster_network_policy(env),
+        ray_auth=cluster_ray_auth(env),
     )
+
+
+def cluster_network_policy(environ: Mapping[str, str]) -> NetworkPolicySettings | None:
+    """Where the callers from outside a job run, from NETWORK_POLICY_ENV; None where it says `off`. Each
+    caller the value leaves out keeps its default (`distillery.plan.network.DEFAULT_NETWORK_POLICY`)."""
+    value = environ.get(NETWORK_POLICY_ENV, "").strip()
+    if value == "off":
+        return None
+    if not value:
+        return DEFAULT_NETWORK_POLICY
+
+    def refused(why: str) -> ValueError:
+        return ValueError(f"{NETWORK_POLICY_ENV}={value!r}: {why}")
+
+    try:
+        given = json.loads(value)
+    except ValueError:
+        raise refused("neither `off` nor a JSON object") from None
+    if not isinstance(given, dict) or set(given) - {w.value for w in Outside}:
+        raise refused(f"a JSON object of {', '.join(w.value for w in Outside)} only")
+    peers: dict[str, Peer] = {}
+    for who in Outside:
+        part = given.get(who.value) or {}
+        if not isinstance(part, dict) or set(part) - {"namespace", "podLabels"}:
+            raise refused(f"{who.value}: an object of namespace and podLabels expected")
+        default = DEFAULT_NETWORK_POLICY.peer(who)
+        namespace = part.get("namespace") or default.namespace
+        labels = part.get("podLabels", default.pod_labels) or {}
+        strings = isinstance(labels, dict) and all(
+            isinstance(x, str) for pair in labels.items() for x in pair
+        )
+        if not isinstance(namespace, str) or not strings:
+            raise refused(f"{who.value}: namespace must be a string, podLabels a map of strings")
+        peers[who.value] = Peer(namespace, dict(labels))
+    return NetworkPolicySettings(**peers)
+
+
+def cluster_ray_auth(environ: Mapping[str, str]) -> RayAuth:
+    """The platform's Ray authentication, from RAY_AUTH_ENV (token where unset or empty)."""
+    value = environ.get(RAY_AUTH_ENV, "").strip() or RayAuth.TOKEN.value
+    try:
+        return RayAuth(value)
+    except ValueError:
+        choices = ", ".join(mode.value for mode in RayAuth)
+        raise ValueError(f"{RAY_AUTH_ENV}={value!r}: not one of {choices}") from None
 
 
 @dataclass
@@ -366,6 +419,13 @@ class Controller:
         now = time.monotonic()
         for action in decision.actions:
             what = f"{action.verb} {action.kind}/{action.name}"
+            if action.kind == SECRET_KIND:
+                key_error = await self._make_key(key, action, now)
+                if key_error is not None:
+                    # The pods that take the key are not made without it: nothing is made half.
+                    log.warning("%s/%s: %s failed: %s", *key, what, key_error)
+                    return what, key_error
+                continue
             try:
                 if action.verb == "create":
                     created = self._created.get((key, action.kind, action.name))
@@ -402,6 +462,37 @@ class Controller:
                 log.warning("%s/%s: %s failed: %s", *key, what, error)
                 first_error = first_error or (what, error)
         return first_error
+
+    async def _make_key(self, key: JobKey, action: Action, now: float) -> ApiError | None:
+        """Makes the job's teacher key Secret with a fresh key (`render.with_new_key`: in the create's body
+        alone), or finds it made: a 409 is fine where the Secret is the job's (its controller owner, read
+        with a GET: the operator does not watch Secrets). None when it exists as the job's."""
+        if (
+            now - self._created.get((key, action.kind, action.name), -math.inf)
+            < self.settings.create_grace_seconds
+        ):
+            return None
+        try:
+            await self.kube.create(key[0], with_new_key(action.body))
+        except ApiError as error:
+            if error.code != 409:
+                return error
+            owners = action.body["metadata"].get("ownerReferences") or [{}]
+            try:
+                owner = await self.kube.secret_owner(key[0], action.name)
+            except ApiError as read_error:
+                return read_error
+            if owner is None or owner != owners[0].get("uid"):
+                return ApiError(
+                    409,
+                    "AlreadyExists",
+                    f"Secret {action.name} exists and is not this job's (no owner reference to it or no "
+                    f"label {naming.MANAGED_BY_LABEL}={naming.MANAGED_BY}): delete or rename it",
+                )
+            return None
+        self._created[(key, action.kind, action.name)] = now
+        log.info("%s/%s: created %s/%s", *key, action.kind, action.name)
+        return None
 
     async def _write_status(
         self, key: JobKey, body: Mapping[str, Any], decision: Decision, error: tuple[str, ApiError] | None

@@ -38,6 +38,7 @@ from distillery_operator.observe import (
     BUDGET_KIND,
     CLAIM_KIND,
     POLICY_KIND,
+    SECRET_KIND,
     Child,
     ClaimFacts,
     Observed,
@@ -371,9 +372,17 @@ def plan_actions(
 ) -> list[Action]:
     """The writes that bring the children to the desired objects (each child at most one write)."""
     actions: list[Action] = []
+    key: tuple[int, Action] | None = None
     for obj in desired:
         kind, name = obj["kind"], obj["metadata"]["name"]
         if f"{kind}/{name}" in blocked:
+            continue
+        if kind == SECRET_KIND:
+            # The teacher key is not watched: it is made (or found made, a 409 the controller checks is the
+            # job's) whenever the pods that take it are, in the same step and before them; never patched
+            # (it is made once with its value, `render/teacher_key.py`: a patch could only lose it).
+            if not terminal:
+                key = (len(actions), Action("create", kind, name, obj, "with the pods that take it"))
             continue
         seen = _observed_child(observed, kind, name)
         if seen is None:
@@ -400,7 +409,13 @@ def plan_actions(
         action = child_write(obj, seen)
         if action is not None:
             actions.append(action)
+    if key is not None and any(a.verb == "create" and a.kind in POD_MAKERS for a in actions):
+        actions.insert(*key)  # where it is rendered: before the pods' makers
     return actions
+
+
+POD_MAKERS = ("Deployment", "RayJob")
+"""The children whose pods take the teacher key (a standalone teacher's replicas, the trainer's head)."""
 
 
 def child_write(obj: dict[str, Any], seen: Child | None) -> Action | None:

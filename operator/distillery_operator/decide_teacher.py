@@ -1,8 +1,8 @@
 """What the operator does with one DistillationTeacher (pure): its objects, replicas, finalizer and status.
 
-The inputs are what the watches and the scaling loop saw: the teacher's body, its Deployment and Service (as
-summaries), the jobs of its namespace that reference it, the replicas' queues (`teacher_metrics`) and how
-long it has been idle. The replica count is `plan.teacher_scaling.decide_replicas`; an Event names each
+The inputs are what the watches and the scaling loop saw: the teacher's body, its Deployment, Service and
+NetworkPolicy (as summaries), the jobs of its namespace that reference it, the replicas' queues
+(`teacher_metrics`) and how long it has been idle. The replica count is `plan.teacher_scaling.decide_replicas`; an Event names each
 change and its reason. While an active job references the teacher, the finalizer `FINALIZER` is on it, so
 that deleting it waits until the jobs end (or the user removes the finalizer); the jobs say so in their
 teacher status (`teacher_refs`).
@@ -31,7 +31,12 @@ from distillery.runtime_config import shared_teacher_url
 from distillery.validation import InvalidManifest, parse_teacher_spec
 from distillery_operator.decide import Action, EventSpec, child_write
 from distillery_operator.observe import Child
-from distillery_operator.render import ClusterSettings, render_shared_teacher
+from distillery_operator.render import (
+    NO_CLUSTER_SETTINGS,
+    ClusterSettings,
+    render_shared_teacher,
+    render_shared_teacher_policy,
+)
 from distillery_operator.status import Cond, merge_conditions
 
 FINALIZER = "distillery.io/in-use"
@@ -71,6 +76,7 @@ def decide_teacher(
     *,
     deployment: Child | None,
     service: Child | None,
+    network_policy: Child | None = None,
     uses: Sequence[TeacherUse],
     loads: Sequence[ReplicaLoad],
     idle_for_seconds: float,
@@ -120,11 +126,13 @@ def decide_teacher(
     deployment_obj, service_obj = render_shared_teacher(
         teacher, namespace=namespace, replicas=decision.replicas, owner_uid=meta.get("uid"), cluster=cluster
     )
-    actions = [
-        action
-        for obj, seen in ((service_obj, service), (deployment_obj, deployment))
-        if (action := child_write(obj, seen)) is not None
-    ]
+    policy_obj = render_shared_teacher_policy(
+        teacher, namespace=namespace, owner_uid=meta.get("uid"), cluster=cluster or NO_CLUSTER_SETTINGS
+    )
+    # The policy first: made before any replica it selects (None where the chart turns policies off).
+    writes = [(policy_obj, network_policy)] if policy_obj is not None else []
+    writes += [(service_obj, service), (deployment_obj, deployment)]
+    actions = [action for obj, seen in writes if (action := child_write(obj, seen)) is not None]
     events = []
     if decision.changed:
         events.append(

@@ -25,7 +25,8 @@ CHILD_RESOURCES: dict[str, tuple[str, ...]] = {
     "Deployment": ("apps", "v1", "deployments"),
     "Service": ("v1", "services"),
     "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
-    # Where the chart turns them on (`networkPolicy.enabled`); watched either way, as RBAC grants it.
+    # Each job's and each DistillationTeacher's (unless the chart's `networkPolicy.enabled` is false);
+    # watched either way, as RBAC grants it.
     "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
     "ConfigMap": ("v1", "configmaps"),
     "RayJob": ("ray.io", "v1", "rayjobs"),
@@ -35,8 +36,9 @@ CHILD_RESOURCES: dict[str, tuple[str, ...]] = {
     "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
 }
 INDEX_NAMES = {kind: f"{kind.lower()}_index" for kind in CHILD_RESOURCES}
-TEACHER_CHILDREN = ("Deployment", "Service")
-"""What a DistillationTeacher owns (`render/shared_teacher.py`)."""
+TEACHER_CHILDREN = ("Deployment", "Service", "NetworkPolicy")
+"""What a DistillationTeacher owns (`render/shared_teacher.py`; its NetworkPolicy unless the chart turns them
+off)."""
 TEACHER_INDEX_NAMES = {kind: f"teacher_{kind.lower()}_index" for kind in TEACHER_CHILDREN}
 CLAIMS = ("v1", "persistentvolumeclaims")
 CLAIM_INDEX = "persistentvolumeclaim_index"

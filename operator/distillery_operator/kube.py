@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from distillery.api import GROUP, PLURAL, TEACHER_KIND, TEACHER_PLURAL, VERSION
-from distillery_operator import metrics
+from distillery_operator import metrics, naming
 from distillery_operator.observe import ClaimFacts, claim_facts
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -138,6 +138,9 @@ class Kube:
             await self._call(
                 "create", kind, self._networking.create_namespaced_network_policy, namespace, obj
             )
+        elif kind == "Secret":
+            # The job's teacher key (`render/teacher_key.py`): made once, never patched nor read back.
+            await self._call("create", kind, self._core.create_namespaced_secret, namespace, obj)
         elif kind == "ServiceAccount":
             await self._call("create", kind, self._core.create_namespaced_service_account, namespace, obj)
         elif kind == "Role":
@@ -231,6 +234,23 @@ class Kube:
             else:
                 out[name] = claim_facts(orjson.loads(data))
         return out
+
+    async def secret_owner(self, namespace: str, name: str) -> str | None:
+        """The uid of the controller owner of Secret `name`, if it is labelled as ours (None: not ours, or
+        no such Secret). Only its metadata is looked at; the rest of the answer is dropped at once."""
+        try:
+            data = await self._call(
+                "get", "Secret", self._core.read_namespaced_secret, name, namespace, read=True
+            )
+        except ApiError as error:
+            if error.code == 404:
+                return None
+            raise
+        meta = orjson.loads(data).get("metadata") or {}
+        if (meta.get("labels") or {}).get(naming.MANAGED_BY_LABEL) != naming.MANAGED_BY:
+            return None
+        owners = [ref for ref in meta.get("ownerReferences") or () if ref.get("controller")]
+        return owners[0].get("uid") if owners else None
 
     async def read_key(self, namespace: str, kind: str, name: str, key: str) -> str | None:
         """The value of `key` in Secret or ConfigMap `name` (kind "Secret" or "ConfigMap"); None when the

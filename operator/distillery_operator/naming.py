@@ -27,6 +27,9 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 SPEC_HASH_ANNOTATION = "distillery.io/spec-hash"
 """Hash of the rendered child (without its live fields); a different hash means someone else changed it."""
 KUEUE_PREFIX = "kueue.x-k8s.io/"
+RAY_NODE_LABEL = "distillery.io/ray-node"
+"""`head` or `worker` on the job's Ray pods: the head's NetworkPolicy selects by it."""
+TEACHER_CLIENT_PREFIX = "distillery.io/uses-teacher-"
 
 _LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -49,9 +52,23 @@ def trainer_identity_name(job_name: str) -> str:
     return child_name(job_name, "trainer")
 
 
-def network_policy_name(job_name: str) -> str:
-    """The job's NetworkPolicy (where the chart turns them on)."""
-    return child_name(job_name, "network")
+def network_policy_name(job_name: str, pods: str = "") -> str:
+    """The job's NetworkPolicy for one group of its pods (`distillery.plan.network.Pods`). The Ray pods' has
+    the bare name a job's one policy had before there were several: an upgraded operator rewrites that
+    policy instead of leaving it, wider than the new ones, beside them."""
+    return child_name(job_name, "network", *((pods,) if pods else ()))
+
+
+def shared_teacher_policy_name(teacher: str) -> str:
+    """The NetworkPolicy of the DistillationTeacher `teacher`'s replicas."""
+    return child_name(teacher, "shared-teacher-network")
+
+
+def teacher_client_label(teacher: str) -> str:
+    """The label the operator puts on the head pods of the jobs that reference the DistillationTeacher
+    `teacher`: its policy lets them in. Under distillery.io/, which a job's podLabels may not set."""
+    # A label key's name (after the prefix's "/") has at most 63 characters, "uses-teacher-" 13 of them.
+    return TEACHER_CLIENT_PREFIX + shorten(label_value(teacher), 50)
 
 
 def checkpoint_claim(job_name: str) -> str:

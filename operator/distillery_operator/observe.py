@@ -24,6 +24,9 @@ ClaimKey = tuple[str, str]
 CLAIM_KIND = "PersistentVolumeClaim"
 BUDGET_KIND = "PodDisruptionBudget"
 POLICY_KIND = "NetworkPolicy"
+SECRET_KIND = "Secret"
+"""The job's teacher key: not watched (the operator may not list or watch Secrets, it would hold them all);
+made with the job's other children (`decide.plan_actions`), its 409 checked by a GET of its owner."""
 
 
 @dataclass(frozen=True)

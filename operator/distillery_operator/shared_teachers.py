@@ -182,6 +182,7 @@ class SharedTeachers:
         children = list(self.children_of(key))
         deployment = next((c for c in children if c.kind == "Deployment"), None)
         service = next((c for c in children if c.kind == "Service"), None)
+        network_policy = next((c for c in children if c.kind == "NetworkPolicy"), None)
         uses = job_uses(self.jobs.jobs, self.jobs.jobs_using(key))
         loads: list[ReplicaLoad] = []
         if (
@@ -198,6 +199,7 @@ class SharedTeachers:
             body,
             deployment=deployment,
             service=service,
+            network_policy=network_policy,
             uses=uses,
             loads=loads,
             idle_for_seconds=clock - last_busy,

@@ -8,7 +8,9 @@ Layout of one checkpoint, `<root>/step-00000012/`:
                     loaded): what a resume loads, so it continues bit for bit whatever model/'s dtype.
                     Both folders' weights are streamed from the ranks' shards a tensor at a time
                     (`streamed_export.py`), in files of at most 4 GiB of float32 with transformers' index
-  trainer.pt        optimizer, LR scheduler and RNG states (torch, numpy, python)
+  trainer.pt        optimizer, LR scheduler and RNG states (torch, numpy, python): tensors and plain types only,
+                    loaded with `weights_only=True` (the claim may be written by other jobs of the namespace, so
+                    nothing in it is unpickled as code); a file that holds anything else is refused, named
   optimizer/        FSDP2 over several ranks: the optimizer state instead, each rank's shards written by
                     that rank with torch.distributed.checkpoint (nothing gathered; a resume onto another
                     number of ranks reshards them); trainer.pt then holds no optimizer
@@ -94,6 +96,12 @@ class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (disk full, folder gone); the complete ones are untouched."""
 
 
+class CheckpointReadError(RuntimeError):
+    """A checkpoint's trainer state that is not loaded: unreadable, altered, or holding objects other than
+    tensors and plain types (`load_trainer_state`, and the optimizer shards: `optimizer_shards.py`); the
+    message is one line naming the file."""
+
+
 def parameter_count(model_dir: str | Path) -> int | None:
     """Parameters of a safetensors model, read from the files' headers (no tensor is loaded); None when
     the folder holds no safetensors (a hub id resolved elsewhere, or pickled weights)."""
@@ -160,7 +168,8 @@ def latest(root: str | Path) -> CheckpointRef | None:
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Every RNG a step draws from, as tensors and plain types (what `weights_only=True` loads back)."""
+    state = {"torch": torch.get_rng_state(), "numpy": numpy_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -168,11 +177,24 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    np.random.set_state(numpy_rng_from(state["numpy"]))
     random.setstate(state["python"])
     # A GPU checkpoint resumed on a CPU machine (or the reverse) restores what both sides have.
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def numpy_rng_state() -> tuple[str, list[int], int, int, float]:
+    """numpy's global RNG state with its key as a list of ints: numpy's own holds an ndarray, which a
+    `weights_only` load refuses."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    return str(name), [int(k) for k in keys], int(position), int(has_gauss), float(cached_gaussian)
+
+
+def numpy_rng_from(state: Any) -> tuple[str, Any, int, int, float]:
+    """The state `numpy_rng_state` saved, as `np.random.set_state` takes it."""
+    name, keys, position, has_gauss, cached_gaussian = state
+    return str(name), np.asarray(keys, dtype=np.uint32), int(position), int(has_gauss), float(cached_gaussian)
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -314,11 +336,61 @@ def read_state(ref: CheckpointRef) -> dict[str, Any]:
     return read_state_at(ref.path)
 
 
+TRAINER_KEYS = frozenset({"scheduler", "version", "rng"})
+"""What every trainer.pt holds (and "optimizer" unless the optimizer was saved in shards)."""
+
+
 def load_trainer_state(ref: CheckpointRef) -> dict[str, Any]:
-    # weights_only=False: the file holds numpy/python RNG states; it is our own output, not user input.
-    # map_location cpu: a checkpoint written on a GPU loads on any machine; the optimizer's
-    # load_state_dict moves its state to the parameters' device.
-    return torch.load(ref.path / TRAINER_FILE, weights_only=False, map_location="cpu")
+    """trainer.pt of `ref`, loaded as tensors and plain types only (`weights_only=True`): the claim may be
+    written by other jobs, so a file is data, never code. Refuses (CheckpointReadError, one line naming the
+    file) one that is unreadable, holds anything else (altered, or written before the RNG state was saved as
+    plain data), or lacks what a resume needs."""
+    path = ref.path / TRAINER_FILE
+    try:
+        # map_location cpu: a checkpoint written on a GPU loads on any machine; the optimizer's
+        # load_state_dict moves its state to the parameters' device.
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as error:  # UnpicklingError, a torn zip (RuntimeError), EOFError, OSError
+        raise CheckpointReadError(f"{path}: refused: {load_refusal(error)}") from None
+    missing = trainer_state_problem(state)
+    if missing:
+        raise CheckpointReadError(f"{path}: refused: {missing}")
+    return state  # type: ignore[no-any-return]
+
+
+def load_refusal(error: BaseException) -> str:
+    """Why torch did not load a checkpoint's file (trainer.pt, an optimizer shard's), in one line. Its
+    weights-only refusal spans several lines around its reason and advises `weights_only=False` or
+    allowlisting, exactly what is not done here: only the reason is kept."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if type(error).__name__ != "UnpicklingError":  # a torn zip (RuntimeError), EOFError, OSError
+        return (
+            f"unreadable ({type(error).__name__}: {lines[0] if lines else 'no detail'}): damaged or altered"
+        )
+    # Its reason follows "WeightsUnpickler error:" (on that line or the next), or stands alone among lines
+    # of advice; which, varies with the failure.
+    marker = "WeightsUnpickler error:"
+    after = [line.split(marker)[-1].strip() for line in lines if marker in line]
+    advice = ("Weights only load failed", "Check the documentation", "(1)", "(2)", "Please file", marker)
+    others = [line for line in lines if not line.startswith(advice)]
+    reason = next((line for line in [*after, *others] if line), "no detail").split(" Please use ")[0]
+    return (
+        f"not tensors and plain types only ({reason}): altered, or written by a Distillery that saved "
+        "objects there; resume from another checkpoint or start afresh"
+    )
+
+
+def trainer_state_problem(state: Any) -> str | None:
+    """What a loaded trainer.pt lacks for a resume, or None: a dict with TRAINER_KEYS and an integer
+    version."""
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}, not the trainer state's dict"
+    missing = sorted(TRAINER_KEYS - state.keys())
+    if missing:
+        return f"the trainer state lacks {', '.join(missing)}"
+    if not isinstance(state["version"], int) or isinstance(state["version"], bool):
+        return f"the trainer state's version is a {type(state['version']).__name__}, not an int"
+    return None
 
 
 def weights_dir(ref: CheckpointRef) -> Path:

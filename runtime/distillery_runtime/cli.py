@@ -507,7 +507,7 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{args.file}: {refusal}", file=sys.stderr)
             return EXIT_INVALID
     out_dir.mkdir(parents=True, exist_ok=True)
-    from distillery_runtime.checkpoint import CheckpointWriteError, PreflightError
+    from distillery_runtime.checkpoint import CheckpointReadError, CheckpointWriteError, PreflightError
     from distillery_runtime.data import DataError
     from distillery_runtime.local import TeachersNotReady
     from distillery_runtime.loop import ResumeError
@@ -531,7 +531,7 @@ def run_command(args: argparse.Namespace) -> int:
     except (TeachersNotReady, TeacherError) as error:
         print(f"teachers: {error}", file=sys.stderr)
         return EXIT_FAILED
-    except CheckpointWriteError as error:
+    except (CheckpointWriteError, CheckpointReadError) as error:  # the latter: a resume's trainer.pt refused
         print(f"checkpoint: {root_cause(error)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

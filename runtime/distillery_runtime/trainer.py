@@ -578,12 +578,14 @@ class Trainer:
     def load_optimizer_shards(self, path: str | Path) -> None:
         """The AdamW state `save_optimizer_shards` wrote, at any number of ranks: DCP reads each rank's
         part of every tensor into the state this rank's shards hold (a collective)."""
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-        # The state's layout (initialised by a zero-lr step of zero gradients), then the saved values.
+        from distillery_runtime.optimizer_shards import load_shards
+
+        # The state's layout (initialised by a zero-lr step of zero gradients), then the saved values, read
+        # as data only: the claim may be written by other jobs (optimizer_shards.py).
         state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
-        dcp.load(state, checkpoint_id=str(path))
+        load_shards(state, path)
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
 
     def load_trainer_state(self, state: dict[str, Any]) -> None:

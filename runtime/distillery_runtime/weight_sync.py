@@ -17,14 +17,17 @@ Three transports carry the buckets, chosen alike by every member from what each 
 - CUDA IPC ("ipc"), when every member is on one GPU (a colocated engine beside trainer rank 0, the
   common case on a GPU): the two slots are device memory of rank 0's, which the others map through CUDA
   IPC handles (torch.multiprocessing's reductions, with the device index made the receiver's own), so a
-  bucket never leaves the GPU;
+  bucket never leaves the GPU. A handle travels through the store as plain data (`IpcSlotHandle`, JSON),
+  never pickled: the store's port takes no credentials, so a receiver checks what it reads
+  (`decode_ipc_handle`) before it maps anything;
 - shared memory ("shm"), when every member is on one host otherwise: rank 0 copies each bucket into one of
   two /dev/shm slots and says so through the store, the engines read it from there and acknowledge, so
   copying the next bucket overlaps reading this one (from and to a GPU: one copy each way);
 - a broadcast on the group ("collective"), across hosts or without room in /dev/shm.
 The IPC path ran on an H100 on 2026-11-28 (bench/gpu_sync.py: two processes on one GPU, torch alone; `auto`
-chose IPC, 1 GB in 6 ms, every tensor exact); inside a vLLM worker it has not, as no GPU machine lent so far
-had vLLM (docs/gpu.md lists what ran where).
+chose IPC, 1 GB in 6 ms, every tensor exact), with the handle then pickled: with the plain-data handle it has
+not run on a GPU yet (its encoding is tested on CPU against torch's rebuild arguments); inside a vLLM worker
+it has not, as no GPU machine lent so far had vLLM (docs/gpu.md lists what ran where).
 
 Every wait has a timeout. Before each sync the engines check in through the store; a peer that does not
 within the timeout is named (`WeightSyncError: rollout engine 1 (sync rank 2) did not join ...`); a bucket
@@ -33,18 +36,17 @@ that does not arrive in time fails the same way on both sides.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import datetime
 import json
 import os
-import pickle
 import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import torch
 import torch.distributed as dist
 
@@ -105,8 +107,6 @@ def tensor_metas(named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype |
     return out
 
 
-_STORAGE_DEVICE = 6
-"""The device index among the arguments of torch's `rebuild_cuda_tensor` (torch.multiprocessing)."""
 SHM_DIR = Path("/dev/shm")
 SHM_SLOTS = 2
 """Two slots: rank 0 fills one while the engines read the other."""
@@ -142,6 +142,153 @@ def one_gpu(members: Sequence[Member]) -> bool:
     return members[0].gpu is not None and len({(m.host, m.gpu) for m in members}) == 1
 
 
+# ----------------------------------------------------------------------------- what travels through the store
+# The store's port takes no credentials: whatever reaches it can set a key. So every value is plain data a
+# reader checks before it acts on it, and nothing read from it is ever unpickled.
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+HANDLE_MAX_BYTES = 64 * 1024
+"""Bound on a handle's bytes: a cudaIpcMemHandle is 64, an expandable segment's handle some per segment, the
+ref counter's a shared-memory file name; anything near this bound is not one."""
+Handle = Annotated[bytes, msgspec.Meta(max_length=HANDLE_MAX_BYTES)]
+IPC_DTYPES = {"uint8": torch.uint8}
+"""The dtypes a mapped slot may have: the slots are raw bytes, each bucket viewed in its own dtype after."""
+HOST_MAX_CHARS = 253
+"""A host name, or a GPU's UUID, is never longer (a DNS name's limit)."""
+Name = Annotated[str, msgspec.Meta(max_length=HOST_MAX_CHARS)]
+
+
+class IpcSlotHandle(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One device slot of rank 0's, as the receivers need it to map it: the arguments torch's `reduce_tensor`
+    gives `rebuild_cuda_tensor`, less the tensor and storage classes and the device index (the receiver's
+    own, `rebuild_args`). JSON, the handles' bytes in base64."""
+
+    shape: tuple[NonNegative, ...]
+    stride: tuple[NonNegative, ...]
+    offset: NonNegative
+    """The tensor's offset in its storage, in elements."""
+    dtype: str
+    storage_handle: Annotated[bytes, msgspec.Meta(min_length=1, max_length=HANDLE_MAX_BYTES)]
+    """Which CUDA allocation holds the storage (a cudaIpcMemHandle, or an expandable segment's handle)."""
+    storage_size_bytes: NonNegative
+    storage_offset_bytes: NonNegative
+    """Where the storage starts in that allocation."""
+    ref_counter_handle: Handle
+    ref_counter_offset: NonNegative
+    event_handle: Handle
+    event_sync_required: bool
+
+
+REBUILD_ARGS = 15
+"""How many arguments torch's `rebuild_cuda_tensor` takes (torch.multiprocessing.reductions)."""
+
+
+def ipc_handle(args: Sequence[Any]) -> IpcSlotHandle:
+    """Sender: the plain-data form of `reduce_tensor(slot)`'s rebuild arguments. Refuses (rather than
+    sending something a receiver would rebuild differently) if torch's arguments are not what they were
+    when this was written: a plain tensor without grad, in a TypedStorage."""
+    if len(args) != REBUILD_ARGS:
+        raise WeightSyncError(
+            f"weight sync: torch's CUDA IPC arguments changed ({len(args)}, not {REBUILD_ARGS})"
+        )
+    (tensor_cls, size, stride, offset, storage_cls, dtype, _device, storage_handle, storage_size_bytes,
+     storage_offset_bytes, requires_grad, ref_counter_handle, ref_counter_offset, event_handle,
+     event_sync_required) = args  # fmt: skip
+    if tensor_cls is not torch.Tensor or storage_cls is not torch.storage.TypedStorage or requires_grad:
+        raise WeightSyncError(
+            f"weight sync: a slot to share is a plain tensor without grad, not {tensor_cls.__name__} in "
+            f"{storage_cls.__name__} (requires_grad={requires_grad})"
+        )
+    return IpcSlotHandle(
+        shape=tuple(int(d) for d in size),
+        stride=tuple(int(d) for d in stride),
+        offset=int(offset),
+        dtype=str(dtype).removeprefix("torch."),
+        storage_handle=bytes(storage_handle),
+        storage_size_bytes=int(storage_size_bytes),
+        storage_offset_bytes=int(storage_offset_bytes),
+        ref_counter_handle=bytes(ref_counter_handle),
+        ref_counter_offset=int(ref_counter_offset),
+        event_handle=bytes(event_handle),
+        event_sync_required=bool(event_sync_required),
+    )
+
+
+def encode_ipc_handle(handle: IpcSlotHandle) -> str:
+    """What rank 0 sets in the store for a slot: JSON (ASCII: the handles' bytes are base64)."""
+    return msgspec.json.encode(handle).decode()
+
+
+def decode_ipc_handle(raw: bytes | str, *, sender: str, nbytes: int) -> IpcSlotHandle:
+    """Receiver: the handle `sender` set for a slot of `nbytes` bytes, checked before anything is mapped:
+    JSON of exactly `IpcSlotHandle`'s fields and types (no other field), a dtype of IPC_DTYPES, and the
+    slot asked for (1-D, `nbytes` long, contiguous, inside its storage). Refused in one line naming the
+    sender (WeightSyncError)."""
+    try:
+        handle = msgspec.json.decode(raw, type=IpcSlotHandle)
+    except msgspec.DecodeError as error:  # not JSON, a field missing, unknown or of another type
+        raise WeightSyncError(_refused(sender, str(error))) from None
+    if handle.dtype not in IPC_DTYPES:
+        raise WeightSyncError(_refused(sender, f"dtype {handle.dtype!r} is not one of {sorted(IPC_DTYPES)}"))
+    if handle.shape != (nbytes,) or handle.stride != (1,) or handle.offset != 0:
+        raise WeightSyncError(
+            _refused(
+                sender,
+                f"shape {list(handle.shape)}, stride {list(handle.stride)}, offset {handle.offset} is not "
+                f"the slot asked for ([{nbytes}], [1], 0)",
+            )
+        )
+    if handle.storage_size_bytes < nbytes:
+        raise WeightSyncError(
+            _refused(
+                sender, f"its storage ({handle.storage_size_bytes} bytes) is smaller than the slot ({nbytes})"
+            )
+        )
+    return handle
+
+
+def rebuild_args(handle: IpcSlotHandle, device_index: int) -> tuple[Any, ...]:
+    """Receiver: the arguments of torch's `rebuild_cuda_tensor` for a checked handle, opened on this
+    process's `device_index` (the same GPU may have another index here than in rank 0's process)."""
+    return (
+        torch.Tensor,
+        torch.Size(handle.shape),
+        handle.stride,
+        handle.offset,
+        torch.storage.TypedStorage,
+        IPC_DTYPES[handle.dtype],
+        device_index,
+        handle.storage_handle,
+        handle.storage_size_bytes,
+        handle.storage_offset_bytes,
+        False,  # requires_grad
+        handle.ref_counter_handle,
+        handle.ref_counter_offset,
+        handle.event_handle,
+        handle.event_sync_required,
+    )
+
+
+def decode_member(raw: bytes, *, sender: str) -> Member:
+    """What `sender` reported when it joined (JSON `[host, GPU id or null]`), checked like any store value."""
+    try:
+        host, gpu = msgspec.json.decode(raw, type=tuple[Name, Name | None])
+    except msgspec.DecodeError as error:
+        raise WeightSyncError(
+            f"weight sync: refused what {sender} reported when it joined: {_first_line(str(error))}"
+        ) from None
+    return Member(host, gpu)
+
+
+def _refused(sender: str, reason: str) -> str:
+    return f"weight sync: refused the CUDA IPC handle from {sender}: {_first_line(reason)}"
+
+
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0] if lines else "(no detail)"
+
+
 class SyncGroup:
     """One member of a sync group: rank 0 sends, the others receive. `names[r]` names rank r in errors.
 
@@ -172,7 +319,10 @@ class SyncGroup:
         self._prefix = f"distillery-sync-{port}"
         me = Member(socket.gethostname(), gpu_id(self.device))
         self.store.set(f"member/{rank}", json.dumps([me.host, me.gpu]))
-        self.members = [Member(*json.loads(self.store.get(f"member/{r}"))) for r in range(self.world)]
+        self.members = [
+            decode_member(self.store.get(f"member/{r}"), sender=self._peer_names([r])[0])
+            for r in range(self.world)
+        ]
         one_host = len({m.host for m in self.members}) == 1
         self.transport = "collective" if transport == "auto" and not one_host else transport
         if self.transport == "ipc" and not one_gpu(self.members):
@@ -318,12 +468,11 @@ class SyncGroup:
         if self.rank == 0:
             slot = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             _, args = reduce_tensor(slot)
-            self.store.set(key, base64.b64encode(pickle.dumps(args)).decode())
+            self.store.set(key, encode_ipc_handle(ipc_handle(args)))
             return slot
-        args = list(pickle.loads(base64.b64decode(self.store.get(key))))
-        # The handle names rank 0's device index; the same GPU may have another index here.
-        args[_STORAGE_DEVICE] = self.device.index
-        return rebuild_cuda_tensor(*args)
+        handle = decode_ipc_handle(self.store.get(key), sender=self._peer_names([0])[0], nbytes=nbytes)
+        assert self.device.index is not None  # set in __init__: a handle is opened on an index
+        return rebuild_cuda_tensor(*rebuild_args(handle, self.device.index))
 
     def _settle(self, slot: torch.Tensor) -> None:
         """Copies into or out of a device slot are asynchronous: done before the store says so."""

@@ -571,6 +571,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         )
         for cid, key, value, field in (
             ("env-operators-name", "env", [{"name": "DISTILLERY_CONFIG", "value": "x"}], "env[0].name"),
+            (
+                "env-teacher-key-name",
+                "env",
+                [{"name": "DISTILLERY_TEACHER_T_API_KEY", "value": "x"}],
+                "env[0].name",
+            ),
             ("env-bad-name", "env", [{"name": "1X", "value": "x"}], "env[0].name"),
             (
                 "env-value-and-value-from",

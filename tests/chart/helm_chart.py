@@ -40,6 +40,17 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     },
     "no-extras": {"metrics": {"service": {"enabled": False}}, "dashboards": {"enabled": False}},
     "no-leader-election": {"operator": {"leaderElection": {"enabled": False}}},
+    "no-ray-auth": {"rayAuth": "disabled"},
+    "admission": {
+        "admission": {
+            "enabled": True,
+            "allowedImagePrefixes": ["ghcr.io/distillery-ai/", "registry.example.com/ml/"],
+            "allowedServiceAccounts": ["distillery-runtime"],
+            "allowSecretVolumes": False,
+            "validationActions": ["Warn", "Audit"],
+            "namespaceSelector": {"matchLabels": {"distillery.io/bounded": "true"}},
+        }
+    },
     "hpa-teachers": {"sharedTeachers": {"scaling": "hpa", "scalingIntervalSeconds": 5}},
     "tuned": {
         "image": {"tag": "0.1.0-rc1", "pullPolicy": "Always"},

@@ -35,17 +35,19 @@ def documented_grants() -> set[Grant]:
 def chart_grants(values: dict) -> set[Grant]:
     """What the operator's ServiceAccount is granted by the rendered chart (through any binding)."""
     objects = render_objects(values)
-    roles = {("ClusterRole", r["metadata"]["name"]): r for r in by_kind(objects, "ClusterRole")}
-    roles |= {("Role", r["metadata"]["name"]): r for r in by_kind(objects, "Role")}
+    roles = {("ClusterRole", r["metadata"]["name"], ""): r for r in by_kind(objects, "ClusterRole")}
+    roles |= {
+        ("Role", r["metadata"]["name"], r["metadata"]["namespace"]): r for r in by_kind(objects, "Role")
+    }
     bindings = by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding")
     grants: set[Grant] = set()
     for binding in bindings:
         if not any(s["name"] == "distillery-operator" for s in binding["subjects"]):
             continue
         ref = binding["roleRef"]
-        if ref["kind"] == "Role":  # a Role binds only in its own namespace
-            assert roles[("Role", ref["name"])]["metadata"]["namespace"] == binding["metadata"]["namespace"]
-        for rule in roles[(ref["kind"], ref["name"])]["rules"]:
+        # A Role binds only in its own namespace: a binding to one that is not there grants nothing.
+        namespace = binding["metadata"]["namespace"] if ref["kind"] == "Role" else ""
+        for rule in roles[(ref["kind"], ref["name"], namespace)]["rules"]:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     grants |= {(verb, f"{group or 'core'}:{resource}") for verb in rule["verbs"]}
@@ -58,8 +60,9 @@ def test_readme_table_parses() -> None:
     assert ("create", "core:events") in grants
     assert ("update", "distillery.io:distillationjobs/finalizers") in grants  # blockOwnerDeletion
     assert ("create", "rbac.authorization.k8s.io:roles") in grants  # the trainer's identity per job
-    # Secrets: the ones a job names, by name; never listed or watched (the operator would hold them all).
-    assert {verb for verb, resource in grants if resource == "core:secrets"} == {"get"}
+    # Secrets: the ones a job names, by name, and each job's teacher key, made; never listed or watched (the
+    # operator would hold them all).
+    assert {verb for verb, resource in grants if resource == "core:secrets"} == {"get", "create"}
 
 
 @pytest.mark.parametrize("mode", ["defaults", "namespaced"])
@@ -73,3 +76,24 @@ def test_namespaced_binding_covers_the_scenario_namespace() -> None:
         rb for rb in by_kind(objects, "RoleBinding") if rb["metadata"]["name"] == "distillery-operator"
     ]
     assert [rb["metadata"]["namespace"] for rb in bindings] == [NAMESPACE]
+
+
+WORKLOADS = {"ray.io:rayjobs", "apps:deployments", "core:serviceaccounts", "rbac.authorization.k8s.io:roles"}
+"""What runs code or grants rights: a job's pods come from these (and the trainer's identity from the last)."""
+
+
+def test_namespaced_install_is_least_privilege() -> None:
+    """`watch.clusterWide: false` (README "Least-privilege install"): the operator's rules are a Role in each
+    watched namespace, bound there; nothing cluster-scoped grants it anything, workloads least of all."""
+    objects = render_objects(SCENARIOS["namespaced"])
+    assert by_kind(objects, "ClusterRole") == [] and by_kind(objects, "ClusterRoleBinding") == []
+    roles = [r for r in by_kind(objects, "Role") if r["metadata"]["name"] == "distillery-operator"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for binding in by_kind(objects, "RoleBinding"):
+        if binding["metadata"]["name"] == "distillery-operator":
+            assert binding["roleRef"]["kind"] == "Role"
+    creates = {resource for verb, resource in chart_grants(SCENARIOS["namespaced"]) if verb == "create"}
+    assert creates >= WORKLOADS  # the same rules as cluster-wide, only bound per namespace
+    # Cluster-wide, the one ClusterRole is what creates workloads everywhere: the reason for the namespaced mode.
+    (cluster_role,) = by_kind(render_objects(SCENARIOS["defaults"]), "ClusterRole")
+    assert roles[0]["rules"] == cluster_role["rules"]

@@ -19,10 +19,11 @@ from chart.helm_chart import CHART, NAMESPACE, ROOT, SCENARIOS, by_kind, render,
 from cloudcoil.models.prometheus_operator import v1 as monitoring
 from distillery_cli.main import build_parser
 from distillery_operator.controller import PULL_SECRETS_ENV, cluster_pull_secrets, cluster_settings
-from distillery_operator.render import NetworkPolicySettings, render_shared_teacher
+from distillery_operator.render import render_shared_teacher
 from distillery_operator.shared_teachers import SharedTeacherSettings, scaled_by_hpa, scaling_interval
 
 from distillery.api import DistillationTeacher
+from distillery.plan.network import NetworkPolicySettings, Peer
 
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ("1.25", "1.37")
@@ -54,7 +55,11 @@ def test_every_rendered_object_validates(scenario: str) -> None:
         if obj["kind"] in MONITORING_MODELS:
             _validate_monitoring(obj)
             continue
-        for version in KUBE_VERSIONS:
+        # ValidatingAdmissionPolicy v1 came with 1.30 (README "Admission policy"); everything else with 1.25.
+        versions = (
+            ("1.30", KUBE_VERSIONS[-1]) if obj["kind"].startswith("ValidatingAdmission") else KUBE_VERSIONS
+        )
+        for version in versions:
             kubernetes_validate.validate(obj, version, strict=True)
 
 
@@ -172,7 +177,7 @@ def test_namespaced_watch_has_nothing_cluster_wide() -> None:
     args = _args(objects)
     assert "--all-namespaces" not in args
     assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
-    assert by_kind(objects, "ClusterRoleBinding") == []
+    assert by_kind(objects, "ClusterRoleBinding") == [] and by_kind(objects, "ClusterRole") == []
     operator_bindings = [
         rb for rb in by_kind(objects, "RoleBinding") if rb["metadata"]["name"] == "distillery-operator"
     ]
@@ -227,9 +232,10 @@ def test_no_wildcards_and_secrets_only_by_name() -> None:
                 assert (
                     "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
                 )
-                # An external teacher's key, read by name for its health checks: never listed or watched.
+                # An external teacher's key, read by name for its health checks, and each job's teacher key,
+                # made: never listed or watched.
                 if "secrets" in rule["resources"]:
-                    assert rule["resources"] == ["secrets"] and rule["verbs"] == ["get"]
+                    assert rule["resources"] == ["secrets"] and rule["verbs"] == ["get", "create"]
 
 
 def test_monitoring_objects_select_what_exists() -> None:
@@ -435,9 +441,11 @@ def test_the_operator_is_given_the_charts_pull_secrets(scenario: str) -> None:
         assert PULL_SECRETS_ENV not in env
 
 
-def test_network_policies_are_off_by_default_and_the_values_reach_the_operator() -> None:
-    """`networkPolicy.enabled` gives the operator its one variable (`controller.cluster_settings` parses
-    it); off, the operator has none and makes no policies. RBAC for them is granted either way."""
+def test_network_policies_are_on_by_default_and_the_values_reach_the_operator() -> None:
+    """`networkPolicy` becomes the operator's one variable (`controller.cluster_settings` parses it): on by
+    default, with the chart's namespaces and this release's operator pods (the namespace and selector labels
+    of its Deployment's pods) as a caller; `enabled: false` says `off`, and the operator makes none. RBAC
+    for them is granted either way."""
 
     def settings(values: dict[str, Any] | None) -> NetworkPolicySettings | None:
         (deployment,) = by_kind(render_objects(values), "Deployment")
@@ -445,13 +453,26 @@ def test_network_policies_are_off_by_default_and_the_values_reach_the_operator()
         env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
         return cluster_settings(env).network_policy
 
-    assert settings(None) is None
-    on = {"networkPolicy": {"enabled": True, "kuberayNamespace": "ray", "monitoringNamespace": "prom"}}
-    assert settings(on) == NetworkPolicySettings(kuberay_namespace="ray", monitoring_namespace="prom")
-    assert settings({"networkPolicy": {"enabled": True}}) == NetworkPolicySettings(
-        "kuberay-system", "monitoring"
+    objects = render_objects(None)
+    (deployment,) = by_kind(objects, "Deployment")
+    operator = Peer(NAMESPACE, deployment["spec"]["selector"]["matchLabels"])
+    assert settings(None) == NetworkPolicySettings(
+        kuberay=Peer("kuberay-system"), operator=operator, monitoring=Peer("monitoring")
     )
-    for values in (None, on):
+    on = {
+        "networkPolicy": {
+            "kuberayNamespace": "ray",
+            "monitoringNamespace": "prom",
+            "monitoringPodLabels": {"app.kubernetes.io/name": "prometheus"},
+        }
+    }
+    assert settings(on) == NetworkPolicySettings(
+        kuberay=Peer("ray"),
+        operator=operator,
+        monitoring=Peer("prom", {"app.kubernetes.io/name": "prometheus"}),
+    )
+    assert settings({"networkPolicy": {"enabled": False}}) is None
+    for values in (None, {"networkPolicy": {"enabled": False}}):
         (role,) = [
             r for r in by_kind(render_objects(values), "ClusterRole") if "operator" in r["metadata"]["name"]
         ]
@@ -477,3 +498,12 @@ def test_shared_teacher_scaling_values_reach_the_operator() -> None:
         scaled_by_hpa({"DISTILLERY_TEACHER_SCALING": "keda"})
     with pytest.raises(ValueError, match="must be a positive number of seconds"):
         scaling_interval({"DISTILLERY_TEACHER_SCALING_INTERVAL": "0"})
+
+
+@pytest.mark.parametrize(("scenario", "mode"), [("defaults", "token"), ("no-ray-auth", "disabled")])
+def test_the_operator_is_given_the_charts_ray_auth(scenario: str, mode: str) -> None:
+    """The chart's `rayAuth` reaches the operator through the one variable it reads
+    (`controller.cluster_ray_auth`): token unless a platform turns it off."""
+    (deployment,) = by_kind(render_objects(SCENARIOS[scenario]), "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert cluster_settings(env).ray_auth.value == mode

@@ -8,13 +8,23 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from distillery_operator.decide_teacher import FINALIZER, TeacherUse, decide_teacher
+from distillery_operator.decide_teacher import FINALIZER, TeacherDecision, TeacherUse, decide_teacher
 from distillery_operator.observe import SUMMARIZERS, Child
+from distillery_operator.render import ClusterSettings
 
 from distillery.plan.teacher_scaling import ReplicaLoad
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = "2026-11-28T12:00:00Z"
+
+
+WITHOUT_POLICIES = ClusterSettings(network_policy=None)
+
+
+def decide(body: dict[str, Any], **kwargs: Any) -> TeacherDecision:
+    """The decision with the chart's NetworkPolicies off: the tests of scaling see only its Deployment and
+    Service (`test_its_network_policy_is_made_first_and_repaired` has the policy)."""
+    return decide_teacher(body, **{"cluster": WITHOUT_POLICIES, **kwargs})
 
 
 def teacher_body(**scaling: Any) -> dict[str, Any]:
@@ -32,7 +42,7 @@ def made(decision: Any) -> dict[str, Child]:
 
 
 def test_an_unused_teacher_at_min_zero_is_made_at_zero_replicas_with_its_endpoint() -> None:
-    decision = decide_teacher(
+    decision = decide(
         teacher_body(), deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW
     )
     assert [(a.verb, a.kind, a.name) for a in decision.actions] == [
@@ -51,10 +61,10 @@ def test_an_unused_teacher_at_min_zero_is_made_at_zero_replicas_with_its_endpoin
 def test_the_first_active_job_scales_it_from_zero_and_puts_the_finalizer_on() -> None:
     body = teacher_body()
     children = made(
-        decide_teacher(body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW)
+        decide(body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW)
     )
     uses = [TeacherUse("a", active=True), TeacherUse("old", active=False)]
-    decision = decide_teacher(
+    decision = decide(
         body,
         deployment=children["Deployment"],
         service=children["Service"],
@@ -75,7 +85,7 @@ def test_when_its_last_job_ends_the_finalizer_goes_and_after_the_idle_time_its_r
     body = teacher_body(idleSeconds=60)
     body["metadata"]["finalizers"] = ["other", FINALIZER]
     children = made(
-        decide_teacher(body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW)
+        decide(body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW)
     )
     deployment = Child(
         "Deployment",
@@ -86,7 +96,7 @@ def test_when_its_last_job_ends_the_finalizer_goes_and_after_the_idle_time_its_r
         children["Deployment"].owned,
     )
     idle = [ReplicaLoad(), ReplicaLoad()]
-    kept = decide_teacher(
+    kept = decide(
         body,
         deployment=deployment,
         service=children["Service"],
@@ -96,7 +106,7 @@ def test_when_its_last_job_ends_the_finalizer_goes_and_after_the_idle_time_its_r
         now=NOW,
     )
     assert kept.finalizers == ["other"] and kept.status.replicas == 2 and kept.actions == []
-    down = decide_teacher(
+    down = decide(
         body,
         deployment=deployment,
         service=children["Service"],
@@ -113,7 +123,7 @@ def test_a_teacher_being_deleted_makes_nothing_again_but_keeps_serving_its_jobs(
     body = teacher_body()
     body["metadata"]["deletionTimestamp"] = NOW
     body["metadata"]["finalizers"] = [FINALIZER]
-    decision = decide_teacher(
+    decision = decide(
         body,
         deployment=None,
         service=None,
@@ -130,21 +140,19 @@ def test_a_teacher_being_deleted_makes_nothing_again_but_keeps_serving_its_jobs(
 def test_an_edited_deployment_is_put_back() -> None:
     body = teacher_body()
     children = made(
-        decide_teacher(body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW)
+        decide(body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW)
     )
     edited = SUMMARIZERS["Deployment"](
         {
             **copy.deepcopy(
-                decide_teacher(
-                    body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW
-                )
+                decide(body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW)
                 .actions[1]
                 .body
             ),
             "metadata": {"name": "qwen-7b", "annotations": {"distillery.io/spec-hash": "x"}},
         }
     )
-    decision = decide_teacher(
+    decision = decide(
         body, deployment=edited, service=children["Service"], uses=[], loads=[], idle_for_seconds=0, now=NOW
     )
     assert [(a.verb, a.kind, a.why) for a in decision.actions] == [
@@ -155,9 +163,7 @@ def test_an_edited_deployment_is_put_back() -> None:
 def test_an_invalid_teacher_makes_nothing_and_says_why() -> None:
     body = teacher_body()
     body["spec"]["scaling"] = {"minReplicas": 3, "maxReplicas": 1}
-    decision = decide_teacher(
-        body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW
-    )
+    decision = decide(body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW)
     assert decision.actions == []
     valid = next(c for c in decision.status.conditions if c.type == "Valid")
     assert valid.status == "False" and "spec.scaling.minReplicas" in valid.message
@@ -165,7 +171,7 @@ def test_an_invalid_teacher_makes_nothing_and_says_why() -> None:
 
 def test_with_an_hpa_the_deployment_is_made_at_min_replicas_and_its_count_left_alone() -> None:
     body = teacher_body(minReplicas=1)
-    first = decide_teacher(
+    first = decide(
         body,
         deployment=None,
         service=None,
@@ -185,7 +191,7 @@ def test_with_an_hpa_the_deployment_is_made_at_min_replicas_and_its_count_left_a
         {"replicas": 4, "readyReplicas": 4},
         children["Deployment"].owned,
     )
-    later = decide_teacher(
+    later = decide(
         body,
         deployment=scaled,
         service=children["Service"],
@@ -196,3 +202,31 @@ def test_with_an_hpa_the_deployment_is_made_at_min_replicas_and_its_count_left_a
         replicas_by_hpa=True,
     )
     assert later.actions == [] and later.events == [] and later.status.replicas == 4
+
+
+def test_its_network_policy_is_made_first_and_repaired() -> None:
+    """On by default: the policy before the replicas it selects, left alone once made, put back when edited."""
+    body = teacher_body()
+    first = decide_teacher(
+        body, deployment=None, service=None, uses=[], loads=[], idle_for_seconds=0, now=NOW
+    )
+    assert [(a.verb, a.kind) for a in first.actions] == [
+        ("create", "NetworkPolicy"),
+        ("create", "Service"),
+        ("create", "Deployment"),
+    ]
+    children = made(first)
+    seen = {"deployment": children["Deployment"], "service": children["Service"], "uses": [], "loads": []}
+    steady = decide_teacher(
+        body, **seen, network_policy=children["NetworkPolicy"], idle_for_seconds=0, now=NOW
+    )
+    assert steady.actions == []
+    policy = first.actions[0].body
+    opened = copy.deepcopy(policy)
+    # Someone lets every pod in where only the jobs' heads were. (A rule added beside ours is not drift,
+    # as for any list the operator renders: whoever may edit a policy may as well add one of their own.)
+    opened["spec"]["ingress"][0]["from"] = [{"podSelector": {}}]
+    edited = SUMMARIZERS["NetworkPolicy"](opened)
+    repaired = decide_teacher(body, **seen, network_policy=edited, idle_for_seconds=0, now=NOW)
+    assert [(a.verb, a.kind) for a in repaired.actions] == [("patch", "NetworkPolicy")]
+    assert repaired.actions[0].body["spec"] == policy["spec"]

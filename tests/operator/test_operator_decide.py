@@ -24,7 +24,7 @@ from distillery_operator.observe import (
     SharedTeacherFacts,
     assemble,
 )
-from distillery_operator.render import NO_CLUSTER_SETTINGS, ClusterSettings, NetworkPolicySettings
+from distillery_operator.render import NO_CLUSTER_SETTINGS, ClusterSettings
 from distillery_operator.scheduling import unscheduled_pods
 from distillery_operator.workqueue import Backoff, WorkQueue
 
@@ -33,6 +33,10 @@ from distillery.plan.teacher_client import TeacherClient
 
 ROOT = Path(__file__).resolve().parents[2]
 T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
+
+
+POLICIES = ["NetworkPolicy"] * 3
+"""A job without standalone teachers: the policies of its Ray pods, its head and its submitter."""
 
 
 def job_body(example: str, **spec: Any) -> dict[str, Any]:
@@ -59,7 +63,8 @@ class World:
         self.claims: dict[str, ClaimFacts] = dict(EXAMPLE_CLAIMS)
 
     def observed(self) -> Observed:
-        children = [SUMMARIZERS[kind](obj) for (kind, _), obj in self.objects.items()]
+        # The teacher key Secret is made, never watched (the operator may not list or watch Secrets).
+        children = [SUMMARIZERS[kind](obj) for (kind, _), obj in self.objects.items() if kind in SUMMARIZERS]
         observed = assemble(children, self.health)
         observed.shared = dict(self.shared)
         return observed
@@ -115,8 +120,9 @@ def test_standalone_job_from_creation_to_success() -> None:
     world = World(job_body("gkd.yaml"))
     first = world.step(T0)
     assert [(a.verb, a.kind) for a in first.actions] == [
-        ("create", "ConfigMap"), ("create", "Service"), ("create", "Deployment"),
-        ("create", "PodDisruptionBudget"), ("create", "PersistentVolumeClaim"), ("create", "RayJob"),
+        ("create", "ConfigMap"), *[("create", "NetworkPolicy")] * 4, ("create", "Secret"),
+        ("create", "Service"), ("create", "Deployment"), ("create", "PodDisruptionBudget"),
+        ("create", "PersistentVolumeClaim"), ("create", "RayJob"),
     ]  # fmt: skip
     world.settle()
     assert world.body["status"]["phase"] == "StartingTeachers"
@@ -227,7 +233,12 @@ def test_external_teacher_readiness_follows_its_health() -> None:
     assert target.endpoint == "http://vllm-72b.inference.svc.cluster.local:8000"
     # Checked as the trainer scores: plain http, spread over the Service's addresses, no key.
     assert target.client == TeacherClient(field="spec.teachers[0]", tls=False, resolve_dns=True)
-    assert sorted(kind for kind, _ in world.objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
+    assert sorted(kind for kind, _ in world.objects) == [
+        "ConfigMap",
+        *POLICIES,
+        "PersistentVolumeClaim",
+        "RayJob",
+    ]
     assert world.condition("TeachersReady")["reason"] == "TeachersStarting"  # not checked yet
     world.health["big"] = Health(True, "GET .../health: 200")
     world.settle()
@@ -403,24 +414,27 @@ def test_drift_is_repaired_and_nothing_else_is_touched() -> None:
     assert world.settle().actions == []
 
 
-def test_where_the_chart_turns_them_on_the_job_gets_its_network_policy_first_and_it_is_repaired() -> None:
-    policies = ClusterSettings(network_policy=NetworkPolicySettings("kuberay-system", "monitoring"))
-    world = World(job_body("gkd.yaml"), policies)
+def test_the_job_gets_its_network_policies_first_and_they_are_repaired() -> None:
+    world = World(job_body("gkd.yaml"))  # on by default
     first = world.step(T0)
-    # Before any pod it selects exists: right after the config.
-    assert [(a.verb, a.kind) for a in first.actions][:2] == [
+    # Before any pod they select exists: right after the config.
+    assert [(a.verb, a.kind) for a in first.actions][:4] == [
         ("create", "ConfigMap"),
+        ("create", "NetworkPolicy"),
+        ("create", "NetworkPolicy"),
         ("create", "NetworkPolicy"),
     ]
     world.settle()
     policy = world.objects[("NetworkPolicy", "gkd-jsd-network")]
-    assert policy["spec"]["podSelector"] == {"matchLabels": {"distillery.io/job": "gkd-jsd"}}
+    ray = {"distillery.io/job": "gkd-jsd", "app.kubernetes.io/component": "trainer"}
+    assert policy["spec"]["podSelector"] == {"matchLabels": ray}
+    rules = len(policy["spec"]["ingress"])
     policy["spec"]["ingress"] = [{}]  # opened to every pod of the cluster
     decision = world.step()
     assert [(a.verb, a.kind) for a in decision.actions] == [("patch", "NetworkPolicy")]
-    assert len(world.objects[("NetworkPolicy", "gkd-jsd-network")]["spec"]["ingress"]) == 3
-    # Off (the chart's default): none made.
-    plain = World(job_body("gkd.yaml"))
+    assert len(world.objects[("NetworkPolicy", "gkd-jsd-network")]["spec"]["ingress"]) == rules
+    # Off (the chart's networkPolicy.enabled: false): none made.
+    plain = World(job_body("gkd.yaml"), ClusterSettings(network_policy=None))
     plain.settle()
     assert not [key for key in plain.objects if key[0] == "NetworkPolicy"]
 
@@ -536,6 +550,8 @@ def test_child_summaries_are_small() -> None:
     world = World(body)
     world.settle()
     for (kind, _), obj in world.objects.items():
+        if kind not in SUMMARIZERS:
+            continue  # the teacher key Secret: made, never watched
         child = SUMMARIZERS[kind](obj)
         # The checkpoint claim alone has no owner: it is kept after the job.
         owner = None if kind == "PersistentVolumeClaim" else "uid-1"
@@ -828,7 +844,7 @@ def test_pods_no_node_admits_are_named_while_the_job_starts() -> None:
     waiting = unscheduled_pods([*pending, bound])
     assert [u.pod for u in waiting] == ["gkd-jsd-head-xyz", "gkd-jsd-teacher-teacher-abc"]
 
-    children = [SUMMARIZERS[kind](obj) for (kind, _), obj in world.objects.items()]
+    children = [SUMMARIZERS[kind](obj) for (kind, _), obj in world.objects.items() if kind in SUMMARIZERS]
     decision = decide(world.body, assemble(children, world.health, waiting), T1)
     status = status_body(decision.status)
     cond = next(c for c in status["conditions"] if c["type"] == "PodsScheduled")
@@ -855,7 +871,12 @@ def test_shared_teacher_is_not_the_jobs_and_is_ready_when_its_service_answers() 
     assert {name: t.endpoint for name, t in decision.external.items()} == {
         "big": "http://qwen-72b.ns.svc:8000"
     }
-    assert sorted(kind for kind, _ in world.objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
+    assert sorted(kind for kind, _ in world.objects) == [
+        "ConfigMap",
+        *POLICIES,
+        "PersistentVolumeClaim",
+        "RayJob",
+    ]
     teacher = world.body["status"]["teachers"][0]
     assert teacher["endpoint"] == "http://qwen-72b.ns.svc:8000" and not teacher["ready"]
     assert teacher["message"].startswith("DistillationTeacher qwen-72b: ")
@@ -886,7 +907,12 @@ def test_a_job_whose_distillation_teacher_does_not_exist_makes_nothing_and_waits
     # It appears: the job is made whole.
     world.shared["qwen-72b"] = SharedTeacherFacts(DistillationTeacherSpec(model="qwen-72b", max_logprobs=64))
     world.settle(T2)
-    assert sorted(kind for kind, _ in world.objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
+    assert sorted(kind for kind, _ in world.objects) == [
+        "ConfigMap",
+        *POLICIES,
+        "PersistentVolumeClaim",
+        "RayJob",
+    ]
 
 
 def test_a_job_asking_more_top_k_than_its_distillation_teacher_serves_is_refused_alone() -> None:
@@ -927,4 +953,9 @@ def test_a_running_job_says_its_distillation_teacher_is_being_deleted() -> None:
         "DistillationTeacher qwen-72b is being deleted; it serves this job until the job ends"
     )
     # Already made: nothing is taken away.
-    assert sorted(kind for kind, _ in world.objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
+    assert sorted(kind for kind, _ in world.objects) == [
+        "ConfigMap",
+        *POLICIES,
+        "PersistentVolumeClaim",
+        "RayJob",
+    ]

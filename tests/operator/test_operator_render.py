@@ -158,7 +158,12 @@ def test_standalone_teacher_deployment_and_service() -> None:
         "name": "HF_TOKEN",
         "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
     }
-    assert all("value" in e and e["name"] != "HF_TOKEN" for e in container["env"][1:])
+    # The key every request must carry: the job's teacher key Secret, by reference too.
+    assert container["env"][1] == {
+        "name": "VLLM_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "qwen-7b-to-1p5b-teacher-key", "key": "api-key"}},
+    }
+    assert all("value" in e and e["name"] not in ("HF_TOKEN", "VLLM_API_KEY") for e in container["env"][2:])
     # 16 GiB a GPU and 1.25 x the 7B teacher's bfloat16 weights; /dev/shm half of it (plan.pod_resources).
     assert (
         container["resources"]["limits"]["memory"] == container["resources"]["requests"]["memory"] == "50Gi"
@@ -218,7 +223,9 @@ def test_extra_args_node_selector_and_tolerations_pass_through() -> None:
 @pytest.mark.parametrize("example", ["external-teacher.yaml", "colocated-teacher.yaml"])
 def test_external_and_colocated_teachers_get_no_objects(example: str) -> None:
     objects = render_job(load(example), CTX)
-    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
+    # The NetworkPolicies of the Ray pods, the head and the submitter: no teacher pods to isolate.
+    policies = ["NetworkPolicy"] * 3
+    assert sorted(o["kind"] for o in objects) == ["ConfigMap", *policies, "PersistentVolumeClaim", "RayJob"]
 
 
 def test_an_external_teachers_key_and_ca_reach_the_driver_by_reference_only() -> None:
@@ -495,7 +502,9 @@ def test_render_cli_prints_a_yaml_stream() -> None:
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     identity = ["ServiceAccount", "Role", "RoleBinding"]  # the trainer's, made by the operator
     claim = ["PersistentVolumeClaim"]  # the checkpoints': the example names none
-    assert [d["kind"] for d in docs] == identity + ["ConfigMap"] + [
+    key = ["Secret"]  # the standalone teachers' key (the operator puts its value in as it makes it)
+    policies = ["NetworkPolicy"] * 4  # the Ray pods', the head's, the submitter's, the teachers'
+    assert [d["kind"] for d in docs] == identity + ["ConfigMap"] + policies + key + [
         "Service",
         "Deployment",
         "PodDisruptionBudget",

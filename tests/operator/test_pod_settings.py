@@ -19,12 +19,14 @@ from support.pod_settings import AFFINITY, ENV, MOUNTS, SPREAD, TOLERATION, VOLU
 from distillery.api import DistillationJob
 from distillery.api.pod import (
     OPERATOR_ENV,
+    OPERATOR_ENV_PREFIX,
     OPERATOR_LABEL_PREFIXES,
     OPERATOR_MOUNT_PATHS,
     OPERATOR_VOLUME_PREFIX,
     OPERATOR_VOLUMES,
     PodSettings,
 )
+from distillery.plan.network import DEFAULT_NETWORK_POLICY
 from distillery.plan.pod_resources import pod_resources
 from distillery.validation import InvalidManifest, load_jobs, parse_job
 
@@ -171,7 +173,8 @@ def test_the_operators_names_are_the_ones_the_spec_refuses() -> None:
             pod = template["spec"]
             for container in pod["containers"]:
                 for env in container.get("env", []):
-                    assert env["name"] in OPERATOR_ENV, (where, env["name"])
+                    name = env["name"]
+                    assert name in OPERATOR_ENV or name.startswith(OPERATOR_ENV_PREFIX), (where, name)
                 for mount in container.get("volumeMounts", []):
                     path = mount["mountPath"]
                     ours = any(path == p or path.startswith(p + "/") for p in OPERATOR_MOUNT_PATHS)
@@ -259,8 +262,10 @@ def test_the_applied_spec_renders_the_same_pods() -> None:
 
 
 def test_the_network_policy_variable_is_parsed_once_and_a_bad_one_names_itself() -> None:
-    assert cluster_settings({}).network_policy is None
-    parsed = cluster_settings({"DISTILLERY_NETWORK_POLICY": "kuberay=ray, monitoring=prom"}).network_policy
-    assert parsed is not None and (parsed.kuberay_namespace, parsed.monitoring_namespace) == ("ray", "prom")
-    with pytest.raises(ValueError, match=r"DISTILLERY_NETWORK_POLICY=.*no namespace for monitoring"):
+    assert cluster_settings({}).network_policy == DEFAULT_NETWORK_POLICY  # on unless the chart says off
+    assert cluster_settings({"DISTILLERY_NETWORK_POLICY": "off"}).network_policy is None
+    value = '{"kuberay": {"namespace": "ray"}, "monitoring": {"namespace": "prom"}}'
+    parsed = cluster_settings({"DISTILLERY_NETWORK_POLICY": value}).network_policy
+    assert parsed is not None and (parsed.kuberay.namespace, parsed.monitoring.namespace) == ("ray", "prom")
+    with pytest.raises(ValueError, match=r"DISTILLERY_NETWORK_POLICY=.*neither `off` nor a JSON object"):
         cluster_settings({"DISTILLERY_NETWORK_POLICY": "kuberay=ray"})

@@ -149,3 +149,170 @@ def test_a_run_never_prunes_or_replaces_another_runs_checkpoints(tmp_path, job_f
     assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
     # Local runs (no run id) and checkpoints from before run ids count as one's own.
     assert checkpoint.other_runs(root, None) == []
+
+
+# ------------------------------------------------------- trainer state: tensors and plain types, or refused
+
+
+def _trainer_state() -> dict:
+    """What a trainer saves (workers.save_checkpoint): AdamW after a step, the LR schedule, RNG states."""
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    return {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "version": 7,
+        "rng": checkpoint.rng_state(),
+    }
+
+
+def test_trainer_state_loads_with_weights_only_and_restores_every_rng(tmp_path):
+    ref = checkpoint.CheckpointRef(7, tmp_path)
+    saved = _trainer_state()
+    torch.save(saved, tmp_path / checkpoint.TRAINER_FILE)
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    loaded = checkpoint.load_trainer_state(ref)
+    assert loaded["version"] == 7 and loaded["scheduler"] == saved["scheduler"]
+    assert torch.equal(loaded["optimizer"]["state"][0]["exp_avg"], saved["optimizer"]["state"][0]["exp_avg"])
+    checkpoint.set_rng_state(loaded["rng"])
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1])
+    assert expected[2] == again[2]
+
+
+class _Intruder:
+    """A pickled call: what a tampered file would make an unsafe load run."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+@pytest.mark.parametrize(
+    ("write", "reason"),
+    [
+        (lambda p, m: torch.save({**_trainer_state(), "x": _Intruder(m)}, p), "GLOBAL posix.mkdir"),
+        # numpy's own RNG state (an ndarray): how trainer.pt held it before.
+        (lambda p, m: torch.save({**_trainer_state(), "numpy": np.random.get_state()}, p), "_reconstruct"),
+        (lambda p, m: p.write_bytes(b"not a checkpoint"), "not tensors and plain types only"),
+        (lambda p, m: (torch.save(_trainer_state(), p), p.write_bytes(p.read_bytes()[:200])), "unreadable"),
+        (lambda p, m: torch.save([1, 2], p), "it holds a list, not the trainer state's dict"),
+        (lambda p, m: torch.save({"rng": {}, "scheduler": {}}, p), "the trainer state lacks version"),
+        (lambda p, m: torch.save({**_trainer_state(), "version": "7"}, p), "version is a str, not an int"),
+        (lambda p, m: None, "unreadable (FileNotFoundError"),
+    ],
+    ids=[
+        "pickled-call",
+        "numpy-array",
+        "garbage",
+        "torn",
+        "not-a-dict",
+        "missing-key",
+        "bad-version",
+        "gone",
+    ],
+)
+def test_a_tampered_trainer_state_is_refused_in_one_line_naming_it(tmp_path, write, reason):
+    path, marker = tmp_path / checkpoint.TRAINER_FILE, tmp_path / "ran"
+    write(path, marker)
+    with pytest.raises(checkpoint.CheckpointReadError) as refused:
+        checkpoint.load_trainer_state(checkpoint.CheckpointRef(1, tmp_path))
+    message = str(refused.value)
+    assert message.startswith(f"{path}: refused: ") and reason in message and "\n" not in message
+    assert "weights_only" not in message  # torch's advice to load it unsafely is not passed on
+    assert not marker.exists()
+
+
+def _optimizer_shards(folder, extra=None):
+    """An AdamW state written by torch.distributed.checkpoint (one process), as trainer.save_optimizer_shards
+    writes it, and a fresh optimizer's state of the same layout to load it into."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    def stepped(lr):
+        torch.manual_seed(int(lr * 1e4))
+        model = torch.nn.Linear(4, 3)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        return {"optimizer": get_optimizer_state_dict(model, optimizer)}
+
+    saved = stepped(1e-3)
+    dcp.save({**saved, **(extra or {})}, checkpoint_id=str(folder))
+    return saved, {**stepped(5e-3), **({key: 0 for key in extra} if extra else {})}
+
+
+def _load_shards(folder, state):
+    from distillery_runtime.optimizer_shards import load_shards
+
+    load_shards(state, folder)
+
+
+def test_optimizer_shards_load_as_data_only(tmp_path):
+    saved, state = _optimizer_shards(tmp_path / "optimizer")
+    _load_shards(tmp_path / "optimizer", state)
+    assert state["optimizer"]["param_groups"][0]["lr"] == 1e-3
+    for name, moments in saved["optimizer"]["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(state["optimizer"]["state"][name][key], value)
+
+
+def test_tampered_optimizer_shards_are_refused_in_one_line_naming_the_file(tmp_path):
+    import pickle
+
+    marker = tmp_path / "ran"
+    folder = tmp_path / "optimizer"
+    # The metadata unpickled by DCP's own reader as it comes: here it may name only DCP's metadata classes.
+    _, state = _optimizer_shards(folder)
+    (folder / ".metadata").write_bytes(pickle.dumps(_Intruder(marker)))
+    with pytest.raises(checkpoint.CheckpointReadError) as refused:
+        _load_shards(folder, state)
+    message = str(refused.value)
+    assert message.startswith(f"{folder / '.metadata'}: refused: not tensors and plain types only (it names ")
+    assert "mkdir, which no DCP metadata holds" in message and "\n" not in message
+    # Metadata of DCP's own classes that points at a file outside its folder.
+    import dataclasses
+
+    from distillery_runtime.optimizer_shards import SafeReader
+
+    _, state = _optimizer_shards(folder)
+    metadata = SafeReader(folder).read_metadata()
+    assert metadata.storage_data
+    index = next(iter(metadata.storage_data))
+    metadata.storage_data[index] = dataclasses.replace(
+        metadata.storage_data[index], relative_path="../trainer.pt"
+    )
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(checkpoint.CheckpointReadError) as refused:
+        _load_shards(folder, state)
+    assert str(refused.value) == (
+        f"{folder / '.metadata'}: refused: unreadable (ValueError: it names '../trainer.pt' as a shard file, "
+        "not a file of its folder): damaged or altered"
+    )
+    # An entry that is not a tensor, loaded by DCP with weights_only=False: here with True.
+    folder = tmp_path / "optimizer-with-an-object"
+    _, state = _optimizer_shards(folder, extra={"x": _Intruder(marker)})
+    with pytest.raises(checkpoint.CheckpointReadError) as refused:
+        _load_shards(folder, state)
+    message = str(refused.value)
+    assert message.startswith(f"{folder}: refused: entry x: not tensors and plain types only (")
+    assert "\n" not in message
+    assert not marker.exists()
+
+
+def test_a_refusal_in_a_trainer_actor_reaches_the_cli_as_its_one_line():
+    """A resume loads trainer.pt in the trainers' actors: Ray's wrapping is still a CheckpointReadError (the
+    CLI's `except` catches it) and `root_cause` gives back the one line, not the remote traceback."""
+    from distillery_runtime.cli import root_cause
+    from ray.exceptions import RayTaskError
+
+    refusal = checkpoint.CheckpointReadError("/ckpt/step-00000004/trainer.pt: refused: unreadable (...)")
+    wrapped = RayTaskError("TrainerWorker.load_state", "Traceback ...", refusal).as_instanceof_cause()
+    assert isinstance(wrapped, checkpoint.CheckpointReadError)
+    assert str(root_cause(wrapped)) == str(refusal)

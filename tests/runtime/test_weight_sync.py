@@ -191,3 +191,122 @@ def test_the_gpu_sync_check_runs_its_shared_memory_part_on_cpu(tmp_path: Path, m
 def test_two_processes_on_one_gpu_sync_through_cuda_ipc(tmp_path: Path, monkeypatch) -> None:
     result = _gpu_sync_bench(monkeypatch).run("auto", 64 * 1024**2, "cuda", 1, tmp_path)
     assert result["chosen"] == "ipc" and result["exact"]
+
+
+# ------------------------------------------------------------------- the IPC handle travels as plain data
+
+SENDER = "trainer rank 0 (sync rank 0)"
+SLOT = 4096
+
+
+def _reduced_slot(device: int = 0) -> tuple[Any, ...]:
+    """What torch's `reduce_tensor` gives for a 4 KiB uint8 device slot (its 15 rebuild arguments; the
+    handles' bytes made up: no GPU here)."""
+    return (
+        torch.Tensor, torch.Size([SLOT]), (1,), 0, torch.storage.TypedStorage, torch.uint8, device,
+        bytes(range(64)), SLOT, 512, False, b"/torch_1234_5678_0", 3, b"\x07" * 64, True,
+    )  # fmt: skip
+
+
+def _fields(**changes: Any) -> bytes:
+    """The JSON a sender would set for `_reduced_slot`, with `changes` made (None removes a field)."""
+    from distillery_runtime.weight_sync import encode_ipc_handle, ipc_handle
+
+    doc = json.loads(encode_ipc_handle(ipc_handle(_reduced_slot())))
+    for key, value in changes.items():
+        if value is None:
+            del doc[key]
+        else:
+            doc[key] = value
+    return json.dumps(doc).encode()
+
+
+def test_an_ipc_handle_travels_as_json_and_rebuilds_the_same_arguments() -> None:
+    """The receiver's arguments for torch's `rebuild_cuda_tensor` are the sender's, its own device index
+    in place of the sender's (the same GPU may have another index in another process)."""
+    from distillery_runtime.weight_sync import decode_ipc_handle, encode_ipc_handle, ipc_handle, rebuild_args
+
+    raw = encode_ipc_handle(ipc_handle(_reduced_slot(device=0)))
+    doc = json.loads(raw)  # plain JSON: no pickle on the wire
+    assert doc["dtype"] == "uint8" and doc["shape"] == [SLOT] and isinstance(doc["storage_handle"], str)
+    rebuilt = rebuild_args(decode_ipc_handle(raw, sender=SENDER, nbytes=SLOT), 3)
+    assert rebuilt == _reduced_slot(device=3)
+    assert [type(a) for a in rebuilt] == [type(a) for a in _reduced_slot(device=3)]
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (_fields(offset="0"), "Expected `int`, got `str` - at `$.offset`"),
+        (_fields(event_sync_required=1), "Expected `bool`, got `int`"),
+        (_fields(tensor_cls="torch.nn.Parameter"), "unknown field `tensor_cls`"),
+        (_fields(ref_counter_handle=None), "missing required field `ref_counter_handle`"),
+        (_fields(dtype="float64"), "dtype 'float64' is not one of ['uint8']"),
+        (_fields(shape=[SLOT * 2]), f"is not the slot asked for ([{SLOT}], [1], 0)"),
+        (_fields(stride=[2]), "is not the slot asked for"),
+        (_fields(storage_size_bytes=16), f"its storage (16 bytes) is smaller than the slot ({SLOT})"),
+        (_fields(storage_offset_bytes=-1), "Expected `int` >= 0"),
+        (_fields(storage_handle=""), "Expected `bytes` of length >= 1"),
+        (_fields(event_handle="QUFB" * 30000), "Expected `bytes` of length <= 65536"),
+        (b"[1, 2]", "Expected `object`, got `array`"),
+    ],
+    ids=[
+        "wrong-type", "bool-for-int", "extra-field", "missing-field", "unknown-dtype", "other-shape",
+        "other-stride", "storage-too-small", "negative", "empty-handle", "huge-handle", "not-an-object",
+    ],
+)  # fmt: skip
+def test_a_receiver_refuses_a_handle_that_is_not_the_slot_in_one_line_naming_the_sender(
+    raw: bytes, reason: str
+) -> None:
+    from distillery_runtime.weight_sync import decode_ipc_handle
+
+    with pytest.raises(WeightSyncError) as refused:
+        decode_ipc_handle(raw, sender=SENDER, nbytes=SLOT)
+    message = str(refused.value)
+    assert message.startswith(f"weight sync: refused the CUDA IPC handle from {SENDER}: ")
+    assert reason in message and "\n" not in message
+
+
+def test_a_pickled_handle_is_refused_without_being_unpickled(tmp_path: Path) -> None:
+    """What the store carried before (torch's arguments pickled, base64) or anything an intruder sets: never
+    unpickled, so the call it names is never made."""
+    import base64
+    import pickle
+
+    from distillery_runtime.weight_sync import decode_ipc_handle
+
+    marker = tmp_path / "ran"
+
+    class Intruder:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (Path.touch, (marker,))
+
+    for raw in (pickle.dumps(Intruder()), base64.b64encode(pickle.dumps(Intruder()))):
+        with pytest.raises(WeightSyncError) as refused:
+            decode_ipc_handle(raw, sender=SENDER, nbytes=SLOT)
+        assert str(refused.value).startswith(f"weight sync: refused the CUDA IPC handle from {SENDER}: JSON")
+    assert not marker.exists()
+
+
+def test_the_sender_refuses_arguments_torch_no_longer_gives() -> None:
+    from distillery_runtime.weight_sync import ipc_handle
+
+    with pytest.raises(WeightSyncError, match=r"torch's CUDA IPC arguments changed \(14, not 15\)"):
+        ipc_handle(_reduced_slot()[:-1])
+    grad = list(_reduced_slot())
+    grad[10] = True
+    with pytest.raises(WeightSyncError, match="a plain tensor without grad"):
+        ipc_handle(grad)
+
+
+def test_what_a_member_reports_when_it_joins_is_checked() -> None:
+    from distillery_runtime.weight_sync import Member, decode_member
+
+    assert decode_member(b'["node-a", "GPU-1"]', sender="x") == Member("node-a", "GPU-1")
+    assert decode_member(b'["node-a", null]', sender="x") == Member("node-a", None)
+    for raw in (b'["node-a"]', b'["node-a", 3]', b'{"host": "node-a"}', b"\x80\x04K\x01."):
+        with pytest.raises(
+            WeightSyncError,
+            match=r"^weight sync: refused what rollout engine 1 \(sync rank 1\) reported when it joined: ",
+        ):
+            decode_member(raw, sender="rollout engine 1 (sync rank 1)")

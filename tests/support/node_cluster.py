@@ -29,6 +29,8 @@ from pathlib import Path
 
 TOOLS_ENV = "DISTILLERY_K8S_NODE_TOOLS"
 SCRIPTS = ("control-plane.sh", "node.sh", "dns.sh")
+NETPOL_SCRIPT = "netpol.sh"
+"""NetworkPolicy enforcement for the node (`NodeCluster.start_netpol`); only the tests of policies need it."""
 HOST_COMMANDS = ("containerd", "runc", "buildah", "iptables", "debootstrap")
 NODE_IP = "10.88.0.1"
 LAST_STACK = Path(__file__).resolve().parents[2] / ".k8s-assets" / "node-stack"
@@ -176,6 +178,24 @@ class NodeCluster:
                 raise RuntimeError(f"KubeRay's operator did not become ready; see {log.name}")
             time.sleep(0.2)
 
+    def start_netpol(self) -> None:
+        """NetworkPolicy enforcement on the node: `netpol.sh` of the same tools folder runs
+        kube-network-policies (nftables + nfqueue) as a host process (its README, "NetworkPolicy
+        enforcement"). Without it policies are stored and nothing is dropped (the bridge CNI has no policy
+        engine). MissingNodeTools where the script or `nft` is not there."""
+        if not os.access(self.tools / NETPOL_SCRIPT, os.X_OK):
+            raise MissingNodeTools(f"{TOOLS_ENV}={self.tools} lacks {NETPOL_SCRIPT}")
+        if shutil.which("nft") is None:
+            raise MissingNodeTools("nft is not installed (Debian package nftables): netpol.sh needs it")
+        self._script(NETPOL_SCRIPT, "start", str(self.workdir))
+        self.started.append(NETPOL_SCRIPT)
+
+    def stop_netpol(self) -> None:
+        """Enforcement off again (fail-open: everything passes; the script removes its nftables table)."""
+        if NETPOL_SCRIPT in self.started:
+            self.started.remove(NETPOL_SCRIPT)
+            self._script(NETPOL_SCRIPT, "stop", str(self.workdir))
+
     def import_image(self, archive: Path) -> None:
         self._script("node.sh", "image-import", str(self.workdir), str(archive), timeout=600)
 
@@ -186,8 +206,8 @@ class NodeCluster:
                 self.kuberay.wait(15)
             except subprocess.TimeoutExpired:
                 self.kuberay.kill()
-        # Reverse order: dns before the node, the node before the control plane (the API server otherwise
-        # waits for the kubelet's connections).
+        # Reverse order: the enforcer before the node (netpol.sh's rule), dns before the node, the node before
+        # the control plane (the API server otherwise waits for the kubelet's connections).
         for script in reversed(self.started):
             with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
                 self._script(script, "stop", str(self.workdir))

@@ -44,10 +44,11 @@ IMAGES_DIR = Path(
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the images' build as soon as the session knows it will run a scenario here, so the tests
-    before them hide it (tests/support/images.py)."""
+    """Start the images' build as soon as the session knows it will run a scenario here that needs them,
+    so the tests before them hide it (tests/support/images.py). (The NetworkPolicy test needs the node
+    alone: its pods run the node's busybox.)"""
     here = Path(__file__).parent
-    scenarios = [item for item in session.items if "node_cluster" in getattr(item, "fixturenames", ())]
+    scenarios = [item for item in session.items if "images" in getattr(item, "fixturenames", ())]
     if session.config.option.collectonly or not any(here in item.path.parents for item in scenarios):
         return
     try:
@@ -74,6 +75,21 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeClust
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def enforcing_node(node_cluster: NodeCluster) -> Iterator[NodeCluster]:
+    """The node with NetworkPolicies enforced (kube-network-policies, `netpol.sh` from the tools folder that
+    `DISTILLERY_K8S_NODE_TOOLS` names) for one module's tests; stopped after them, so that the other
+    scenarios' node is as it was (fail-open)."""
+    try:
+        node_cluster.start_netpol()
+    except MissingNodeTools as error:
+        _required(error)
+    try:
+        yield node_cluster
+    finally:
+        node_cluster.stop_netpol()
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,8 @@
 
 Per job: one ConfigMap with the resolved runtime config (`config_map`), one Deployment + headless Service per
 standalone teacher (`teacher`) and its PodDisruptionBudget (`disruption_budget`; external and colocated
-teachers get no objects), where the chart turns them on, a NetworkPolicy (`network_policy`), the checkpoint PersistentVolumeClaim (`claim`, unless the job names its own or
-none: `distillery.plan.checkpoint_storage`), the trainer pods' ServiceAccount and Role (`identity`), and one
+teachers get no objects), a NetworkPolicy per group of its pods (`network_policy`, unless the chart turns them off), the checkpoint PersistentVolumeClaim (`claim`, unless the job names its own or
+none: `distillery.plan.checkpoint_storage`), the trainer pods' ServiceAccount and Role (`identity`), the standalone teachers' key Secret (`teacher_key`), and one
 KubeRay RayJob running the student (`rayjob`). Every pod of them gets its resources, security and placement from one builder (`pod_shape`),
 as KubeRay's `controllers/ray/common/` builds each child in a module of its own. `distillery render FILE`
 prints the same objects the operator creates, the way `helm template` does (`job`).
@@ -38,7 +38,11 @@ from distillery_operator.render.job import (
     render_manifest_stream,
     standalone_teachers,
 )
-from distillery_operator.render.network_policy import NETWORK_POLICY_API_VERSION, render_network_policy
+from distillery_operator.render.network_policy import (
+    NETWORK_POLICY_API_VERSION,
+    job_pod_selector,
+    render_network_policies,
+)
 from distillery_operator.render.pod_shape import (
     RUNTIME_UID,
     container_security_context,
@@ -60,6 +64,7 @@ from distillery_operator.render.rayjob import (
 )
 from distillery_operator.render.shared_teacher import (
     render_shared_teacher,
+    render_shared_teacher_policy,
     shared_teacher_labels,
     shared_teacher_selector,
 )
@@ -74,6 +79,7 @@ from distillery_operator.render.teacher import (
     teacher_pod_template,
     teacher_selector,
 )
+from distillery_operator.render.teacher_key import render_teacher_key_secret, with_new_key
 
 __all__ = [
     "ENTRYPOINT",
@@ -95,6 +101,7 @@ __all__ = [
     "NetworkPolicySettings",
     "RenderContext",
     "container_security_context",
+    "job_pod_selector",
     "owner_reference",
     "pod_metadata",
     "pod_security_context",
@@ -106,11 +113,13 @@ __all__ = [
     "render_config_map",
     "render_job",
     "render_manifest_stream",
-    "render_network_policy",
+    "render_network_policies",
     "render_rayjob",
     "render_shared_teacher",
+    "render_shared_teacher_policy",
     "render_teacher_deployment",
     "render_teacher_disruption_budget",
+    "render_teacher_key_secret",
     "render_teacher_service",
     "render_trainer_identity",
     "shape_pod",
@@ -128,5 +137,6 @@ __all__ = [
     "trainer_locations",
     "trainer_service_account",
     "user_labels",
+    "with_new_key",
     "without_live_fields",
 ]

@@ -11,34 +11,14 @@ from typing import Any
 import orjson
 
 from distillery import pvc
-from distillery.api import API_VERSION, KIND, DistillationJob, Placement
+from distillery.api import API_VERSION, KIND, DistillationJob, Placement, RayAuth
 from distillery.api.spec import DistillationJobSpec, SecretKeyRef
 from distillery.plan.model_cache import HF_HOME, CacheVolume
 from distillery.plan.model_cache import VOLUME_NAME as CACHE_VOLUME
+from distillery.plan.network import DEFAULT_NETWORK_POLICY, NetworkPolicySettings
 from distillery_operator import naming
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-
-
-@dataclass(frozen=True)
-class NetworkPolicySettings:
-    """The chart's `networkPolicy` values: where KubeRay's operator and the metrics scrapers run (each job's
-    NetworkPolicy lets them in; `render/network_policy.py`)."""
-
-    kuberay_namespace: str
-    monitoring_namespace: str
-
-    @classmethod
-    def parse(cls, value: str) -> NetworkPolicySettings | None:
-        """`kuberay=NS,monitoring=NS` (the chart's DISTILLERY_NETWORK_POLICY); None when empty (off)."""
-        if not value.strip():
-            return None
-        pairs = (part.split("=", 1) for part in value.split(",") if "=" in part)
-        fields = {key.strip(): namespace for key, namespace in pairs}
-        missing = [k for k in ("kuberay", "monitoring") if not fields.get(k, "").strip()]
-        if missing:
-            raise ValueError(f"DISTILLERY_NETWORK_POLICY={value!r}: no namespace for {', '.join(missing)}")
-        return cls(fields["kuberay"].strip(), fields["monitoring"].strip())
 
 
 @dataclass(frozen=True)
@@ -48,12 +28,17 @@ class ClusterSettings:
     image_pull_secrets: tuple[str, ...] = ()
     """The chart's `imagePullSecrets` (`DISTILLERY_IMAGE_PULL_SECRETS`): every pod gets them, before the
     job's own."""
-    network_policy: NetworkPolicySettings | None = None
-    """Where the chart turns them on (`networkPolicy.enabled`): each job's NetworkPolicy allows these."""
+    network_policy: NetworkPolicySettings | None = DEFAULT_NETWORK_POLICY
+    """Where the callers from outside a job run (the chart's `networkPolicy`); None: no NetworkPolicies (the
+    chart's `networkPolicy.enabled: false`). On by default: a pod must not run code on a job's GPUs only
+    because nobody configured anything."""
+    ray_auth: RayAuth = RayAuth.TOKEN
+    """The chart's `rayAuth` (`DISTILLERY_RAY_AUTH`): Ray token authentication for jobs that do not choose
+    (`plan.job_access.ray_auth`)."""
 
 
 NO_CLUSTER_SETTINGS = ClusterSettings()
-"""No pull secrets, no network policies (`distillery render`, tests)."""
+"""No pull secrets, the default network policies (`distillery render`, tests)."""
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,11 @@ from distillery_operator.render.common import RenderContext
 from distillery_operator.render.config_map import render_config_map
 from distillery_operator.render.disruption_budget import render_teacher_disruption_budget
 from distillery_operator.render.identity import render_trainer_identity
-from distillery_operator.render.network_policy import render_network_policy
+from distillery_operator.render.network_policy import render_network_policies
 from distillery_operator.render.rayjob import render_rayjob
-from distillery_operator.render.shared_teacher import render_shared_teacher
+from distillery_operator.render.shared_teacher import render_shared_teacher, render_shared_teacher_policy
 from distillery_operator.render.teacher import render_teacher_deployment, render_teacher_service
+from distillery_operator.render.teacher_key import render_teacher_key_secret
 
 
 def standalone_teachers(job: DistillationJob) -> list[Teacher]:
@@ -26,11 +27,13 @@ def standalone_teachers(job: DistillationJob) -> list[Teacher]:
 
 def render_job(job: DistillationJob, ctx: RenderContext) -> list[dict[str, Any]]:
     """Every child of a job, in creation order (config first: the trainer and teachers read it; the network
-    policy before any pod it selects exists; the checkpoint claim before the trainer, whose pods mount it)."""
+    policies before any pod they select exists; the checkpoint claim before the trainer, whose pods mount it)."""
     objects = [render_config_map(job, ctx)]
-    policy = render_network_policy(job, ctx)
-    if policy is not None:
-        objects.append(policy)
+    objects.extend(render_network_policies(job, ctx))
+    key = render_teacher_key_secret(job, ctx)
+    if key is not None:
+        # Before the teachers and the trainer, whose pods take it by secretKeyRef.
+        objects.append(key)
     for teacher in standalone_teachers(job):
         objects.append(render_teacher_service(job, teacher, ctx))
         objects.append(render_teacher_deployment(job, teacher, ctx))
@@ -51,9 +54,10 @@ def render_manifest_stream(path: str | Path, namespace: str = "default") -> str:
     for teacher in teachers:
         # At its floor: what the operator makes before any job uses it.
         replicas = teacher.spec.scaling.min_replicas
-        sources.append(
-            (teacher.metadata.name, render_shared_teacher(teacher, namespace=namespace, replicas=replicas))
-        )
+        objects = render_shared_teacher(teacher, namespace=namespace, replicas=replicas)
+        policy = render_shared_teacher_policy(teacher, namespace=namespace)
+        # The policy first, as the operator makes it: before any replica it selects.
+        sources.append((teacher.metadata.name, [*([policy] if policy else []), *objects]))
     for job in jobs:
         ctx = RenderContext(namespace=namespace)
         sources.append((job.metadata.name, [*render_trainer_identity(job, ctx), *render_job(job, ctx)]))

@@ -1,72 +1,129 @@
-"""A job's NetworkPolicy (where the chart turns them on): its pods accept traffic only from each other,
-from KubeRay's operator, and from the monitoring namespace's scrapers.
+"""NetworkPolicies from the flows table (`distillery.plan.network`): one per pod group of a job, one for a
+DistillationTeacher's replicas.
 
-The Ray head's dashboard and Jobs API (8265) run code on the student's GPUs for whoever reaches them, and
-the GCS (6379) and a teacher's vLLM server (8000) have no authentication either. KubeRay's own submitter
-and operator must reach the dashboard, so binding it to localhost is not an option; a policy can say who
-may. One policy selects every pod of the job (`distillery.io/job`, which user podLabels cannot set) and
-allows:
+Each policy selects one `Pods` group by labels the operator sets and a job's podLabels cannot (everything
+under distillery.io/ and app.kubernetes.io/), isolates it for ingress, and lets in exactly the flows whose
+target it is: a job's own pods by their labels in the job's namespace, KubeRay's operator, Distillery's and
+Prometheus by namespace (and pod labels where the chart gives them). A group no flow reaches (KubeRay's
+submitter) gets a policy with no rule: nothing may connect to it. Egress is left open (the plan says why).
 
-- any port from the job's own pods: Ray's head and workers talk on ports Ray picks (GCS, object manager,
-  workers), the driver calls the teachers, KubeRay's submitter calls the dashboard;
-- the dashboard port from KubeRay's operator namespace (it follows the RayJob through the dashboard);
-- the metrics ports (the runtime's exporter, Ray's, the teachers' vLLM /metrics, which shares the
-  teacher's serving port) from the monitoring namespace.
-
-Egress is left open: pods download models and call external teachers. The policy needs a CNI that
-enforces NetworkPolicy (Calico, Cilium ...); without one it is accepted and does nothing. The namespace
-stays the trust boundary: a pod someone else makes there with the job's label is let in like the job's.
-The operator makes the policy with the job's other children (before its pods) and never deletes one:
-turned off in the chart, a job's policy goes with the job.
+The policies need a CNI that enforces NetworkPolicy; without one they are stored and do nothing
+(docs/security.md "Network"). They are made before any pod they select, and never deleted by the
+operator: a job's go with the job (owner references), a teacher's with the teacher.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from distillery.api import DistillationJob
-from distillery.runtime_config import RUNTIME_METRICS_PORT, TEACHER_PORT
+from distillery.plan.network import (
+    Flow,
+    NetworkPolicySettings,
+    Outside,
+    Peer,
+    Pods,
+    job_flows,
+    job_pods,
+    shared_teacher_flows,
+    shared_teachers_used,
+)
 from distillery_operator import naming
 from distillery_operator.render.common import RenderContext, metadata, stamp, user_labels
-from distillery_operator.render.rayjob import DASHBOARD_PORT, RAY_METRICS_PORT
 
 NETWORK_POLICY_API_VERSION = "networking.k8s.io/v1"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 """Set by the API server on every namespace: selects one namespace by its name."""
+COMPONENTS = {
+    Pods.RAY: "trainer",
+    Pods.RAY_HEAD: "trainer",
+    Pods.SUBMITTER: "submitter",
+    Pods.TEACHERS: "teacher",
+}
+"""The `app.kubernetes.io/component` of each group of a job's pods (as the pod renderers set it)."""
 
 
-def _namespace(name: str) -> dict[str, Any]:
-    return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: name}}}
+def job_pod_selector(job_name: str, pods: Pods) -> dict[str, str]:
+    """The labels that select one group of the job's pods."""
+    labels = {naming.JOB_LABEL: naming.label_value(job_name), naming.COMPONENT_LABEL: COMPONENTS[pods]}
+    if pods == Pods.RAY_HEAD:
+        labels[naming.RAY_NODE_LABEL] = "head"
+    return labels
 
 
-def _tcp(*ports: int) -> list[dict[str, Any]]:
-    return [{"protocol": "TCP", "port": port} for port in ports]
+def ray_pod_labels(job: DistillationJob, *, head: bool) -> dict[str, str]:
+    """The labels a Ray pod of the job carries for the policies: head or worker, and on the head (the
+    driver: the one caller of teachers) the client label of each DistillationTeacher the job references."""
+    labels = {naming.RAY_NODE_LABEL: "head" if head else "worker"}
+    if head:
+        labels.update({naming.teacher_client_label(name): "true" for name in shared_teachers_used(job.spec)})
+    return labels
 
 
-def render_network_policy(job: DistillationJob, ctx: RenderContext) -> dict[str, Any] | None:
-    """The job's policy, or None where the chart leaves them off."""
+def _outside(peer: Peer) -> dict[str, Any]:
+    selector: dict[str, Any] = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: peer.namespace}}}
+    if peer.pod_labels:
+        selector["podSelector"] = {"matchLabels": dict(peer.pod_labels)}
+    return selector
+
+
+def _peer(
+    source: Pods | Outside, settings: NetworkPolicySettings, *, job: str = "", teacher: str = ""
+) -> dict[str, Any]:
+    """The NetworkPolicyPeer of a flow's source: a job's pods (or a shared teacher's clients) in the policy's
+    own namespace, or the callers from outside at their namespace."""
+    if isinstance(source, Outside):
+        return _outside(settings.peer(source))
+    if source == Pods.TEACHER_CLIENTS:
+        return {"podSelector": {"matchLabels": {naming.teacher_client_label(teacher): "true"}}}
+    return {"podSelector": {"matchLabels": job_pod_selector(job, source)}}
+
+
+def _spec(
+    selector: Mapping[str, str],
+    flows: Iterable[Flow],
+    settings: NetworkPolicySettings,
+    *,
+    job: str = "",
+    teacher: str = "",
+) -> dict[str, Any]:
+    ingress = []
+    for flow in flows:
+        rule: dict[str, Any] = {"from": [_peer(flow.source, settings, job=job, teacher=teacher)]}
+        if flow.ports:  # none: every port (the Ray pods among themselves)
+            rule["ports"] = [{"protocol": "TCP", "port": port.number} for port in flow.ports]
+        ingress.append(rule)
+    return {"podSelector": {"matchLabels": dict(selector)}, "policyTypes": ["Ingress"], "ingress": ingress}
+
+
+def render_network_policies(job: DistillationJob, ctx: RenderContext) -> list[dict[str, Any]]:
+    """The job's policies, one per group of its pods; none where the chart turns them off."""
     settings = ctx.cluster.network_policy
     if settings is None:
-        return None
-    pods = {naming.JOB_LABEL: naming.label_value(job.metadata.name)}
-    name = naming.network_policy_name(job.metadata.name)
-    labels = naming.child_labels(job.metadata.name, "network", user_labels(job))
-    return stamp(
-        {
-            "apiVersion": NETWORK_POLICY_API_VERSION,
-            "kind": "NetworkPolicy",
-            "metadata": metadata(job, ctx, name, labels),
-            "spec": {
-                "podSelector": {"matchLabels": pods},
-                "policyTypes": ["Ingress"],
-                "ingress": [
-                    {"from": [{"podSelector": {"matchLabels": pods}}]},
-                    {"from": [_namespace(settings.kuberay_namespace)], "ports": _tcp(DASHBOARD_PORT)},
-                    {
-                        "from": [_namespace(settings.monitoring_namespace)],
-                        "ports": _tcp(RUNTIME_METRICS_PORT, RAY_METRICS_PORT, TEACHER_PORT),
-                    },
-                ],
-            },
-        }
-    )
+        return []
+    name = job.metadata.name
+    flows = job_flows(job.spec)
+    policies = []
+    for pods in job_pods(job.spec):
+        labels = naming.child_labels(name, "network", user_labels(job))
+        policy_name = naming.network_policy_name(name, "" if pods == Pods.RAY else pods.value)
+        spec = _spec(job_pod_selector(name, pods), (f for f in flows if f.target == pods), settings, job=name)
+        policies.append(
+            stamp(
+                {
+                    "apiVersion": NETWORK_POLICY_API_VERSION,
+                    "kind": "NetworkPolicy",
+                    "metadata": metadata(job, ctx, policy_name, labels),
+                    "spec": spec,
+                }
+            )
+        )
+    return policies
+
+
+def shared_teacher_policy_spec(
+    teacher: str, selector: Mapping[str, str], settings: NetworkPolicySettings
+) -> dict[str, Any]:
+    """The spec of the policy of the DistillationTeacher `teacher`, whose replicas `selector` selects."""
+    return _spec(selector, shared_teacher_flows(), settings, teacher=teacher)

@@ -12,9 +12,11 @@ import posixpath
 from typing import Any
 
 from distillery import pvc
-from distillery.api import SERVED_ELSEWHERE, DistillationJob
+from distillery.api import SERVED_ELSEWHERE, DistillationJob, Placement, RayAuth
 from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.plan.job_access import ray_auth
 from distillery.plan.model_cache import TRAINER, model_cache
+from distillery.plan.network import DASHBOARD_PORT, RAY_METRICS_PORT
 from distillery.plan.pod_resources import ContainerResources, pod_resources
 from distillery.plan.pod_scheduling import PodScheduling, pod_scheduling
 from distillery.plan.teacher_client import teacher_client
@@ -32,14 +34,11 @@ from distillery_operator.render.common import (
     user_labels,
 )
 from distillery_operator.render.identity import trainer_service_account
+from distillery_operator.render.network_policy import ray_pod_labels
 from distillery_operator.render.pod_shape import pod_template
 
 RAYJOB_API_VERSION = "ray.io/v1"
 ENTRYPOINT = f"distillery run {CONFIG_MOUNT_DIR}/{CONFIG_KEY}"
-DASHBOARD_PORT = 8265
-"""Ray's dashboard and Jobs API: KubeRay's operator follows the RayJob through it, its submitter submits there."""
-RAY_METRICS_PORT = 8080
-"""Ray's own Prometheus exporter (`--metrics-export-port`), on the head and the workers."""
 RAY_HEAD_PORTS = (
     ("gcs-server", 6379),
     ("dashboard", DASHBOARD_PORT),
@@ -70,17 +69,18 @@ def trainer_locations(job: DistillationJob) -> list[str | None]:
 def teacher_access(
     job: DistillationJob,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(env, volumes, mounts) that give the driver each external teacher's API key and CA bundle where its
-    client settings say (`plan.teacher_client`): the key as a variable from a secretKeyRef (a reference: the
-    value never enters the RayJob or the runtime config), the bundle as a file of its Secret or ConfigMap."""
+    """(env, volumes, mounts) that give the driver each served teacher's API key (an external one's, the
+    job's teacher key for a standalone one) and CA bundle where its client settings say
+    (`plan.teacher_client`): the key as a variable from a secretKeyRef (a reference: the value never enters
+    the RayJob or the runtime config), the bundle as a file of its Secret or ConfigMap."""
     env: list[dict[str, Any]] = []
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     for index, teacher in enumerate(job.spec.teachers):
-        if teacher.placement not in SERVED_ELSEWHERE:
+        if teacher.placement not in (*SERVED_ELSEWHERE, Placement.STANDALONE):
             continue
         endpoints = teacher_endpoints(job, teacher, job.metadata.namespace)
-        client = teacher_client(teacher, index, endpoints, in_cluster=True)
+        client = teacher_client(teacher, index, endpoints, in_cluster=True, job_name=job.metadata.name)
         if client is None:
             continue
         if client.api_key_secret is not None and client.api_key_env is not None:
@@ -180,7 +180,9 @@ def _ray_pod_template(
         "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
     }
     mount_model_cache(pod, model_cache(spec).get(TRAINER))
-    labels = naming.child_labels(job.metadata.name, "trainer", user_labels(job))
+    # Head or worker, and the head's shared teachers: what the NetworkPolicies select by.
+    network = ray_pod_labels(job, head=not worker)
+    labels = naming.child_labels(job.metadata.name, "trainer", user_labels(job), extra=network)
     return pod_template(labels, pod, resources, scheduling)
 
 
@@ -195,6 +197,17 @@ def submitter_pod_template(job: DistillationJob, scheduling: PodScheduling) -> d
     # Not "trainer": selectors of the trainer pods (the chart's PodMonitor) must not pick the submitter.
     labels = naming.child_labels(job.metadata.name, "submitter", user_labels(job))
     return pod_template(labels, pod, resources, scheduling)
+
+
+def ray_auth_options(job: DistillationJob, ctx: RenderContext) -> dict[str, Any]:
+    """`authOptions` of the RayCluster where the job's Ray authentication is on (`plan.job_access.ray_auth`):
+    KubeRay makes the token's Secret (owned by the RayCluster, gone with it), sets `RAY_AUTH_MODE` and
+    `RAY_AUTH_TOKEN` on the head, the workers and the submitter, and sends the token itself when it
+    follows the job through the dashboard. Off: no `authOptions` at all, the RayJob of a KubeRay that
+    predates them."""
+    if ray_auth(job.spec, ctx.cluster.ray_auth) != RayAuth.TOKEN:
+        return {}
+    return {"authOptions": {"mode": RayAuth.TOKEN.value}}
 
 
 def render_rayjob(job: DistillationJob, ctx: RenderContext) -> dict[str, Any]:
@@ -213,6 +226,7 @@ def render_rayjob(job: DistillationJob, ctx: RenderContext) -> dict[str, Any]:
         "backoffLimit": spec.backoff_limit,
         "submitterPodTemplate": submitter_pod_template(job, scheduling.submitter),
         "rayClusterSpec": {
+            **ray_auth_options(job, ctx),
             "headGroupSpec": {
                 "rayStartParams": dict(HEAD_START_PARAMS),
                 "template": _ray_pod_template(job, "ray-head", resources.head, scheduling.head, worker=False),

@@ -2,7 +2,8 @@
 
 The same pod shape as a job's standalone teacher (`render/teacher.py`, from a `TeacherServer`), named after
 the teacher (`runtime_config.shared_teacher_service_name`: the jobs reach it there) and labelled with no job:
-no job's selector, NetworkPolicy or label query takes its pods for its own. The replica count is the
+no job's selector, NetworkPolicy or label query takes its pods for its own. Its own NetworkPolicy
+(`render_shared_teacher_policy`) lets in the jobs that reference it. The replica count is the
 operator's scaling decision (`distillery.plan.teacher_scaling`), a live field that the spec hash leaves out.
 """
 
@@ -14,7 +15,8 @@ from distillery.api import TEACHER_API_VERSION, TEACHER_KIND, DistillationTeache
 from distillery.plan.shared_teacher import shared_teacher_server
 from distillery.runtime_config import shared_teacher_service_name
 from distillery_operator import naming
-from distillery_operator.render.common import ClusterSettings, stamp
+from distillery_operator.render.common import NO_CLUSTER_SETTINGS, ClusterSettings, stamp
+from distillery_operator.render.network_policy import NETWORK_POLICY_API_VERSION, shared_teacher_policy_spec
 from distillery_operator.render.teacher import server_deployment_spec, server_service_spec
 
 COMPONENT = "shared-teacher"
@@ -92,3 +94,22 @@ def render_shared_teacher(
         "spec": server_service_spec(selector),
     }
     return [stamp(deployment), stamp(service)]
+
+
+def render_shared_teacher_policy(
+    teacher: DistillationTeacher,
+    *,
+    namespace: str,
+    owner_uid: str | None = None,
+    cluster: ClusterSettings = NO_CLUSTER_SETTINGS,
+) -> dict[str, Any] | None:
+    """The NetworkPolicy of a DistillationTeacher's replicas (`distillery.plan.network.shared_teacher_flows`:
+    the jobs that reference it, the operator, Prometheus); None where the chart turns them off."""
+    if cluster.network_policy is None:
+        return None
+    name = teacher.metadata.name
+    meta = {**_metadata(teacher, namespace, owner_uid), "name": naming.shared_teacher_policy_name(name)}
+    spec = shared_teacher_policy_spec(name, shared_teacher_selector(name), cluster.network_policy)
+    return stamp(
+        {"apiVersion": NETWORK_POLICY_API_VERSION, "kind": "NetworkPolicy", "metadata": meta, "spec": spec}
+    )

@@ -11,7 +11,8 @@ import math
 from typing import Any
 
 from distillery import pvc
-from distillery.api import DistillationJob, Teacher
+from distillery.api import DistillationJob, SecretKeyRef, Teacher
+from distillery.plan.job_access import TEACHER_KEY_ENV, teacher_key
 from distillery.plan.shared_teacher import TeacherServer, teacher_server
 from distillery.plan.vllm_env import NO_TRACKING_ENV, cpu_kv_cache_env
 from distillery.runtime_config import TEACHER_PORT
@@ -59,8 +60,20 @@ def teacher_labels(job: DistillationJob, teacher: Teacher) -> dict[str, str]:
     )
 
 
-def server_pod_template(server: TeacherServer, labels: dict[str, str]) -> dict[str, Any]:
-    """The pod template of one replica."""
+def api_key_env(api_key: SecretKeyRef | None) -> list[dict[str, Any]]:
+    """The server's key (`plan.job_access`), by secretKeyRef: a reference, never the value. vLLM guards /v1
+    with it, our server every other route but /health and /metrics (`teachers.server_auth`)."""
+    if api_key is None:
+        return []
+    ref = {"name": api_key.name, "key": api_key.key}
+    return [{"name": TEACHER_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}]
+
+
+def server_pod_template(
+    server: TeacherServer, labels: dict[str, str], api_key: SecretKeyRef | None = None
+) -> dict[str, Any]:
+    """The pod template of one replica; `api_key`: where the key every request must carry is (None: none).
+    The probes ask /health, which answers without a key and tells nothing but that the server is up."""
     probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
     volumes, mounts = claim_volumes(pvc.claims([server.model]))
     startup_failures = max(1, math.ceil(server.ready_timeout_seconds / STARTUP_PERIOD_SECONDS))
@@ -81,7 +94,7 @@ def server_pod_template(server: TeacherServer, labels: dict[str, str]) -> dict[s
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
     }
-    env = hf_token_env(server.inference.hf_token_secret)
+    env = hf_token_env(server.inference.hf_token_secret) + api_key_env(api_key)
     variables = dict(NO_TRACKING_ENV)
     if server.pool.gpus_per_replica == 0:
         # Found on a real node: without it vLLM's CPU worker wanted 90% of the node's memory and exited.
@@ -100,11 +113,15 @@ def server_pod_template(server: TeacherServer, labels: dict[str, str]) -> dict[s
 def teacher_pod_template(job: DistillationJob, teacher: Teacher, ctx: RenderContext) -> dict[str, Any]:
     """The pod template of one replica of a standalone teacher."""
     server = teacher_server(job.spec, teacher, ctx.cluster.image_pull_secrets)
-    return server_pod_template(server, teacher_labels(job, teacher))
+    return server_pod_template(server, teacher_labels(job, teacher), teacher_key(job.metadata.name, teacher))
 
 
 def server_deployment_spec(
-    server: TeacherServer, replicas: int, selector: dict[str, str], labels: dict[str, str]
+    server: TeacherServer,
+    replicas: int,
+    selector: dict[str, str],
+    labels: dict[str, str],
+    api_key: SecretKeyRef | None = None,
 ) -> dict[str, Any]:
     return {
         "replicas": replicas,
@@ -112,7 +129,7 @@ def server_deployment_spec(
         # No surge: a replica holds whole GPUs, and a rollout must not need spare ones.
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
         "progressDeadlineSeconds": max(server.ready_timeout_seconds, 60),
-        "template": server_pod_template(server, labels),
+        "template": server_pod_template(server, labels, api_key),
     }
 
 
@@ -136,7 +153,13 @@ def render_teacher_deployment(job: DistillationJob, teacher: Teacher, ctx: Rende
             "apiVersion": "apps/v1",
             "kind": "Deployment",
             "metadata": metadata(job, ctx, name, labels),
-            "spec": server_deployment_spec(server, replicas, teacher_selector(job, teacher), labels),
+            "spec": server_deployment_spec(
+                server,
+                replicas,
+                teacher_selector(job, teacher),
+                labels,
+                teacher_key(job.metadata.name, teacher),
+            ),
         }
     )
 

@@ -62,17 +62,22 @@ def served_limit_problems(config: RuntimeConfig, infos: Mapping[str, Mapping[str
 async def check_served_limits(config: RuntimeConfig, timeout: float = 30.0) -> None:
     """Ask every teacher that runs our server (compact protocol) for its limits; ServedLimitsError with
     every problem. Call once the teachers answer their health check; one that does not answer this is
-    skipped."""
+    skipped. Asked as the scoring client asks (its TLS context and key, `teachers.access`): a teacher that
+    wants a key refuses a request without one."""
     import aiohttp
     import orjson
+
+    from distillery_runtime.teachers.access import client_access
 
     infos: dict[str, dict[str, Any]] = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
         for teacher in config.teachers:
             if teacher.protocol != TeacherProtocol.COMPACT or not teacher.endpoints:
                 continue
+            access = client_access(teacher.name, teacher.client, teacher.endpoints)
+            url = teacher.endpoints[0].rstrip("/") + INFO_PATH
             try:
-                async with session.get(teacher.endpoints[0].rstrip("/") + INFO_PATH) as response:
+                async with session.get(url, ssl=access.ssl, headers=access.headers) as response:
                     response.raise_for_status()
                     infos[teacher.name] = orjson.loads(await response.read())
             except (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError):

@@ -21,6 +21,9 @@ also be given positionally. Routes:
 - `GET /distillery/v1/vocabulary`: `{"tokens": [...]}`, the tokenizer's token at each id (null for
   holes): the trainer checks that the teacher's vocabulary extends the student's (`tokenizer_compat`).
 
+With `$VLLM_API_KEY` set (a standalone teacher's pods get the job's key there), every route but `/health`
+and `/metrics` wants `Authorization: Bearer KEY` (`server_auth`; vLLM's own check covers /v1 only).
+
 Both APIs share the one `AsyncLLM` engine of the process: the compact endpoint submits its
 requests with `detokenize=False` and receives the engine core's top-k tensors as arrays
 (`engine_scoring`), so at large K it skips the per-entry Python objects and text decoding that
@@ -36,16 +39,19 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import ORJSONResponse, Response
+from starlette.middleware import Middleware
 
+from distillery.plan.job_access import TEACHER_KEY_ENV
 from distillery_runtime.teachers.dense import check_sample, check_top_k
 from distillery_runtime.teachers.engine_scoring import install_tensor_logprobs, score_sequences
 from distillery_runtime.teachers.fast_topk import install_fast_topk
 from distillery_runtime.teachers.job_serving import JobServing
+from distillery_runtime.teachers.server_auth import KeyGuard
 from distillery_runtime.teachers.server_metrics import TeacherServerMetrics
 from distillery_runtime.teachers.tokenizer_compat import tokenizer_vocabulary, vocabulary_list
 from distillery_runtime.teachers.types import ScoreRequest, TeacherError
@@ -176,12 +182,22 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def _with_scoring_routes(build_app):  # type: ignore[no-untyped-def]
+def _with_scoring_routes(build_app, environ: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
+    """vLLM's `build_app` with our routes, and with the key check of every route (`server_auth`) where
+    `$VLLM_API_KEY` is set (read from `environ`, the process's own by default)."""
+
     def build(args, *rest, **kwargs) -> FastAPI:  # type: ignore[no-untyped-def]
         app = build_app(args, *rest, **kwargs)
         app.include_router(router)
         # In the default registry, which vLLM's /metrics serves; made once, as build_app runs once.
         app.state.distillery_metrics = TeacherServerMetrics(gpus=replica_gpus(args))
+        key = (os.environ if environ is None else environ).get(TEACHER_KEY_ENV)
+        if key:
+            # Outermost: checked before vLLM's middleware and every route. vLLM's build has already built
+            # the middleware stack (where `add_middleware` refuses): it is built again, with it, at the first
+            # request.
+            app.user_middleware.insert(0, Middleware(KeyGuard, key=key))
+            app.middleware_stack = None
         return app
 
     return build
