@@ -114,7 +114,7 @@ def measure(model_dir: Path, tensor_parallel: int, rounds: int) -> dict[str, Any
         engine.update_weights(ray.get(ref), version)
         return time.perf_counter() - t0
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     out: dict[str, Any] = {
         "tensor_parallel": tensor_parallel,
         "bytes": total,

@@ -195,7 +195,7 @@ def object_store_seconds(totals: list[int]) -> dict[int, float]:
         def take(self, weights: list) -> int:
             return sum(t.numel() for _, t in weights)
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     out = {}
     try:
         receiver = Receiver.remote()

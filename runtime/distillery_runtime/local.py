@@ -268,6 +268,9 @@ def init_ray(address: str | None, gpus: list[str] | None = None, model_locations
         # the standalone teachers' GPUs, and with gpusPerWorker 0 every GPU, out of the student's reach.
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     start_embedded_ray(
+        # "local": a new Ray of this run's own, never one found on the machine (the last `ray start`'s
+        # address in /tmp/ray, or RAY_ADDRESS), which would take neither these settings nor its GPUs.
+        address="local",
         num_cpus=max(os.cpu_count() or 1, 4),
         include_dashboard=False,
         runtime_env={"env_vars": env},

@@ -30,7 +30,7 @@ from harness import Installation, yaml_stream
 
 RAY_HOLDER = (
     "import ray, sys, time\n"
-    "ray.init(num_cpus=4, include_dashboard=False)\n"
+    "ray.init(address='local', num_cpus=4, include_dashboard=False)\n"
     "print(ray.get_runtime_context().gcs_address, flush=True)\n"
     "time.sleep(1e6)\n"
 )

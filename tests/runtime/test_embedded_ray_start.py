@@ -7,6 +7,7 @@ under load. The last test starts a real one."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -83,11 +84,18 @@ ray.shutdown()
 """
 
 
-def test_an_embedded_ray_starts_no_idle_workers_beside_the_actors_it_is_asked_for() -> None:
+def test_an_embedded_ray_is_its_own_and_starts_no_idle_workers_beside_the_actors_it_is_asked_for() -> None:
     # Ray's defaults prestart idle workers for the first driver (two on the 2-core host, there by the time
     # ray.init returns) that no actor of the run's runtime environment ever starts in.
+    # And a Ray found on the machine is not joined: ray.init without an address takes RAY_ADDRESS (or the
+    # last `ray start`'s address), which here points at nothing: joining it would fail the start.
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1"}
     out = subprocess.run(
-        [sys.executable, "-c", IDLE_WORKERS_BESIDE_AN_ACTOR], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", IDLE_WORKERS_BESIDE_AN_ACTOR],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     actor_in_tree, idle_workers = out.stdout.split()

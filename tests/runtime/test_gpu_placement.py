@@ -209,6 +209,7 @@ def _tp_replicas(seen: list[Seen]) -> list[list[Seen]]:
 def single_node() -> Iterator[None]:
     ray.shutdown()
     ray.init(
+        address="local",
         num_cpus=2,
         num_gpus=2,
         object_store_memory=OBJECT_STORE_BYTES,
@@ -243,6 +244,9 @@ def two_nodes() -> Iterator[None]:
     nodes = [
         cluster.add_node(num_cpus=1, num_gpus=gpus, object_store_memory=OBJECT_STORE_BYTES) for _ in range(2)
     ]
+    # While it lives, the head's address is the machine's "current cluster" (/tmp/ray/ray_current_cluster),
+    # which a `ray.init()` without an address elsewhere would join: the product's own embedded Ray asks for
+    # address "local", and so does every test's.
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, configure_logging=False)
     yield
