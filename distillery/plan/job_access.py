@@ -18,6 +18,12 @@ from __future__ import annotations
 from distillery.api import DistillationJobSpec, Placement, RayAuth, SecretKeyRef, Teacher
 from distillery.names import child_name
 
+RAY_VERSION = "2.52.0"
+"""The `rayVersion` every RayJob declares: the least Ray the runtime image carries (pyproject's `ray[default]`
+floor; tests/operator/test_job_access.py keeps the two equal). KubeRay reads it to gate what the cluster
+may use, and refuses `authOptions.mode: token` without one of at least 2.52 (found on the test node: every
+job Failed "authOptions.mode is 'token' but RayVersion was not specified")."""
+
 TEACHER_KEY = "api-key"
 """The data key of the job's teacher key Secret."""
 TEACHER_KEY_ENV = "VLLM_API_KEY"

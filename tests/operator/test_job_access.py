@@ -19,6 +19,7 @@ from operator_harness import Cluster, load_example, wait_for
 from test_operator_decide import World, job_body
 
 from distillery.api import RayAuth
+from distillery.plan.job_access import RAY_VERSION
 from distillery.validation import load_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +51,21 @@ def test_ray_token_authentication_is_on_by_default() -> None:
     cluster = one(rendered("gkd.yaml"), "RayJob")["spec"]["rayClusterSpec"]
     # KubeRay makes the token's Secret and gives it to the head, the workers and the submitter.
     assert cluster["authOptions"] == {"mode": "token"}
+    # And refuses the RayJob without a rayVersion of at least 2.52 (KubeRay v1.7 on the test node).
+    assert tuple(int(p) for p in cluster["rayVersion"].split(".")) >= (2, 52, 0)
+
+
+def test_the_declared_ray_version_is_the_runtimes_floor() -> None:
+    """The rayVersion KubeRay gates features by is the least Ray the runtime installs (pyproject.toml)."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    every = [
+        *project["dependencies"],
+        *(d for extra in project["optional-dependencies"].values() for d in extra),
+    ]
+    floors = [d.split(">=")[1] for d in every if d.startswith("ray[")]
+    assert floors == [RAY_VERSION]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from typing import Any
 from distillery import pvc
 from distillery.api import SERVED_ELSEWHERE, DistillationJob, Placement, RayAuth
 from distillery.plan.checkpoint_storage import checkpoint_storage
-from distillery.plan.job_access import ray_auth
+from distillery.plan.job_access import RAY_VERSION, ray_auth
 from distillery.plan.model_cache import TRAINER, model_cache
 from distillery.plan.network import DASHBOARD_PORT, RAY_METRICS_PORT
 from distillery.plan.pod_resources import ContainerResources, pod_resources
@@ -226,6 +226,7 @@ def render_rayjob(job: DistillationJob, ctx: RenderContext) -> dict[str, Any]:
         "backoffLimit": spec.backoff_limit,
         "submitterPodTemplate": submitter_pod_template(job, scheduling.submitter),
         "rayClusterSpec": {
+            "rayVersion": RAY_VERSION,
             **ray_auth_options(job, ctx),
             "headGroupSpec": {
                 "rayStartParams": dict(HEAD_START_PARAMS),
