@@ -215,9 +215,8 @@ def test_the_operator_uses_exactly_what_the_chart_grants(
     name = "std"
     teacher = naming.teacher_name(name, "qwen-7b")
     rayjob = naming.rayjob_name(name)
-    # The chart with networkPolicy.enabled: the operator makes each job's NetworkPolicy (a grant the chart
-    # gives either way, so the policy is exercised here).
-    env = {NETWORK_POLICY_ENV: "kuberay=kuberay-system,monitoring=monitoring"}
+    # The chart's own setting of the NetworkPolicies (on, as by default): the operator makes each job's.
+    env = {NETWORK_POLICY_ENV: json.dumps({"kuberay": {"namespace": "kuberay-system"}})}
     with running_operator(installation, namespace, tmp_path / "operator.log", env=env) as operator:
         # No claim named: the operator makes the checkpoint claim, owned by the job (the garbage collector
         # deletes it with the job below: the operator never deletes anything).
@@ -286,9 +285,10 @@ def test_the_operator_uses_exactly_what_the_chart_grants(
         )
         # ... and the job's NetworkPolicy, opened to every pod of the cluster: put back.
         policy = naming.network_policy_name(name)
+        rules = installation.get("networkpolicy", policy, namespace)["spec"]["ingress"]
         merge_patch(installation, namespace, "networkpolicy", policy, {"spec": {"ingress": [{}]}})
         wait_until(
-            lambda: len(installation.get("networkpolicy", policy, namespace)["spec"]["ingress"]) == 3,
+            lambda: installation.get("networkpolicy", policy, namespace)["spec"]["ingress"] == rules,
             what="the NetworkPolicy repaired",
         )
         # Someone widens the trainer's Role and edits its ServiceAccount and RoleBinding: all put back.
@@ -501,7 +501,9 @@ def test_a_missing_finalizers_grant_refuses_every_child_and_the_user_sees_why(
     assert "blockOwnerDeletion" in message
     assert not any(children(installation, namespace, "std").values())
     refused = {(r.verb, r.resource) for r in audit_requests(installation, since, {who.user}) if r.code == 403}
-    assert ("create", "core:configmaps") in refused and ("create", "ray.io:rayjobs") in refused, refused
+    # The RayJob is not even asked for: it comes after the children it reads (its ConfigMap, the teacher key
+    # Secret, its NetworkPolicies), all refused.
+    assert ("create", "core:configmaps") in refused and ("create", "core:secrets") in refused, refused
 
 
 def test_a_missing_status_grant_is_refused_and_the_job_shows_no_status(
