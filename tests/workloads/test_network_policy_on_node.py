@@ -164,7 +164,7 @@ def test_the_rendered_policies_drop_what_they_deny_and_pass_what_they_allow(stag
 
     allowed = [("worker", "head", 6379)]  # Ray among itself: the GCS
     # Allowed too, but this enforcer build cannot complete them: it judges each packet's conntrack state
-    # through the xtables NFQUEUE fallback of this VM's kernel (../shared/k8s README), so the server's
+    # through the xtables NFQUEUE fallback of this VM's kernel (the README of the k8s tools that DISTILLERY_K8S_NODE_TOOLS names), so the server's
     # SYN-ACK reaches its queue as a new connection into the client, which these policies (rightly) do not
     # let in. Its log shows each SYN accepted and each SYN-ACK dropped; a stateful CNI (Calico, Cilium,
     # kube-network-policies on a kernel with nft_queue) lets the reply through. So for these the test reads
