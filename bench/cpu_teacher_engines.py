@@ -41,7 +41,7 @@ os.environ.update(turn_taking_threads_env(os.environ))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from distillery_runtime.teachers import CompactTeacher, ScoreRequest  # noqa: E402
-from distillery_runtime.teachers.transformers_forward import TransformersTeacher  # noqa: E402
+from distillery_runtime.teachers.in_process.transformers_forward import TransformersTeacher  # noqa: E402
 from distillery_runtime.testing.teacher_server import cpu_env, start_teacher_server  # noqa: E402
 from distillery_runtime.testing.tiny import build_tokenizer, save_tiny_model  # noqa: E402
 
@@ -49,6 +49,7 @@ from distillery.api.spec import TeacherEngine  # noqa: E402
 from distillery.plan.engines import EngineSettings  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
+from _common import json_main  # noqa: E402  (bench/, the script's own folder)
 from e2e_vs_trl import SPEED_MODELS  # noqa: E402
 
 SAMPLES, PROMPT, RESPONSE, TOP_K, VOCAB = 32, 8, 128, 16, 1031
@@ -152,4 +153,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(json_main("cpu_teacher_engines", main))

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from _common import json_main  # bench/, the script's own folder
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ("distillery", "trl-gkd", "trl-distill")
@@ -254,7 +255,6 @@ def distillery_phases(record: dict) -> dict[str, float]:
 def trl_child(system: str, s: Setting, out: Path) -> None:
     """Runs inside its own process: one TRL trainer on the setting, steps and evals written as jsonl."""
     import torch
-    from datasets import Dataset
     from distillery_runtime.tasks import evaluate, is_synthetic, resolve_uri, task_for
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
@@ -341,15 +341,35 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
                 )
                 evals_file.flush()
 
+    if eval_rows:
+        acc0 = accuracy(student, tokenizer, eval_rows)
+        evals_file.write(json.dumps({"step": 0, "accuracy": acc0, "train_s": 0.0}) + "\n")
+    trainer = _trl_trainer(system, s, out, student, teacher, tokenizer, rows, Timer())
+    trainer.train()
+    steps_file.close()
+    evals_file.close()
+
+
+def _trl_trainer(
+    system: str,
+    s: Setting,
+    out: Path,
+    student: Any,
+    teacher: Any,
+    tokenizer: Any,
+    rows: list[dict],
+    timer: Any,
+) -> Any:
+    """The TRL trainer of `system` on the setting: GKD on chat rows (lmbda 1: on-policy), or the distillation
+    trainer on prompts; reverse KL (beta 1) in both, `timer` its callback."""
+    from datasets import Dataset
+
     common = dict(
         output_dir=str(out / "trainer"), per_device_train_batch_size=s.prompts_per_step, gradient_accumulation_steps=1,
         max_steps=s.steps, learning_rate=s.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=s.warmup,
         max_grad_norm=1.0, use_cpu=s.device == "cpu", bf16=s.precision == "bfloat16", gradient_checkpointing=False, report_to="none",
         save_strategy="no", logging_steps=1, seed=0, dataloader_num_workers=0, disable_tqdm=True,
     )  # fmt: skip
-    if eval_rows:
-        acc0 = accuracy(student, tokenizer, eval_rows)
-        evals_file.write(json.dumps({"step": 0, "accuracy": acc0, "train_s": 0.0}) + "\n")
     if system == "trl-gkd":
         from trl.experimental.gkd import GKDConfig, GKDTrainer
 
@@ -378,7 +398,7 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
             args=args,
             train_dataset=data,
             processing_class=tokenizer,
-            callbacks=[Timer()],
+            callbacks=[timer],
         )
     else:
         from trl import DistillationConfig, DistillationTrainer
@@ -397,11 +417,9 @@ def trl_child(system: str, s: Setting, out: Path) -> None:
             args=args,
             train_dataset=data,
             processing_class=tokenizer,
-            callbacks=[Timer()],
+            callbacks=[timer],
         )
-    trainer.train()
-    steps_file.close()
-    evals_file.close()
+    return trainer
 
 
 def sampled_tokens(sequences: Any, prompt: Any, end_ids: int | list[int] | None) -> int:
@@ -558,6 +576,46 @@ def reach(evals: list[dict], threshold: float) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.child:
+        trl_child(args.child, Setting(**json.loads(args.setting.read_text())), args.out)
+        return 0
+
+    # Speed settings: 2 repeats even in quick mode, so that two systems run A B B A (module docstring).
+    repeats = 2 if args.quick else 3
+    # 12 quick steps, the first excluded: Distillery's next two or three are still warming up (new row
+    # widths for oneDNN's kernels, the heap's growth), and of 7 timed steps they could move the median.
+    speed_steps, learn_steps, eval_every = (12, 100, 5) if args.quick else (16, 150, 5)
+    args.output.mkdir(parents=True, exist_ok=True)
+    settings = _settings(args, parser, speed_steps, learn_steps, eval_every)
+    machine_before = {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")}
+    results = _run_all(settings, args.systems, repeats, args.output)
+    summary: dict = {
+        "bench": "e2e_vs_trl",
+        "cpu_cores": os.cpu_count(),
+        "mode": "quick" if args.quick else "full",
+        "load_average_at_end": os.getloadavg(),
+        "matmul_gflops": {
+            "start": machine_before,
+            "end": {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")},
+        },
+    }
+    # Other work on the machine slows every system; the load says how busy it was.
+    print(f"\n{os.cpu_count()} CPU cores; load average (1, 5, 15 min) at the end: {os.getloadavg()}")
+    flops = summary["matmul_gflops"]
+    print(
+        "matmul GFLOPS (2048^2, float32 / bfloat16): "
+        f"start {flops['start']['float32']:.0f} / {flops['start']['bfloat16']:.0f}, "
+        f"end {flops['end']['float32']:.0f} / {flops['end']['bfloat16']:.0f}"
+    )
+    for s in settings:
+        summary[s.name] = _setting_report(s, results[s.name], args.threshold)
+    print(json.dumps(summary))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--parts", nargs="*", default=["speed", "learning"], choices=["speed", "learning"])
@@ -582,17 +640,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", choices=SYSTEMS[1:], help=argparse.SUPPRESS)
     parser.add_argument("--setting", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        trl_child(args.child, Setting(**json.loads(args.setting.read_text())), args.out)
-        return 0
+    return parser
 
-    # Speed settings: 2 repeats even in quick mode, so that two systems run A B B A (module docstring).
-    repeats = 2 if args.quick else 3
-    # 12 quick steps, the first excluded: Distillery's next two or three are still warming up (new row
-    # widths for oneDNN's kernels, the heap's growth), and of 7 timed steps they could move the median.
-    speed_steps, learn_steps, eval_every = (12, 100, 5) if args.quick else (16, 150, 5)
-    args.output.mkdir(parents=True, exist_ok=True)
+
+def _settings(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    speed_steps: int,
+    learn_steps: int,
+    eval_every: int,
+) -> list[Setting]:
+    """The settings the command line asks for: the speed part's scales and precisions, the learning part."""
     settings = []
     if "speed" in args.parts:
         for item in args.speed_settings:
@@ -608,120 +666,107 @@ def main(argv: list[str] | None = None) -> int:
         settings.append(replace(learning_setting(args.task, learn_steps, eval_every), device=args.device))
     settings = [replace(s, rollout_engine=args.rollout_engine) for s in settings]
 
-    machine_before = {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")}
+    return settings
+
+
+def _run_all(
+    settings: list[Setting], systems: list[str], repeats: int, output: Path
+) -> dict[str, dict[str, list[dict]]]:
+    """Every system on every setting (the speed settings `repeats` times, in rotated order): their runs by
+    setting and system; a system that fails is left out of its setting's runs."""
     results: dict[str, dict[str, list[dict]]] = {}
     for s in settings:
-        results[s.name] = {system: [] for system in args.systems}
+        results[s.name] = {system: [] for system in systems}
         n_rep = repeats if s.name.startswith("speed") else 1
         for r in range(n_rep):
-            order = args.systems[r % len(args.systems) :] + args.systems[: r % len(args.systems)]
+            order = systems[r % len(systems) :] + systems[: r % len(systems)]
             for system in order:
                 print(f"[{s.name}] repeat {r + 1}/{n_rep}: {system} ...", file=sys.stderr, flush=True)
-                out = args.output / s.name / f"{system}-{r}"
+                out = output / s.name / f"{system}-{r}"
                 try:
                     run = run_distillery(s, out) if system == "distillery" else run_trl(system, s, out)
                 except RuntimeError as error:  # one system failing must not lose the others' numbers
                     print(f"  {error}", file=sys.stderr, flush=True)
                     continue
                 results[s.name][system].append({**run, "repeat": r})
+    return results
 
-    summary: dict = {
-        "bench": "e2e_vs_trl",
-        "cpu_cores": os.cpu_count(),
-        "mode": "quick" if args.quick else "full",
-        "load_average_at_end": os.getloadavg(),
-        "matmul_gflops": {
-            "start": machine_before,
-            "end": {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")},
-        },
-    }
-    # Other work on the machine slows every system; the load says how busy it was.
-    print(f"\n{os.cpu_count()} CPU cores; load average (1, 5, 15 min) at the end: {os.getloadavg()}")
-    flops = summary["matmul_gflops"]
+
+def _setting_report(s: Setting, runs_by_system: dict[str, list[dict]], threshold: float) -> dict:
+    """One setting's table on the terminal and its part of the summary."""
     print(
-        "matmul GFLOPS (2048^2, float32 / bfloat16): "
-        f"start {flops['start']['float32']:.0f} / {flops['start']['bfloat16']:.0f}, "
-        f"end {flops['end']['float32']:.0f} / {flops['end']['bfloat16']:.0f}"
+        f"\n[{s.name}] {s.prompts_per_step} prompts/step, max {s.max_new_tokens} new tokens, temperature {s.temperature}, "
+        f"{s.steps} steps, lr {s.lr}, loss reverse KL (distillery: reverse_kl_topk k={s.top_k}; TRL: beta=1, full vocab)"
     )
-    for s in settings:
-        print(
-            f"\n[{s.name}] {s.prompts_per_step} prompts/step, max {s.max_new_tokens} new tokens, temperature {s.temperature}, "
-            f"{s.steps} steps, lr {s.lr}, loss reverse KL (distillery: reverse_kl_topk k={s.top_k}; TRL: beta=1, full vocab)"
+    print(
+        f"{'system':<12} {'median s/step':>13} {'p10-p90 s':>13} {'steps/s':>8} {'tokens/step':>11} "
+        f"{'peak RSS GiB':>12} {'wall s':>7}",
+        end="",
+    )
+    print(
+        f" {'final acc':>9} {'steps to thr':>12} {'train s to thr':>14} {'wall s to thr':>13}"
+        if s.eval
+        else ""
+    )
+    part: dict = {"setting": asdict(s), "systems": {}}
+    for system, runs in runs_by_system.items():
+        if not runs:
+            print(f"{system:<12} failed (see its log.txt)")
+            part["systems"][system] = {"failed": True}
+            continue
+        st = step_stats(runs)
+        peak = max(r["peak_rss"] for r in runs) / 2**30
+        wall = statistics.median(r["wall_s"] for r in runs)
+        row = {
+            **st,
+            "steps_per_s": (1 / st["median_s"]) if st["median_s"] else None,
+            "peak_rss_gib": peak,
+            "wall_s": wall,
+            "phases_s": phase_medians(runs),
+            "sampled_tokens_per_step": tokens_per_step(runs),
+        }
+        line = (
+            f"{system:<12} {st['median_s'] or 0:>13.3f} {st['p10_s'] or 0:>6.3f}-{st['p90_s'] or 0:<6.3f} "
+            f"{row['steps_per_s'] or 0:>8.2f} {row['sampled_tokens_per_step'] or 0:>11.0f} {peak:>12.2f} "
+            f"{wall:>7.0f}"
         )
-        print(
-            f"{'system':<12} {'median s/step':>13} {'p10-p90 s':>13} {'steps/s':>8} {'tokens/step':>11} "
-            f"{'peak RSS GiB':>12} {'wall s':>7}",
-            end="",
-        )
-        print(
-            f" {'final acc':>9} {'steps to thr':>12} {'train s to thr':>14} {'wall s to thr':>13}"
-            if s.eval
-            else ""
-        )
-        part: dict = {"setting": asdict(s), "systems": {}}
-        for system, runs in results[s.name].items():
-            if not runs:
-                print(f"{system:<12} failed (see its log.txt)")
-                part["systems"][system] = {"failed": True}
-                continue
-            st = step_stats(runs)
-            peak = max(r["peak_rss"] for r in runs) / 2**30
-            wall = statistics.median(r["wall_s"] for r in runs)
-            row = {
-                **st,
-                "steps_per_s": (1 / st["median_s"]) if st["median_s"] else None,
-                "peak_rss_gib": peak,
-                "wall_s": wall,
-                "phases_s": phase_medians(runs),
-                "sampled_tokens_per_step": tokens_per_step(runs),
-            }
-            line = (
-                f"{system:<12} {st['median_s'] or 0:>13.3f} {st['p10_s'] or 0:>6.3f}-{st['p90_s'] or 0:<6.3f} "
-                f"{row['steps_per_s'] or 0:>8.2f} {row['sampled_tokens_per_step'] or 0:>11.0f} {peak:>12.2f} "
-                f"{wall:>7.0f}"
-            )
-            if s.eval:
-                evals = runs[0]["evals"]
-                hit = reach(evals, args.threshold)
-                row.update(
-                    final_accuracy=evals[-1]["accuracy"] if evals else None, start_accuracy=evals[0]["accuracy"] if evals else None,
-                    steps_to_threshold=hit["step"] if hit else None, train_s_to_threshold=hit["train_s"] if hit else None,
-                    wall_s_to_threshold=hit.get("wall_s") if hit else None,
-                    curve=[(e["step"], e["accuracy"]) for e in evals],
-                )  # fmt: skip
-                thr_steps = str(hit["step"]) if hit else "-"
-                thr_secs = f"{hit['train_s']:.1f}" if hit else "-"
-                thr_wall = f"{hit['wall_s']:.1f}" if hit and "wall_s" in hit else "-"
-                line += f" {row['final_accuracy'] or 0:>9.3f} {thr_steps:>12} {thr_secs:>14} {thr_wall:>13}"
-            print(line)
-            part["systems"][system] = row
-        for system, row in part["systems"].items():
-            if row.get("phases_s"):
-                print(
-                    f"  {system} step, median s: "
-                    + ", ".join(f"{k} {v:.3f}" for k, v in row["phases_s"].items())
-                )
-        d = part["systems"].get("distillery", {})
-        for system in ("trl-gkd", "trl-distill"):
-            t = part["systems"].get(system)
-            if d.get("median_s") and t and t.get("median_s"):
-                part[f"speedup_vs_{system}"] = t["median_s"] / d["median_s"]
-                per_repeat = repeat_speedups(results[s.name]["distillery"], results[s.name][system])
-                if len(per_repeat) > 1:
-                    part[f"speedup_per_repeat_vs_{system}"] = per_repeat
-                    print(
-                        f"  speed-up vs {system}, each repeat: " + ", ".join(f"{r:.2f}x" for r in per_repeat)
-                    )
-            for kind in ("train_s", "wall_s"):
-                key = f"{kind}_to_threshold"
-                if s.eval and t and d.get(key) and t.get(key):
-                    part[f"{key}_ratio_vs_{system}"] = d[key] / t[key]
         if s.eval:
-            part["threshold"] = args.threshold
-        summary[s.name] = part
-    print(json.dumps(summary))
-    return 0
+            evals = runs[0]["evals"]
+            hit = reach(evals, threshold)
+            row.update(
+                final_accuracy=evals[-1]["accuracy"] if evals else None, start_accuracy=evals[0]["accuracy"] if evals else None,
+                steps_to_threshold=hit["step"] if hit else None, train_s_to_threshold=hit["train_s"] if hit else None,
+                wall_s_to_threshold=hit.get("wall_s") if hit else None,
+                curve=[(e["step"], e["accuracy"]) for e in evals],
+            )  # fmt: skip
+            thr_steps = str(hit["step"]) if hit else "-"
+            thr_secs = f"{hit['train_s']:.1f}" if hit else "-"
+            thr_wall = f"{hit['wall_s']:.1f}" if hit and "wall_s" in hit else "-"
+            line += f" {row['final_accuracy'] or 0:>9.3f} {thr_steps:>12} {thr_secs:>14} {thr_wall:>13}"
+        print(line)
+        part["systems"][system] = row
+    for system, row in part["systems"].items():
+        if row.get("phases_s"):
+            print(
+                f"  {system} step, median s: " + ", ".join(f"{k} {v:.3f}" for k, v in row["phases_s"].items())
+            )
+    d = part["systems"].get("distillery", {})
+    for system in ("trl-gkd", "trl-distill"):
+        t = part["systems"].get(system)
+        if d.get("median_s") and t and t.get("median_s"):
+            part[f"speedup_vs_{system}"] = t["median_s"] / d["median_s"]
+            per_repeat = repeat_speedups(runs_by_system["distillery"], runs_by_system[system])
+            if len(per_repeat) > 1:
+                part[f"speedup_per_repeat_vs_{system}"] = per_repeat
+                print(f"  speed-up vs {system}, each repeat: " + ", ".join(f"{r:.2f}x" for r in per_repeat))
+        for kind in ("train_s", "wall_s"):
+            key = f"{kind}_to_threshold"
+            if s.eval and t and d.get(key) and t.get(key):
+                part[f"{key}_ratio_vs_{system}"] = d[key] / t[key]
+    if s.eval:
+        part["threshold"] = threshold
+    return part
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(json_main("e2e_vs_trl", main, child_flags=("--child",)))

@@ -8,7 +8,7 @@ larger than what can be taken there), so `distillery run` itself cannot run on t
 1. TRL on the GPU: `GKDTrainer` (lmbda=1, beta=1) and `DistillationTrainer` (beta=1), the same
    random-Llama speed settings as bench/e2e_vs_trl.py (32 prompts/step, 128 new tokens, bf16),
    seconds per step and the seconds inside HF `generate` (the rollout share of the step).
-2. Distillery's own phases, in this process: the trainer's step (`distillery_runtime.trainer`,
+2. Distillery's own phases, in this process: the trainer's step (`distillery_runtime.training.trainer`,
    bf16 autocast, reverse_kl_topk with k=16), the teacher's scoring (a bf16 forward over prompt +
    response and its top-k, which is what the vLLM teacher computes; vLLM's prefill is at least as
    fast), and the weight sync (the copy to host in bf16). Where vLLM is installed, the rollout runs in
@@ -33,11 +33,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import e2e_vs_trl  # noqa: E402  (the bench's own module: settings and the TRL runner)
+from _common import json_main  # noqa: E402  (bench/, the script's own folder)
 
 
 def _sync(device: str) -> None:
@@ -99,11 +101,9 @@ def distillery_part(setting: e2e_vs_trl.Setting, steps: int, top_k: int = 16, us
     """Distillery's step in one process on this device: rollout in vLLM (when installed; HF generate is
     timed too, as the reference), the teacher's scoring, the trainer's step and the weight sync (the copy
     to host, plus the rollout engine's reload when vLLM runs). No Ray, no HTTP: those costs are not here."""
-    import numpy as np
     import torch
     from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
-    from distillery_runtime.samples import TrainSample
-    from distillery_runtime.trainer import Trainer, step_normalizer
+    from distillery_runtime.training.trainer import Trainer, step_normalizer
     from transformers import AutoModelForCausalLM
 
     from distillery.api.spec import LossMode, Precision
@@ -124,19 +124,7 @@ def distillery_part(setting: e2e_vs_trl.Setting, steps: int, top_k: int = 16, us
     tok = trainer.tokenizer
     tok.padding_side = "left"
     prompts = [json.loads(line)["prompt"] for line in Path(setting.train).read_text().splitlines()]
-    engine = None
-    if use_vllm:
-        try:
-            from distillery_runtime.rollout.vllm_engine import VllmRolloutEngine
-        except ImportError:  # the lent GPU machines have no vLLM
-            pass
-        else:
-            started = time.perf_counter()
-            engine = VllmRolloutEngine(
-                setting.student, dtype=dtype, max_model_len=256 + setting.max_new_tokens,
-                enforce_eager=None if device == "cuda" else setting.enforce_eager,
-            )  # fmt: skip
-            engine_start_s = time.perf_counter() - started
+    engine, engine_start_s = _vllm_engine(setting, dtype) if use_vllm else (None, 0.0)
     sampling = SamplingSettings(temperature=setting.temperature, max_new_tokens=setting.max_new_tokens)
     phases: dict[str, list[float]] = {"hf_generate": [], "score": [], "train": [], "sync": []}
     if engine is not None:
@@ -173,18 +161,7 @@ def distillery_part(setting: e2e_vs_trl.Setting, steps: int, top_k: int = 16, us
         t0 = time.perf_counter()
         targets = _teacher_targets(teacher, pairs, top_k, device, trainer.pad_id)
         timing["score"] = time.perf_counter() - t0
-        samples = [
-            TrainSample(
-                prompt_ids=p,
-                response_ids=r,
-                old_logprobs=None,
-                topk_ids=ids,
-                topk_logprobs=lps,
-                token_logprobs=token,
-                teacher_mask=np.ones(len(r), bool),
-            )
-            for (p, r), (ids, lps, token) in zip(pairs, targets, strict=True)
-        ]
+        samples = _train_samples(pairs, targets)
         t0 = time.perf_counter()
         trainer.train_step(samples, step_normalizer(samples, trainer.settings.loss))
         _sync(device)
@@ -214,6 +191,40 @@ def distillery_part(setting: e2e_vs_trl.Setting, steps: int, top_k: int = 16, us
 
 
 # ------------------------------------------------------------------------------------------ part 3: loss memory
+
+
+def _vllm_engine(setting: e2e_vs_trl.Setting, dtype: Any) -> tuple[Any, float]:
+    """Distillery's vLLM rollout engine for the student and the seconds it took to start; (None, 0) where
+    vLLM is not installed (the lent GPU machines have none)."""
+    try:
+        from distillery_runtime.rollout.vllm_engine import VllmRolloutEngine
+    except ImportError:
+        return None, 0.0
+    started = time.perf_counter()
+    engine = VllmRolloutEngine(
+        setting.student, dtype=dtype, max_model_len=256 + setting.max_new_tokens,
+        enforce_eager=None if setting.device == "cuda" else setting.enforce_eager,
+    )  # fmt: skip
+    return engine, time.perf_counter() - started
+
+
+def _train_samples(pairs: list, targets: list) -> list:
+    """The trainer's samples of (prompt, response) pairs with their teacher's top-k and token log-probs."""
+    import numpy as np
+    from distillery_runtime.data.samples import TrainSample
+
+    return [
+        TrainSample(
+            prompt_ids=p,
+            response_ids=r,
+            old_logprobs=None,
+            topk_ids=ids,
+            topk_logprobs=lps,
+            token_logprobs=token,
+            teacher_mask=np.ones(len(r), bool),
+        )
+        for (p, r), (ids, lps, token) in zip(pairs, targets, strict=True)
+    ]
 
 
 def loss_memory_part(device: str, tokens: int, vocab: int, top_k: int) -> list[dict]:
@@ -387,4 +398,4 @@ def print_table(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(json_main("gpu_breakdown", main))

@@ -24,6 +24,9 @@ the runtime's own code (docs/gpu.md lists every CUDA-only branch and which of th
   every tensor exact on arrival.
 - losses: every loss mode (losses/, chunked vocabulary pass) forward and backward on the device against
   the same function in float64 on CPU: loss and gradient errors.
+- lora_step: a LoRA student (peft) under FSDP2: its frozen weights in the compute dtype (bfloat16 on a
+  GPU) beside the float32 adapter, two steps: the frozen weights unchanged, the adapter moved; the merged
+  model the checkpoint streams equals W + scale x B @ A of the trained tensors.
 
 A check that fails records `"error"` and the others still run; the last line printed is always one JSON
 object (`"checks"`: per check `ok`, `seconds` and its figures); the exit status is 0 only if all passed.
@@ -49,6 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _common import json_main  # bench/, the script's own folder
+
 ROOT = Path(__file__).resolve().parents[1]
 for path in (ROOT / "bench", ROOT, ROOT / "runtime"):
     sys.path.insert(0, str(path))
@@ -59,6 +64,9 @@ GPU_SIZE = {"vocab": 1024, "model_vocab": 32768, "hidden": 1024, "layers": 8, "h
 """~0.15B parameters on a GPU: big enough for real kernels and several load chunks, small for the budget."""
 CPU_SIZE = {"vocab": 256, "model_vocab": 256, "hidden": 64, "layers": 2, "heads": 4}
 WHEELS = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions")
+PEFT_WHEELS = ("peft", "accelerate")
+"""LoRA students' library, pure Python; its other needs (safetensors, huggingface_hub, psutil, pyyaml,
+tqdm) come with transformers. Installed without dependencies, so that torch is never replaced."""
 
 
 @dataclass
@@ -160,6 +168,21 @@ def ensure_pydantic(wheels: Path | None) -> str:
     return str(pydantic.VERSION)
 
 
+def ensure_peft(wheels: Path | None) -> str:
+    """peft importable, from `wheels` where it is not (as `ensure_pydantic`)."""
+    try:
+        import peft
+    except ImportError:
+        if wheels is None or not wheels.is_dir():
+            raise RuntimeError("peft is missing; carry its wheels in --wheels DIR (docs/gpu.md)") from None
+        target = Path(tempfile.mkdtemp(prefix="gpu-check-peft-"))
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels)]
+        subprocess.run([*pip, "--no-deps", "--target", str(target), *PEFT_WHEELS], check=True)
+        sys.path.insert(0, str(target))
+        import peft
+    return str(peft.__version__)
+
+
 def build_student(directory: Path, size: dict[str, int]) -> Path:
     """A random Llama and its tokenizer saved as a model ships (bfloat16 safetensors)."""
     import torch
@@ -171,16 +194,19 @@ def build_student(directory: Path, size: dict[str, int]) -> Path:
     )  # fmt: skip
 
 
-def train_samples(n: int, vocab: int, top_k: int, seed: int = 0) -> list[Any]:
-    """Samples with a random teacher's top-k, as the loop hands the trainer."""
+def train_samples(
+    n: int, vocab: int, top_k: int, seed: int = 0, lengths: tuple[int, int] | None = None
+) -> list[Any]:
+    """Samples with a random teacher's top-k, as the loop hands the trainer; `lengths`: every sample's
+    (prompt, response) tokens, else lengths that vary from sample to sample."""
     import numpy as np
     import torch
-    from distillery_runtime.samples import TrainSample
+    from distillery_runtime.data.samples import TrainSample
 
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
-        prompt, response = 8 + i % 5, 16 + (3 * i) % 17
+        prompt, response = lengths or (8 + i % 5, 16 + (3 * i) % 17)
         logp = torch.log_softmax(torch.randn(response, vocab, generator=g) * 2, -1)
         top = logp.topk(top_k, -1)
         ids = torch.randint(4, vocab, (response,), generator=g)
@@ -213,7 +239,7 @@ def _peak_gib(ctx: Context) -> float | None:
 
 def fsdp_step(ctx: Context) -> dict[str, Any]:
     import torch
-    from distillery_runtime.trainer import Trainer, step_normalizer
+    from distillery_runtime.training.trainer import Trainer, step_normalizer
 
     from distillery.api.spec import LossMode, Sharding
     from distillery.plan.loss import LossConfig
@@ -253,6 +279,69 @@ def fsdp_step(ctx: Context) -> dict[str, Any]:
     }
 
 
+def lora_step(ctx: Context, wheels: Path | None) -> dict[str, Any]:
+    import torch
+    from distillery_runtime.checkpoints.streamed_export import Target
+    from distillery_runtime.training.trainer import Trainer, step_normalizer
+    from safetensors import safe_open
+
+    from distillery.api.spec import LossMode, Sharding
+    from distillery.plan.lora import LoraSettings
+    from distillery.plan.loss import LossConfig
+    from distillery.plan.training import TrainerSettings
+
+    peft_version = ensure_peft(wheels)
+    lora = LoraSettings(rank=16, alpha=32)
+    settings = TrainerSettings(
+        lr=1e-3, micro_batch_size=4, total_steps=2, sharding=Sharding.FSDP,
+        loss=LossConfig(mode=LossMode.REVERSE_KL_TOPK), streamed_export=True, lora=lora,
+    )  # fmt: skip
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    trainer = Trainer(str(ctx.model_dir), settings, rank=0, world_size=1, device=str(ctx.device))
+    before = {n: t.clone() for n, t in trainer.full_state_dict().items()}
+    samples = train_samples(8, ctx.vocab, 16)
+    normalizer = step_normalizer(samples, settings.loss)
+    for _ in range(2):
+        metrics = trainer.train_step(samples, normalizer)
+    after = trainer.full_state_dict()
+    frozen = [n for n in before if ".lora_" not in n]
+    if any(not torch.equal(after[n], before[n]) for n in frozen):
+        raise AssertionError("a frozen weight changed")
+    adapter_moved = max(_max_diff(after[n], before[n]) for n in before if ".lora_B." in n)
+    dtypes = {str(after[n].dtype).removeprefix("torch.") for n in frozen if after[n].is_floating_point()}
+    if not adapter_moved > 0 or dtypes != {str(trainer.compute_dtype).removeprefix("torch.")}:
+        raise AssertionError(f"adapter moved by {adapter_moved}; frozen weights in {dtypes}")
+    stream = trainer.weight_stream()
+    assert stream is not None
+    stream.write([Target(ctx.work / "lora-model", torch.float32)])
+    merged: dict[str, Any] = {}
+    for path in sorted((ctx.work / "lora-model").glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            merged.update({key: f.get_tensor(key) for key in f.keys()})  # noqa: SIM118 - not a dict
+    error = 0.0
+    for key in (n for n in after if n.endswith(".base_layer.weight")):
+        prefix = key.removesuffix(".base_layer.weight")
+        b, a = (
+            after[f"{prefix}.lora_B.default.weight"].float(),
+            after[f"{prefix}.lora_A.default.weight"].float(),
+        )
+        want = after[key].float() + lora.scale * (b @ a)
+        error = max(
+            error, _max_diff(merged[key.removeprefix("base_model.model.").replace(".base_layer", "")], want)
+        )
+    if error > 1e-4:
+        raise AssertionError(f"the merged model differs from W + scale B A by {error}")
+    return {
+        "peft": peft_version,
+        "adapter_parameters": sum(p.numel() for g in trainer.optimizer.param_groups for p in g["params"]),
+        "loss": round(float(metrics["distill/loss"]), 5),
+        "adapter_moved": adapter_moved,
+        "merge_error": error,
+        "peak_gib": _peak_gib(ctx),
+    }
+
+
 def _trainer(ctx: Context) -> Any:
     if ctx.trainer is None:
         raise RuntimeError("needs fsdp_step's trainer, which failed")
@@ -276,7 +365,7 @@ def object_store_sync(ctx: Context) -> dict[str, Any]:
 
 def streamed_export(ctx: Context) -> dict[str, Any]:
     import torch
-    from distillery_runtime.streamed_export import Target
+    from distillery_runtime.checkpoints.streamed_export import Target
     from safetensors import safe_open
 
     trainer = _trainer(ctx)
@@ -302,7 +391,7 @@ def streamed_export(ctx: Context) -> dict[str, Any]:
 
 def sharded_checkpoint(ctx: Context) -> dict[str, Any]:
     import torch
-    from distillery_runtime import checkpoint
+    from distillery_runtime.checkpoints import checkpoint
     from torch.distributed.tensor import DTensor
 
     trainer = _trainer(ctx)
@@ -341,7 +430,7 @@ def sharded_checkpoint(ctx: Context) -> dict[str, Any]:
 
 def sharded_load(ctx: Context) -> dict[str, Any]:
     import torch
-    from distillery_runtime.sharded_load import (
+    from distillery_runtime.training.sharded_load import (
         CHUNK_FRACTION,
         checkpoint_shapes,
         chunks,
@@ -349,7 +438,7 @@ def sharded_load(ctx: Context) -> dict[str, Any]:
         meta_model,
         safetensors_files,
     )
-    from distillery_runtime.sharding import full_tensor, shard_student
+    from distillery_runtime.training.sharding import full_tensor, shard_student
     from safetensors import safe_open
 
     model = meta_model(ctx.model_dir)
@@ -499,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
             guarded(results, "ipc_sync", lambda: ipc_sync(ctx, 1024**3 if on_gpu else 16 * 1024**2))
             shape = (4096, 32768, 64) if on_gpu else (64, 512, 8)
             guarded(results, "losses", lambda: losses(ctx, *shape))
+            guarded(results, "lora_step", lambda: lora_step(ctx, args.wheels))
             torch.distributed.destroy_process_group()
     except BaseException as error:  # the one line is printed whatever happened before it
         summary["error"] = describe(error)
@@ -508,4 +598,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(json_main("gpu_check", main))

@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 for path in (ROOT, ROOT / "runtime"):
     sys.path.insert(0, str(path))
 
+from _common import json_main  # noqa: E402  (bench/, the script's own folder)
+
 from distillery.model_shapes import KNOWN_SHAPES, ModelShape  # noqa: E402
 from distillery.plan.memory import GIB, TrainingLayout, plan_memory  # noqa: E402
 
@@ -86,7 +88,7 @@ def prediction(case: Case, gpu_bytes: int, *, fused: bool = True) -> dict:
 
 def _samples(case: Case, vocab: int) -> list:
     import numpy as np
-    from distillery_runtime.samples import TrainSample
+    from distillery_runtime.data.samples import TrainSample
 
     rng = np.random.default_rng(0)
     out = []
@@ -111,7 +113,7 @@ def _samples(case: Case, vocab: int) -> list:
 def run_case(case: Case, device: str) -> dict:
     """One case in this process (the subprocess side)."""
     import torch
-    from distillery_runtime.trainer import Trainer, step_normalizer
+    from distillery_runtime.training.trainer import Trainer, step_normalizer
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from distillery.api.spec import LossMode, Precision, Sharding
@@ -315,4 +317,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(json_main("gpu_scale", main, child_flags=("--one",)))

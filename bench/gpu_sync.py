@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from _common import json_main  # bench/, the script's own folder
+
 ROOT = Path(__file__).resolve().parents[1]
 for path in (ROOT, ROOT / "runtime"):
     sys.path.insert(0, str(path))
@@ -49,7 +51,7 @@ def _checksum(tensor) -> float:  # type: ignore[no-untyped-def]
 
 def _member(rank: int, port: int, total: int, device: str, transport: str, rounds: int, out: str) -> None:
     import torch
-    from distillery_runtime.weight_sync import SyncGroup, plan_buckets, tensor_metas
+    from distillery_runtime.sync.weight_sync import SyncGroup, plan_buckets, tensor_metas
 
     if device == "cuda":
         torch.cuda.set_device(0)
@@ -84,7 +86,7 @@ def _member(rank: int, port: int, total: int, device: str, transport: str, round
 
 def run(transport: str, total: int, device: str, rounds: int, out: Path) -> dict:
     import torch.multiprocessing as mp
-    from distillery_runtime.workers import free_port
+    from distillery_runtime.run.workers import free_port
 
     args = (free_port(), total, device, transport, rounds, str(out))
     mp.start_processes(_member, args=args, nprocs=2, start_method="spawn")
@@ -137,4 +139,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(json_main("gpu_sync", main))

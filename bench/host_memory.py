@@ -1,6 +1,6 @@
 """Host memory of loading the student onto FSDP2 ranks: today's path (every rank from_pretrained in float32,
 then shard) against the sharded load (meta device everywhere, rank 0 reads the safetensors files and
-broadcasts chunk by chunk; `distillery_runtime/sharded_load.py`), in the same run.
+broadcasts chunk by chunk; `distillery_runtime/training/sharded_load.py`), in the same run.
 
 A real torch.distributed run: gloo, one process per rank (torch.multiprocessing spawn), 2 and 4 ranks, each
 path in its own fresh process group (a process that loaded once keeps freed memory in its heap, which would
@@ -16,7 +16,7 @@ Then each rank takes one step (AdamW's state exists from there) and all save a c
 save_checkpoint`, the loop's call): `checkpoint_peak_ratio` the same way. Today's path gathers the whole
 optimizer state on rank 0 into trainer.pt and the whole float32 weights on every rank for master/ and
 model/; the new one writes each rank's optimizer shards with torch.distributed.checkpoint and streams the
-weights a tensor at a time into rank 0's safetensors files (`distillery_runtime/streamed_export.py`).
+weights a tensor at a time into rank 0's safetensors files (`distillery_runtime/checkpoints/streamed_export.py`).
 
 Last, `resume_reshard_exact`, a real resume on a tiny Llama (the check is of values, not memory): 2 ranks
 take 2 steps, save (optimizer shards, streamed weights) and take 2 more; the same 2 steps are then taken
@@ -38,6 +38,7 @@ import datetime
 import importlib
 import json
 import os
+import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -46,6 +47,7 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from _common import json_main  # bench/, the script's own folder
 
 LAYERS, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB = 18, 1024, 2816, 16, 4, 1024
 PATHS = {"before": False, "after": True}
@@ -53,8 +55,8 @@ PATHS = {"before": False, "after": True}
 RESUME_VOCAB, SAVED_AT, STEPS = 64, 2, 4
 RESUMED_ONTO = (2, 1, 4)
 BASELINE_MODULES = (
-    "distillery_runtime.sharded_load",
-    "distillery_runtime.sharding",
+    "distillery_runtime.training.sharded_load",
+    "distillery_runtime.training.sharding",
     "torch.distributed.checkpoint.state_dict",
     "torch.distributed.fsdp",
     "transformers.models.qwen2.modeling_qwen2",
@@ -96,7 +98,7 @@ def samples(seed: int, vocab: int) -> list[Any]:
     """One short synthetic sample (one a rank: a step's worth of optimizer state is what a checkpoint
     holds), drawn from `seed`."""
     import numpy as np
-    from distillery_runtime.samples import TrainSample
+    from distillery_runtime.data.samples import TrainSample
 
     g = torch.Generator().manual_seed(seed)
     response = torch.randint(4, vocab, (4,), generator=g)
@@ -116,7 +118,7 @@ def samples(seed: int, vocab: int) -> list[Any]:
 
 def _rank(rank: int, world: int, init: str, model_dir: str, sharded: bool, out: str) -> None:
     import torch.distributed as dist
-    from distillery_runtime.workers import TrainerWorker
+    from distillery_runtime.run.workers import TrainerWorker
     from torch.distributed.tensor import DTensor
 
     from distillery.api.spec import LossMode, ModelDtype, Precision, Sharding
@@ -190,8 +192,8 @@ def resume_settings(world: int) -> Any:
 def take_steps(worker: Any, rank: int, world: int, steps: range) -> list[float]:
     """Steps of 8 samples each (`samples` of 8 seeds), shared out over the ranks as the loop does; each
     rank's part of each step's loss."""
-    from distillery_runtime import plan
-    from distillery_runtime.trainer import step_normalizer
+    from distillery_runtime.run.loop import plan
+    from distillery_runtime.training.trainer import step_normalizer
 
     losses = []
     for step in steps:
@@ -203,8 +205,8 @@ def take_steps(worker: Any, rank: int, world: int, steps: range) -> list[float]:
 
 def _resume_rank(rank: int, world: int, init: str, phase: str, model_dir: str, out: str) -> None:
     import torch.distributed as dist
-    from distillery_runtime import checkpoint
-    from distillery_runtime.workers import TrainerWorker
+    from distillery_runtime.checkpoints import checkpoint
+    from distillery_runtime.run.workers import TrainerWorker
 
     from distillery.api.spec import ModelDtype
     from distillery.plan.export import ExportSettings
@@ -344,9 +346,9 @@ def main() -> None:
     }
     path = args.out / f"{record['date']}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {path}", file=sys.stderr)
     print(json.dumps(summary))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(json_main("host_memory", main))

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from distillery_runtime.samples import TrainSample
-from distillery_runtime.teachers.transformers_forward import TransformersTeacher, forward_groups
+from distillery_runtime.data.samples import TrainSample
+from distillery_runtime.teachers.in_process.transformers_forward import TransformersTeacher, forward_groups
 from distillery_runtime.teachers.types import ScoreRequest
-from distillery_runtime.trainer import Trainer, micro_batches, sample_tokens, step_normalizer
+from distillery_runtime.training.trainer import Trainer, micro_batches, sample_tokens, step_normalizer
 
 from distillery.api.spec import LossMode, Precision, TeacherEngine
 from distillery.plan.attention import CPU_BF16_EAGER_MAX_WIDTH
@@ -35,6 +35,7 @@ from distillery.plan.loss import LossConfig
 from distillery.plan.training import TrainerSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import json_main  # bench/, the script's own folder
 from e2e_vs_trl import speed_setting
 from trainer_attention import TOP_K, VOCAB, random_sample
 
@@ -158,8 +159,9 @@ def main() -> None:
     }
     path = args.out / f"{record['date']}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {path}", file=sys.stderr)
+    print(json.dumps({"bench": "length_groups", "path": str(path), **record}))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(json_main("length_groups", main))

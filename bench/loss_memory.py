@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from _common import json_main  # bench/, the script's own folder
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [
     ("forward_kl_topk", "ours"),
@@ -254,4 +256,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(json_main("loss_memory", main, child_flags=("--child",)))

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from _common import json_main  # bench/, the script's own folder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "operator"))
@@ -308,4 +309,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(json_main("operator_scale", main, child_flags=("--run-peer-operator",)))

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from _common import json_main  # bench/, the script's own folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("addition", "fibonacci", "worked-sum")
@@ -235,7 +236,7 @@ def sft_accuracy_at(sft: Curve, step: int) -> tuple[int, float]:
 def write_comparison(method_dir: Path, curve: Curve, sft: Curve, teacher_acc: float) -> Path:
     """An on-policy run's report with the teacher and the SFT baseline drawn as the lines it is measured
     against, in `method_dir/vs-sft/` (the run's own report stays as the run wrote it)."""
-    from distillery_runtime.report import write_report
+    from distillery_runtime.observe.report import write_report
 
     run = method_dir / "run"
     last_step = curve.points[-1][0]
@@ -274,7 +275,7 @@ def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
 
 def run_continue(args: argparse.Namespace, output: Path) -> int:
     """The continuation protocol (module docstring): every method from the task's SFT checkpoint."""
-    from distillery_runtime.report import plot
+    from distillery_runtime.observe.report import plot
     from distillery_runtime.tasks import resolve_uri
     from distillery_runtime.tasks.evaluate import model_accuracy
     from distillery_runtime.tasks.uri import TASKS as GRADED
@@ -362,34 +363,7 @@ def run_continue(args: argparse.Namespace, output: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--task",
-        choices=TASKS,
-        default=None,
-        help="the bundled synthetic task (addition; continue: worked-sum)",
-    )
-    parser.add_argument(
-        "--protocol",
-        choices=("from-start", "continue"),
-        default="from-start",
-        help="from-start: steps to 90%% of the teacher from the task's weak student; continue: from the SFT plateau",
-    )
-    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="continue: one run per seed")
-    parser.add_argument(
-        "--methods", nargs="*", choices=[SFT, *CONTINUE], help="continue: the methods to run (default: all)"
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help=f"from-start: only {', '.join(QUICK)} vs SFT; continue: one seed"
-    )
-    parser.add_argument("--modes", nargs="*", choices=sorted(LOSSES), help="loss modes to run (default: all)")
-    parser.add_argument("--steps", type=int, default=None, help="on-policy step budget (150; continue: 400)")
-    parser.add_argument("--sft-steps", type=int, default=None, help="SFT step budget (default: 4x on-policy)")
-    parser.add_argument(
-        "--eval-every", type=int, default=None, help="steps between evaluations (10; continue: 25)"
-    )
-    parser.add_argument("--output", type=Path, default=None, help="default: runs/bench-quality[-TASK]")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     if args.protocol == "continue":
         args.task = args.task or "worked-sum"
         args.steps = args.steps or 400
@@ -452,8 +426,47 @@ def main(argv: list[str] | None = None) -> int:
     for mode, curve in zip(modes, curves, strict=False):
         write_comparison(output / mode, curve, sft_curve, teacher_acc)
 
+    _print_from_start(args.task, curves, teacher_acc, target, batch, lr)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--task",
+        choices=TASKS,
+        default=None,
+        help="the bundled synthetic task (addition; continue: worked-sum)",
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=("from-start", "continue"),
+        default="from-start",
+        help="from-start: steps to 90%% of the teacher from the task's weak student; continue: from the SFT plateau",
+    )
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="continue: one run per seed")
+    parser.add_argument(
+        "--methods", nargs="*", choices=[SFT, *CONTINUE], help="continue: the methods to run (default: all)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"from-start: only {', '.join(QUICK)} vs SFT; continue: one seed"
+    )
+    parser.add_argument("--modes", nargs="*", choices=sorted(LOSSES), help="loss modes to run (default: all)")
+    parser.add_argument("--steps", type=int, default=None, help="on-policy step budget (150; continue: 400)")
+    parser.add_argument("--sft-steps", type=int, default=None, help="SFT step budget (default: 4x on-policy)")
+    parser.add_argument(
+        "--eval-every", type=int, default=None, help="steps between evaluations (10; continue: 25)"
+    )
+    parser.add_argument("--output", type=Path, default=None, help="default: runs/bench-quality[-TASK]")
+    return parser
+
+
+def _print_from_start(
+    task: str, curves: list[Curve], teacher_acc: float, target: float, batch: int, lr: float
+) -> None:
+    """The from-start protocol's table of methods, its notes and its JSON line."""
     print(
-        f"\nSynthetic {args.task} (3 digits), {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f}); teacher held-out accuracy {teacher_acc:.3f}, "
+        f"\nSynthetic {task} (3 digits), {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f}); teacher held-out accuracy {teacher_acc:.3f}, "
         f"target 90% of it = {target:.3f}; {batch} prompts per step, lr {lr}"
     )
     print(
@@ -484,13 +497,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ratio = (sft / opd_best) if sft and opd_best else None
     print(json.dumps({
-        "bench": "quality", "task": f"synthetic://{args.task}", "cpu_cores": os.cpu_count(),
+        "bench": "quality", "task": f"synthetic://{task}", "cpu_cores": os.cpu_count(),
                 "load_average_at_end": os.getloadavg(),
         "teacher_accuracy": teacher_acc, "target": target, "prompts_per_step": batch,
         "sft_steps_over_best_opd_steps": ratio, "results": summary,
     }))  # fmt: skip
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(json_main("quality", main))

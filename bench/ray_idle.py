@@ -1,5 +1,5 @@
 """What an embedded Ray costs a host while it waits: Ray's defaults against a local run's settings
-(`distillery_runtime.local.EMBEDDED_RAY_SYSTEM_CONFIG`).
+(`distillery_runtime.run.local.EMBEDDED_RAY_SYSTEM_CONFIG`).
 
 A fresh Python process starts an embedded Ray as `distillery run` does (`local.init_ray`), makes three
 idle actors (a local run's trainer, rollout and teacher), waits `--settle` seconds and then measures, over
@@ -22,10 +22,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _common import json_main  # bench/, the script's own folder
+
 MEASURE = """
 import json, sys, time
 import psutil, ray
-from distillery_runtime import local
+from distillery_runtime.run import local
+
 settle, seconds = float(sys.argv[2]), float(sys.argv[3])
 if sys.argv[1] == "defaults":
     local.EMBEDDED_RAY_SYSTEM_CONFIG.clear()
@@ -111,8 +114,9 @@ def main() -> None:
     out = Path(__file__).parent / "results" / "ray_idle" / f"{datetime.date.today()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {out}", file=sys.stderr)
+    print(json.dumps({"bench": "ray_idle", "path": str(out), **result}))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(json_main("ray_idle", main))

@@ -1,5 +1,5 @@
 """An embedded Ray's start on a busy host: `ray.init` once, against a local run's start
-(`distillery_runtime.local.start_embedded_ray`: made again, up to three times, where it timed out).
+(`distillery_runtime.run.local.start_embedded_ray`: made again, up to three times, where it timed out).
 
 `--busy` processes spin on the host's cores while a fresh Python process starts an embedded Ray (no
 dashboard, as a local run does), once each way, alternating for `--repeats` rounds. Ray's raylet aborts when
@@ -21,11 +21,14 @@ import sys
 import time
 from pathlib import Path
 
+from _common import json_main  # bench/, the script's own folder
+
 START = """
 import sys, time
 began = time.monotonic()
 import ray
-from distillery_runtime.local import start_embedded_ray
+from distillery_runtime.run.local import start_embedded_ray
+
 start = ray.init if sys.argv[1] == "once" else start_embedded_ray
 try:
     start(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
@@ -64,8 +67,9 @@ def main() -> None:
     out = Path(__file__).parent / "results" / "ray_startup" / f"{datetime.date.today()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {out}", file=sys.stderr)
+    print(json.dumps({"bench": "ray_startup", "path": str(out), **result}))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(json_main("ray_startup", main))

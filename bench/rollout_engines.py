@@ -55,11 +55,13 @@ from distillery_runtime.rollout import GenerationRequest, SamplingSettings, buil
 from distillery_runtime.rollout.hf_engine import TransformersRolloutEngine  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
+from _common import json_main  # noqa: E402  (bench/, the script's own folder)
 from e2e_vs_trl import speed_setting  # noqa: E402
 
 PROMPTS, NEW_TOKENS, MAX_MODEL_LEN = 32, 128, 256
 NEIGHBOUR = """
 import sys, time
+
 busy, idle = float(sys.argv[1]) / 1000, float(sys.argv[2]) / 1000
 while True:
     began = time.perf_counter()
@@ -223,8 +225,9 @@ def main() -> None:
     suffix = (f"-alternate-{'-'.join(args.scales)}" if args.alternate else "") + suffix
     path = args.out / f"{record['date']}{suffix}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {path}", file=sys.stderr)
+    print(json.dumps({"bench": "rollout_engines", "path": str(path), **record}))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(json_main("rollout_engines", main))

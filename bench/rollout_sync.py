@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from _common import json_main  # bench/, the script's own folder
+
 ROOT = Path(__file__).resolve().parents[1]
 for path in (ROOT, ROOT / "runtime"):
     sys.path.insert(0, str(path))
@@ -74,8 +76,8 @@ def measure(model_dir: Path, tensor_parallel: int, rounds: int) -> dict[str, Any
     import ray
     import torch
     from distillery_runtime.rollout import build_engine
-    from distillery_runtime.weight_sync import SyncGroup, sender_buckets, tensor_metas
-    from distillery_runtime.workers import free_port
+    from distillery_runtime.run.workers import free_port
+    from distillery_runtime.sync.weight_sync import SyncGroup, sender_buckets, tensor_metas
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -187,4 +189,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(json_main("rollout_sync", main))

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import json_main  # bench/, the script's own folder
+
 ROOT = Path(__file__).resolve().parents[1]
 for path in (ROOT, ROOT / "runtime"):
     sys.path.insert(0, str(path))
@@ -65,7 +67,7 @@ def _model(quick: bool):  # type: ignore[no-untyped-def]
 def _memory_rank(rank: int, world: int, init: str, sharding: str, quick: bool, out: str) -> None:
     import torch
     import torch.distributed as dist
-    from distillery_runtime.trainer import Trainer, step_normalizer
+    from distillery_runtime.training.trainer import Trainer, step_normalizer
 
     from distillery.api.spec import LossMode, Precision, Sharding
     from distillery.plan.loss import LossConfig
@@ -143,7 +145,7 @@ def _tensors(total_bytes: int):  # type: ignore[no-untyped-def]
 
 def _streamed(rank: int, port: int, total: int, out: str, transport: str) -> None:
     import torch
-    from distillery_runtime.weight_sync import SyncGroup, plan_buckets, tensor_metas
+    from distillery_runtime.sync.weight_sync import SyncGroup, plan_buckets, tensor_metas
 
     timeout = datetime.timedelta(seconds=120)
     group = SyncGroup("127.0.0.1", port, rank, ["sender", "receiver"], timeout=timeout, transport=transport)
@@ -367,4 +369,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(json_main("scale", main))

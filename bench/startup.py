@@ -2,7 +2,7 @@
 
     nice -n 19 python bench/startup.py --rounds 3
 
-Each round runs the same local job twice, once per start-up order (`runtime/distillery_runtime/startup.py`):
+Each round runs the same local job twice, once per start-up order (`runtime/distillery_runtime/run/startup.py`):
 concurrent (the default: teacher servers spawned first and booting while the job loads and then Ray
 starts, the rollout engine and trainer started while the teachers finish booting) and sequential (`DISTILLERY_SEQUENTIAL_STARTUP=1`:
 load the job, then spawn the teachers, then start Ray, then the actors: the order before issue 18).
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import yaml
+from _common import json_main  # bench/, the script's own folder
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "local-addition.yaml"
@@ -47,8 +48,8 @@ def untrained_job(directory: Path) -> Path:
     """The example's manifest pointing at untrained models of the task's shape and 64 rows of data."""
     _paths()
     import orjson
-    from distillery_runtime.tasks.addition import ALPHABET, sample_problems
     from distillery_runtime.tasks.prepare import AdditionRecipe, _llama
+    from distillery_runtime.tasks.problems.addition import ALPHABET, sample_problems
     from distillery_runtime.tasks.tokenizer import build_char_tokenizer
 
     recipe = AdditionRecipe()
@@ -73,7 +74,7 @@ def untrained_job(directory: Path) -> Path:
 def run_once(manifest: Path, mode: str, out: Path) -> dict[str, float]:
     """One `distillery run --steps 1`; its start-up marks plus the command's own wall time."""
     _paths()
-    from distillery_runtime.startup import SEQUENTIAL_ENV, parse_line
+    from distillery_runtime.run.startup import SEQUENTIAL_ENV, parse_line
 
     env = {**os.environ, SEQUENTIAL_ENV: "1" if mode == "sequential" else "0"}
     env["PYTHONPATH"] = os.pathsep.join(str(ROOT / sub) for sub in ("", "operator", "runtime", "cli"))
@@ -125,4 +126,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(json_main("startup", main))

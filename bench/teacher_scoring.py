@@ -37,6 +37,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "runtime")]
 
+from _common import json_main  # noqa: E402  (bench/, the script's own folder)
 from distillery_runtime.teachers import CompactTeacher, OpenAITeacher, ScoreRequest  # noqa: E402
 from distillery_runtime.testing.teacher_server import cpu_engine, cpu_env, start_teacher_server  # noqa: E402
 from distillery_runtime.testing.tiny import save_tiny_model  # noqa: E402
@@ -212,4 +213,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(json_main("teacher_scoring", main))

@@ -25,14 +25,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from distillery_runtime.samples import TrainSample
-from distillery_runtime.trainer import Trainer, step_normalizer
+from distillery_runtime.data.samples import TrainSample
+from distillery_runtime.training.trainer import Trainer, step_normalizer
 
 from distillery.api.spec import LossMode, Precision
 from distillery.plan.loss import LossConfig
 from distillery.plan.training import TrainerSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import json_main  # bench/, the script's own folder
 from e2e_vs_trl import speed_setting
 
 TOKENS, PROMPT, TOP_K, VOCAB = 5000, 24, 16, 1031
@@ -125,8 +126,9 @@ def main() -> None:
     }
     path = args.out / f"{record['date']}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {path}", file=sys.stderr)
+    print(json.dumps({"bench": "trainer_attention", "path": str(path), **record}))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(json_main("trainer_attention", main))

@@ -15,14 +15,16 @@ import argparse
 import datetime
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from distillery_runtime.samples import TrainSample
-from distillery_runtime.tasks.qwen import build_qwen_model
-from distillery_runtime.trainer import Trainer, step_normalizer
+from _common import json_main  # bench/, the script's own folder
+from distillery_runtime.data.samples import TrainSample
+from distillery_runtime.tasks.recipes.qwen import build_qwen_model
+from distillery_runtime.training.trainer import Trainer, step_normalizer
 
 from distillery.api.spec import LossMode, Precision
 from distillery.plan.loss import LossConfig
@@ -102,8 +104,9 @@ def main() -> None:
     }
     path = args.out / f"{record['date']}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {path}", file=sys.stderr)
+    print(json.dumps({"bench": "trainer_logits", "path": str(path), **record}))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(json_main("trainer_logits", main))

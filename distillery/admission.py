@@ -4,7 +4,7 @@ A DistillationJob chooses the image its pods run (`spec.image`), the ServiceAcco
 (`spec.serviceAccountName`) and the volumes they mount (each pod section's `volumes`); a DistillationTeacher
 chooses its image and its pool's volumes. The operator creates those pods with its own rights, so whoever may
 create a job would otherwise run any image as any ServiceAccount of the namespace, with any of its Secrets
-mounted. The chart's `admission` values (`AdmissionSettings`) bound those choices.
+mounted or in its environment (`env[].valueFrom.secretKeyRef`). The chart's `admission` values (`AdmissionSettings`) bound those choices.
 
 This module is the one source of the check. `violations()` is what `distillery validate --admission
 VALUES` reports; `POLICIES` is the same check as the CEL of the chart's ValidatingAdmissionPolicies, one
@@ -12,8 +12,8 @@ per kind, written to `charts/distillery/admission/policies.yaml` (`python -m dis
 the chart's template reads (tests/chart fails when the file is stale). Each refusal's message is one
 template, filled by Python here and by a CEL `messageExpression` there, so both say the same words.
 
-A value is judged when it is chosen: on UPDATE, an image, ServiceAccount or Secret volume the object
-already had passes. Otherwise a policy tightened after a job was made would refuse every later write to it
+A value is judged when it is chosen: on UPDATE, an image, ServiceAccount, Secret volume or Secret variable
+the object already had passes. Otherwise a policy tightened after a job was made would refuse every later write to it
 (Kueue's `suspend`, the operator's finalizer on a DistillationTeacher, whose deletion would then hang); a
 changed or added one is judged as on CREATE.
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -33,7 +32,7 @@ from pydantic import Field, ValidationError
 from distillery.api import GROUP, KIND, PLURAL, TEACHER_KIND, TEACHER_PLURAL
 from distillery.api.base import ApiModel
 from distillery.api.bounds import MAX_LOCATION, Name
-from distillery.api.pod import LabelSelector, Volume
+from distillery.api.pod import EnvVar, LabelSelector, Volume
 from distillery.api.shared_teacher import DistillationTeacherSpec
 from distillery.api.spec import DistillationJobSpec
 
@@ -59,6 +58,10 @@ class AdmissionSettings(ApiModel):
     makes the job its own, allowed only to write that job's status)."""
     allow_secret_volumes: bool = True
     """false: no pod section of a job or DistillationTeacher may mount a `secret` volume."""
+    allow_secret_env: bool = True
+    """false: no pod section of a job or DistillationTeacher may take a variable from a Secret
+    (`env[].valueFrom.secretKeyRef`); with `allowSecretVolumes: false`, a job's author reads no Secret of the
+    namespace through the job."""
     validation_actions: list[ValidationAction] = Field(
         default_factory=lambda: [DENY], min_length=1, max_length=3
     )
@@ -134,6 +137,11 @@ SECRET_VOLUMES = Message(
     "false); ask the platform team, or read the Secret another way",
     {"paths": "variables.secretVolumes.filter(p, !(p in variables.oldSecretVolumes)).join(', ')"},
 )
+SECRET_ENV = Message(
+    "{paths}: this cluster allows no variables from Secrets (the distillery chart's admission.allowSecretEnv "
+    "is false); ask the platform team",
+    {"paths": "variables.secretEnv.filter(p, !(p in variables.oldSecretEnv)).join(', ')"},
+)
 
 
 # ---------------------------------------------------------------------------------------------- python
@@ -147,22 +155,43 @@ class Violation:
     message: str
 
 
-def _secret_volume_paths(sections: Sequence[tuple[str, list[Volume] | None]]) -> list[str]:
-    return [f"{path}[name={v.name}]" for path, volumes in sections for v in volumes or [] if v.secret]
-
-
-def job_secret_volumes(spec: DistillationJobSpec) -> list[str]:
-    """The Secret volumes of every pod section of a job, as the policy names them."""
-    sections = [
-        ("spec.student.pool.volumes", spec.student.pool.volumes),
-        ("spec.student.head.volumes", spec.student.head.volumes),
-        *((f"spec.teachers[name={t.name}].pool.volumes", t.pool.volumes) for t in spec.teachers),
+def _pod_sections(spec: DistillationJobSpec | DistillationTeacherSpec) -> list[tuple[str, Any]]:
+    """Every pod section of a job or DistillationTeacher, with its path as the policy names it."""
+    if isinstance(spec, DistillationTeacherSpec):
+        return [("spec.pool", spec.pool)]
+    return [
+        ("spec.student.pool", spec.student.pool),
+        ("spec.student.head", spec.student.head),
+        *((f"spec.teachers[name={t.name}].pool", t.pool) for t in spec.teachers),
     ]
-    return _secret_volume_paths(sections)
 
 
-def teacher_secret_volumes(spec: DistillationTeacherSpec) -> list[str]:
-    return _secret_volume_paths([("spec.pool.volumes", spec.pool.volumes)])
+def _is_secret_volume(volume: Volume) -> bool:
+    return volume.secret is not None
+
+
+def _is_secret_env(variable: EnvVar) -> bool:
+    return variable.value_from is not None and variable.value_from.secret_key_ref is not None
+
+
+def secret_volumes(spec: DistillationJobSpec | DistillationTeacherSpec) -> list[str]:
+    """The Secret volumes of every pod section, as the policy names them."""
+    return [
+        f"{path}.volumes[name={v.name}]"
+        for path, section in _pod_sections(spec)
+        for v in section.volumes or []
+        if _is_secret_volume(v)
+    ]
+
+
+def secret_env(spec: DistillationJobSpec | DistillationTeacherSpec) -> list[str]:
+    """The variables taken from Secrets in every pod section, as the policy names them."""
+    return [
+        f"{path}.env[name={e.name}]"
+        for path, section in _pod_sections(spec)
+        for e in section.env or []
+        if _is_secret_env(e)
+    ]
 
 
 def _image_violations(image: str, settings: AdmissionSettings) -> list[Violation]:
@@ -172,10 +201,10 @@ def _image_violations(image: str, settings: AdmissionSettings) -> list[Violation
     return [Violation("spec.image", IMAGE.format(image=image, allowed=", ".join(prefixes)))]
 
 
-def _secret_violations(paths: list[str], settings: AdmissionSettings) -> list[Violation]:
-    if settings.allow_secret_volumes or not paths:
+def _secret_violations(paths: list[str], allowed: bool, message: Message) -> list[Violation]:
+    if allowed or not paths:
         return []
-    return [Violation(paths[0], SECRET_VOLUMES.format(paths=", ".join(paths)))]
+    return [Violation(paths[0], message.format(paths=", ".join(paths)))]
 
 
 def violations(
@@ -192,40 +221,53 @@ def violations(
                     SERVICE_ACCOUNT.format(name=account, allowed=", ".join(allowed)),
                 )
             )
-        return found + _secret_violations(job_secret_volumes(spec), settings)
-    return found + _secret_violations(teacher_secret_volumes(spec), settings)
+    found += _secret_violations(secret_volumes(spec), settings.allow_secret_volumes, SECRET_VOLUMES)
+    return found + _secret_violations(secret_env(spec), settings.allow_secret_env, SECRET_ENV)
 
 
 # ---------------------------------------------------------------------------------------------- CEL
 
 
-def _cel_secret_volumes(obj: str, kind: str) -> str:
-    """`obj`'s Secret volumes (`object` or `oldObject`) as `job_secret_volumes` names them; [] for none."""
+def _cel_secret_refs(obj: str, kind: str, field: str) -> str:
+    """`obj`'s (`object` or `oldObject`) Secret volumes (`field` "volumes") or variables from Secrets ("env"),
+    as `secret_volumes` and `secret_env` name them; [] for none."""
+    chosen = {
+        "volumes": "has(v.secret)",
+        "env": "has(v.valueFrom) && has(v.valueFrom.secretKeyRef)",
+    }[field]
 
     def section(sel: str, path: str) -> str:
         # `path` is a CEL string expression; every level is optional in the stored object.
-        return f"(has({sel}.volumes) ? {sel}.volumes.filter(v, has(v.secret)).map(v, {path} + v.name + ']') : [])"
+        return f"(has({sel}.{field}) ? {sel}.{field}.filter(v, {chosen}).map(v, {path} + v.name + ']') : [])"
 
     if kind == TEACHER_KIND:
-        return f"(has({obj}.spec.pool) ? {section(f'{obj}.spec.pool', _cel_string('spec.pool.volumes[name='))} : [])"
+        pool = section(f"{obj}.spec.pool", _cel_string(f"spec.pool.{field}[name="))
+        return f"(has({obj}.spec.pool) ? {pool} : [])"
     student = f"{obj}.spec.student"
-    teacher_path = "'spec.teachers[name=' + t.name + '].pool.volumes[name='"
+    pool = section(f"{student}.pool", _cel_string(f"spec.student.pool.{field}[name="))
+    head = section(f"{student}.head", _cel_string(f"spec.student.head.{field}[name="))
+    teacher = section("t.pool", f"'spec.teachers[name=' + t.name + '].pool.{field}[name='")
     return (
-        f"(has({student}.pool) ? {section(f'{student}.pool', _cel_string('spec.student.pool.volumes[name='))} : [])"
-        f" + (has({student}.head) ? {section(f'{student}.head', _cel_string('spec.student.head.volumes[name='))} : [])"
-        f" + {obj}.spec.teachers.map(t, has(t.pool) ? {section('t.pool', teacher_path)} : []).flatten()"
+        f"(has({student}.pool) ? {pool} : [])"
+        f" + (has({student}.head) ? {head} : [])"
+        f" + {obj}.spec.teachers.map(t, has(t.pool) ? {teacher} : []).flatten()"
     )
 
 
-def _old_or_empty(kind: str) -> str:
-    return f"oldObject == null ? [] : {_cel_secret_volumes('oldObject', kind)}"
+def _old_or_empty(kind: str, field: str) -> str:
+    return f"oldObject == null ? [] : {_cel_secret_refs('oldObject', kind, field)}"
 
 
 def _image(obj: str, default: str) -> str:
     return f"has({obj}.spec.image) ? {obj}.spec.image : {_cel_string(default)}"
 
 
-SETTINGS_VARIABLES = ("allowedImagePrefixes", "allowedServiceAccounts", "allowSecretVolumes")
+SETTINGS_VARIABLES = (
+    "allowedImagePrefixes",
+    "allowedServiceAccounts",
+    "allowSecretVolumes",
+    "allowSecretEnv",
+)
 """The variables the chart's template fills from its values, before the policy's own."""
 
 
@@ -269,10 +311,24 @@ _IMAGE_VALIDATION = Validation(
     " || variables.allowedImagePrefixes.exists(p, variables.image.startsWith(p))",
     IMAGE,
 )
-_SECRET_VALIDATION = Validation(
-    "variables.allowSecretVolumes || variables.secretVolumes.all(p, p in variables.oldSecretVolumes)",
-    SECRET_VOLUMES,
+_SECRET_VALIDATIONS = (
+    Validation(
+        "variables.allowSecretVolumes || variables.secretVolumes.all(p, p in variables.oldSecretVolumes)",
+        SECRET_VOLUMES,
+    ),
+    Validation(
+        "variables.allowSecretEnv || variables.secretEnv.all(p, p in variables.oldSecretEnv)", SECRET_ENV
+    ),
 )
+
+
+def _secret_variables(kind: str) -> tuple[tuple[str, str], ...]:
+    return (
+        ("secretVolumes", _cel_secret_refs("object", kind, "volumes")),
+        ("oldSecretVolumes", _old_or_empty(kind, "volumes")),
+        ("secretEnv", _cel_secret_refs("object", kind, "env")),
+        ("oldSecretEnv", _old_or_empty(kind, "env")),
+    )
 
 
 def _image_variables(default: str) -> tuple[tuple[str, str], ...]:
@@ -297,8 +353,7 @@ POLICIES: dict[str, Policy] = {
                 "oldObject != null && has(oldObject.spec.serviceAccountName)"
                 " && oldObject.spec.serviceAccountName == variables.serviceAccount",
             ),
-            ("secretVolumes", _cel_secret_volumes("object", KIND)),
-            ("oldSecretVolumes", _old_or_empty(KIND)),
+            *_secret_variables(KIND),
         ),
         (
             _IMAGE_VALIDATION,
@@ -307,7 +362,7 @@ POLICIES: dict[str, Policy] = {
                 " || variables.serviceAccountUnchanged || variables.serviceAccount in variables.allowedServiceAccounts",
                 SERVICE_ACCOUNT,
             ),
-            _SECRET_VALIDATION,
+            *_SECRET_VALIDATIONS,
         ),
     ),
     TEACHER_KIND: Policy(
@@ -315,10 +370,9 @@ POLICIES: dict[str, Policy] = {
         TEACHER_PLURAL,
         (
             *_image_variables(_TEACHER_IMAGE_DEFAULT),
-            ("secretVolumes", _cel_secret_volumes("object", TEACHER_KIND)),
-            ("oldSecretVolumes", _old_or_empty(TEACHER_KIND)),
+            *_secret_variables(TEACHER_KIND),
         ),
-        (_IMAGE_VALIDATION, _SECRET_VALIDATION),
+        (_IMAGE_VALIDATION, *_SECRET_VALIDATIONS),
     ),
 }
 
@@ -329,6 +383,7 @@ def settings_variables(settings: AdmissionSettings) -> list[dict[str, str]]:
         "allowedImagePrefixes": list(settings.allowed_image_prefixes),
         "allowedServiceAccounts": list(settings.allowed_service_accounts),
         "allowSecretVolumes": settings.allow_secret_volumes,
+        "allowSecretEnv": settings.allow_secret_env,
     }
     return [{"name": name, "expression": cel_literal(values[name])} for name in SETTINGS_VARIABLES]
 

@@ -85,8 +85,8 @@ def build_tiny_model(directory: Path | None = None, **params: object) -> Path:
 
 def build_tiny_qwen(flavour: str = "qwen2.5", seed: int = 0) -> Path:
     """Build (or reuse from the cache) a tiny Qwen-like model (`tasks.qwen`: Qwen's real vocabulary)."""
-    import distillery_runtime.tasks.qwen as recipe
-    import distillery_runtime.tasks.qwen_templates as templates
+    import distillery_runtime.tasks.recipes.qwen as recipe
+    import distillery_runtime.tasks.recipes.qwen_templates as templates
 
     return _build_cached((recipe, templates), recipe.save_tiny_qwen, None, flavour=flavour, seed=seed)
 

@@ -6,6 +6,9 @@ level or inside a function (a lazy import is still a dependency), relative impor
 to the module named, or to the submodule when `from package import name` names one. Importing `a.b.c`
 also runs `a/__init__.py`, but that implicit edge is not counted: Python finishes a package's own imports
 before it loads the package's modules, so it never closes a circle.
+
+Inside the runtime, its rooms (the subpackages of `distillery_runtime`) are layered too: a room imports only
+the rooms below it in `RUNTIME_ROOMS`, so every arrow between two rooms points one way.
 """
 
 from __future__ import annotations
@@ -24,6 +27,21 @@ PACKAGES = {
     "distillery_cli": ROOT / "cli" / "distillery_cli",
 }
 TESTING = "distillery_runtime.testing"
+# The runtime's rooms, bottom first: each may import the rooms before it, none after it. The tasks and the
+# losses stand alone; data and weight sync serve everything above; checkpoints serve the trainer; teachers
+# and rollout are the two sides a step scores and samples with; observe reports a step; run drives it all.
+RUNTIME_ROOMS = (
+    "tasks",
+    "losses",
+    "sync",
+    "data",
+    "checkpoints",
+    "training",
+    "teachers",
+    "rollout",
+    "observe",
+    "run",
+)
 
 Graph = Mapping[str, set[str]]
 
@@ -180,6 +198,39 @@ def test_only_tests_and_benchmarks_import_the_testing_scaffolding(graph):
     assert users == []
 
 
+def room_of(module: str) -> str | None:
+    """The runtime room a runtime module is in (None: a module of the package's top level, or not the runtime)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "distillery_runtime" and len(parts) > 2 else None
+
+
+def room_violations(graph: Graph, rooms: tuple[str, ...]) -> list[str]:
+    """Imports from a room to a room at or above it in `rooms` (bottom first), between different rooms."""
+    rank = {room: i for i, room in enumerate(rooms)}
+    return sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if room_of(module) in rank
+        for target in targets
+        if room_of(target) in rank
+        and room_of(target) != room_of(module)
+        and rank[room_of(target)] >= rank[room_of(module)]
+    )
+
+
+def test_every_runtime_room_has_a_place_in_the_order():
+    rooms = {
+        path.parent.name
+        for path in PACKAGES["distillery_runtime"].glob("*/__init__.py")
+        if path.parent.name != TESTING.rpartition(".")[2]
+    }
+    assert rooms == set(RUNTIME_ROOMS)
+
+
+def test_the_runtime_rooms_import_only_the_rooms_below_them(graph):
+    assert room_violations(graph, RUNTIME_ROOMS) == []
+
+
 def test_no_import_circle(graph):
     circles = find_cycles(graph)
     assert circles == [], "import circles:\n" + "\n".join(" -> ".join(circle) for circle in circles)
@@ -202,6 +253,17 @@ def test_a_planted_upward_import_is_found_and_a_sibling_package_name_is_not_a_pr
     }
     assert _violations(graph, "distillery", ["distillery_runtime"]) == [
         "distillery.x imports distillery_runtime.y"
+    ]
+
+
+def test_a_planted_upward_room_import_is_found():
+    graph = {
+        "distillery_runtime.data.samples": {"distillery_runtime.run.loop.plan", "distillery_runtime.tasks"},
+        "distillery_runtime.run.cli": {"distillery_runtime.data.samples", "distillery_runtime.run.local"},
+        "distillery_runtime.prestop": {"distillery_runtime.run.prestop"},
+    }
+    assert room_violations(graph, ("tasks", "data", "run")) == [
+        "distillery_runtime.data.samples imports distillery_runtime.run.loop.plan"
     ]
 
 

@@ -25,6 +25,7 @@ from distillery.plan.checkpoint_storage import checkpoint_storage
 from distillery.plan.gpu_placement import plan_gpu_placement
 from distillery.plan.grader import pattern_refusal, resolve_grader
 from distillery.plan.host_memory import host_memory_refusal, plan_host_memory
+from distillery.plan.lora_report import lora_lines
 from distillery.plan.memory import refusal
 from distillery.plan.memory_features import job_memory_plan, resolve_memory_features
 from distillery.plan.model_cache import cache_lines
@@ -113,6 +114,8 @@ def _plan(args: argparse.Namespace) -> int:
         print("\n".join(f"  {line}" for line in pod_resources(job.spec).lines()))
         # The memory features the plan chose (student.training: auto) and why, before the table.
         print("\n".join(f"  {line}" for line in resolve_memory_features(job.spec).lines()))
+        # A LoRA student's adapter, its weight sync per step and its memory against full fine-tuning.
+        print("\n".join(f"  {line}" for line in lora_lines(job.spec)))
         # The trainer's attention kernel (eager for narrow micro-batches of a bfloat16 CPU student).
         print(f"  {attention_line(job.spec)}")
         # How the trainer's micro-batches are grouped by length (cut further on CPU, where padding costs more).
@@ -194,13 +197,13 @@ def _operator(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from distillery_runtime.cli import run_command
+    from distillery_runtime.run.cli import run_command
 
     return run_command(args)
 
 
 def _serve_teacher(args: argparse.Namespace) -> int:
-    from distillery_runtime.serve_teacher import serve_teacher_command
+    from distillery_runtime.run.serve_teacher import serve_teacher_command
 
     return serve_teacher_command(args)
 

@@ -1,4 +1,4 @@
-"""Bounds, patterns and the label-key rule shared by the spec's models (`spec.py`, `pod.py`).
+"""Bounds, patterns and the label-key rule shared by the spec's models (`spec.py` and its sections, `pod.py`).
 
 Every string, list and map of the spec has a bound: the API server estimates the cost of each CEL rule
 from the largest value a field may hold, and refuses a CRD whose rules could exceed its budget.

@@ -13,15 +13,20 @@ you keep) and `runs/<job>/` (metrics, samples, report). What is mounted there, i
 The operator's claim's size, when `checkpoint.size` is unset, comes from the student's parameter count P
 (its shape, as the memory plan knows it: `model_shapes.resolve_shape`):
 
-    bytes = 1.1 x P x ((keep + 1) x (STATE_BYTES_PER_PARAMETER + d) + d) + 1 GiB, rounded up to whole GiB
+    bytes = 1.1 x ((keep + 1) x checkpoint_bytes + final_bytes) + 1 GiB, rounded up to whole GiB
+    checkpoint_bytes = P x d + T x STATE_BYTES_PER_PARAMETER        final_bytes = P x d (+ T x 4 for LoRA)
 
-A checkpoint holds the float32 master weights (4 bytes a parameter), AdamW's two float32 moments (8) and
-the kept model in checkpoint.modelDtype (d: 2 for bfloat16 and float16, 4 for float32). keep + 1 of them
-exist at once, because a save writes the new one before it prunes the oldest. The last d is `final/`: hard
-links into the last checkpoint where the filesystem has them (no space), a copy where it has not. 10% is
-headroom for the filesystem, configs and tokenizer files; 1 GiB is for the run's metrics, samples and
-report. A student whose shape is unknown gets FALLBACK_SIZE. The runtime's preflight checks a folder's
-free space with the same bytes a parameter (distillery_runtime.checkpoint).
+where T is the parameters trained: every one (T = P) in full fine-tuning, the adapter's in a LoRA student
+(`lora.adapter_params`). A checkpoint holds the kept model in checkpoint.modelDtype (d: 2 for bfloat16 and
+float16, 4 for float32) and, of what trains, its float32 weights (4 bytes a parameter: master/, or a LoRA
+student's adapter/) and AdamW's two float32 moments (8). A LoRA checkpoint has no float32 copy of the frozen
+base (the job's own student model is it), so its size is the merged model's and megabytes more, not 14 bytes
+a parameter. keep + 1 of them exist at once, because a save writes the new one before it prunes the oldest.
+`final/` is the kept model (and a LoRA student's adapter): hard links into the last checkpoint where the
+filesystem has them (no space), a copy where it has not. 10% is headroom for the filesystem, configs and
+tokenizer files; 1 GiB is for the run's metrics, samples and report. A student whose shape is unknown gets
+FALLBACK_SIZE. The runtime's preflight checks a folder's free space with the same `checkpoint_bytes`
+(distillery_runtime.checkpoints.checkpoint).
 
 Access mode: ReadWriteMany when more than one pod mounts the claim, as those may run on different nodes:
 the Ray head (its driver finds the checkpoint to resume) and every worker (rank 0 writes, every rank loads
@@ -34,13 +39,16 @@ import math
 from dataclasses import dataclass
 
 from distillery.api.spec import DistillationJobSpec, ModelDtype
-from distillery.model_shapes import resolve_shape
+from distillery.model_shapes import ModelShape, resolve_shape
 from distillery.names import child_name
+from distillery.plan.lora import adapter_params, resolve_lora
 
 GIB = 1024**3
 STATE_BYTES_PER_PARAMETER = 12
-"""What a checkpoint holds a parameter besides the kept model: float32 master weights (4) and AdamW's two
-float32 moments (8)."""
+"""What a checkpoint holds a trained parameter besides the kept model: its float32 weight (4: master/, or a
+LoRA student's adapter/) and AdamW's two float32 moments (8)."""
+ADAPTER_BYTES_PER_PARAMETER = 4
+"""A LoRA student's adapter, float32, as `final/` keeps it beside the model."""
 MODEL_DTYPE_BYTES = {ModelDtype.BFLOAT16: 2, ModelDtype.FLOAT16: 2, ModelDtype.FLOAT32: 4}
 """Bytes a parameter of the kept model (`model/`, `final/`) in each checkpoint.modelDtype."""
 HEADROOM = 1.1
@@ -155,14 +163,42 @@ def claim_size(spec: DistillationJobSpec) -> tuple[str, str]:
         )
     model = MODEL_DTYPE_BYTES[checkpoint.model_dtype]
     copies = checkpoint.keep + 1
-    per_parameter = copies * (STATE_BYTES_PER_PARAMETER + model) + model
-    needed = HEADROOM * shape.params * per_parameter + RUN_FILES_BYTES
+    adapter = trained_adapter(spec, shape)
+    one = checkpoint_bytes(shape.params, model, adapter)
+    needed = HEADROOM * (copies * one + final_bytes(shape.params, model, adapter)) + RUN_FILES_BYTES
     gib = max(1, math.ceil(needed / GIB))
-    reason = (
-        f"auto: {shape.params / 1e9:.2f}B parameters x ({copies} checkpoints x "
-        f"{STATE_BYTES_PER_PARAMETER + model} + final/ {model}) bytes, + 10% and 1 GiB for the run's files"
-    )
+    if adapter is None:
+        reason = (
+            f"auto: {shape.params / 1e9:.2f}B parameters x ({copies} checkpoints x "
+            f"{STATE_BYTES_PER_PARAMETER + model} + final/ {model}) bytes, + 10% and 1 GiB for the run's files"
+        )
+    else:
+        reason = (
+            f"auto: LoRA, {copies} checkpoints and final/ of the merged model ({shape.params / 1e9:.2f}B "
+            f"parameters x {model} bytes) and the adapter ({adapter / 1e6:.2f}M parameters x "
+            f"{STATE_BYTES_PER_PARAMETER} bytes with its AdamW state), + 10% and 1 GiB for the run's files"
+        )
     return f"{gib}Gi", reason
+
+
+def checkpoint_bytes(parameters: int, model_bytes: int, adapter: int | None = None) -> int:
+    """Bytes of one checkpoint of a student of `parameters` parameters kept in `model_bytes` a parameter:
+    the kept model, and STATE_BYTES_PER_PARAMETER for each trained parameter (every one; or, for a LoRA
+    student, the `adapter`'s: float32 weights and AdamW moments, no float32 copy of the frozen base). What
+    the claim is sized by and the runtime's preflight checks."""
+    trained = parameters if adapter is None else adapter
+    return parameters * model_bytes + trained * STATE_BYTES_PER_PARAMETER
+
+
+def final_bytes(parameters: int, model_bytes: int, adapter: int | None = None) -> int:
+    """Bytes of `final/` where it is a copy (no hard links): the kept model, and a LoRA student's adapter."""
+    return parameters * model_bytes + (adapter or 0) * ADAPTER_BYTES_PER_PARAMETER
+
+
+def trained_adapter(spec: DistillationJobSpec, shape: ModelShape) -> int | None:
+    """Parameters of a LoRA student's adapter on a student of `shape`; None: full fine-tuning."""
+    lora = resolve_lora(spec)
+    return None if lora is None else adapter_params(shape, lora)
 
 
 def mounting_pods(spec: DistillationJobSpec) -> int:

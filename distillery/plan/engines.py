@@ -38,7 +38,7 @@ class EngineSettings:
     coalesced_in_flight: int = 2
     """Requests of samples scored one by one as they stream out of the rollout that a client keeps out:
     two per replica, so that one is scored while the next is sent; the samples that arrive meanwhile go
-    together in the next (`distillery_runtime.teachers.coalesce`)."""
+    together in the next (`distillery_runtime.teachers.clients.coalesce`)."""
     request_tokens: int = 16384
     """Most tokens (prompt + response, over its samples) in one coalesced scoring request: its answer is
     8 bytes a token and top-k entry, 8 MiB at K=64."""

@@ -20,6 +20,9 @@ class ExportSettings:
     dtype: ModelDtype
     tokenizer: str
     """Location (as the spec gives it: a path, hub id or pvc://) of the tokenizer the job used."""
+    base_model: str = ""
+    """The student model as the spec names it: what a LoRA student's adapter/ names as its base
+    (adapter_config.json's base_model_name_or_path); '': the folder the trainer loaded."""
 
 
 def resolve_export(spec: DistillationJobSpec) -> ExportSettings:
@@ -27,4 +30,5 @@ def resolve_export(spec: DistillationJobSpec) -> ExportSettings:
     return ExportSettings(
         dtype=spec.checkpoint.model_dtype,
         tokenizer=spec.student.tokenizer or spec.student.model,
+        base_model=spec.student.model,
     )

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from distillery.api.spec import DistillationJobSpec, Precision, Sharding
 from distillery.model_shapes import resolve_shape
 from distillery.plan.engines import teacher_sleep_level
+from distillery.plan.lora import adapter_params
 from distillery.plan.quantity import memory_bytes
 from distillery.plan.rollout import rollout_engine, rollout_replicas, rollout_sleep_level, trainer_world_size
 from distillery.plan.scoring_engine import scoring_engine
@@ -48,7 +49,7 @@ from distillery.plan.training import resolve_training
 GIB = 1024**3
 RUNTIME_GIB_PER_GPU = 6
 LOAD_CHUNK_FRACTION = 1 / 16
-"""Of the float32 model, what the sharded load broadcasts at once (`distillery_runtime.sharded_load`)."""
+"""Of the float32 model, what the sharded load broadcasts at once (`distillery_runtime.training.sharded_load`)."""
 FILE_BYTES = 2
 """Bytes a parameter of the student's safetensors files (bfloat16, as models ship)."""
 PINNED_OVERHEAD = 1.3
@@ -115,6 +116,9 @@ def plan_host_memory(spec: DistillationJobSpec) -> HostMemoryPlan | None:
             ("the safetensors files mapped by the reading rank", FILE_BYTES * p),
             ("a broadcast chunk a rank", gpus * math.ceil(4 * p * LOAD_CHUNK_FRACTION)),
         ]
+    elif settings.lora is not None:  # frozen weights loaded in the compute dtype, put on the adapter
+        compute = 4 if spec.student.precision == Precision.FLOAT32 else 2
+        load = [("the whole student in its compute dtype a rank (LoRA)", gpus * compute * p)]
     else:
         load = [("the whole float32 student a rank", gpus * 4 * p)]
 
@@ -150,7 +154,8 @@ def plan_host_memory(spec: DistillationJobSpec) -> HostMemoryPlan | None:
             ("model/ in its kept dtype (rank 0)", 2 * p),
         ]
     if not settings.sharded_checkpoint:
-        checkpoint.append(("the whole optimizer state (rank 0)", OPTIMIZER_GATHER_BYTES * p))
+        trained = p if settings.lora is None else adapter_params(shape, settings.lora)
+        checkpoint.append(("the whole optimizer state (rank 0)", OPTIMIZER_GATHER_BYTES * trained))
 
     parts = {
         "load": [runtime, *load],

@@ -30,12 +30,14 @@ Every phase adds 1 GiB of CUDA context.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from distillery.api.spec import RolloutEngine
 from distillery.model_shapes import ModelShape, resolve_shape
 from distillery.plan.gpu_budget import gpu_budget
+from distillery.plan.lora import adapter_params, resolve_lora
 from distillery.plan.rollout import rollout_engine
 
 GIB = 1024**3
@@ -70,6 +72,8 @@ class TrainingLayout:
     """The same for each colocated teacher."""
     fused_optimizer: bool = True
     """The trainer's AdamW on a GPU is the fused kernel (no whole-size temporary); False: foreach."""
+    adapter_params: int = 0
+    """A LoRA student's adapter parameters (`plan.lora.adapter_params`); 0: full fine-tuning."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,8 @@ def layer_activation_bytes_per_token(shape: ModelShape, compute_bytes: int = 2) 
 
 def plan_memory(layout: TrainingLayout) -> MemoryPlan:
     """The per-GPU memory of one trainer rank and of the engines beside it."""
+    if layout.adapter_params:
+        return _plan_lora(layout)
     shape, n, c = layout.shape, layout.ranks, layout.compute_bytes
     p = shape.params
     fsdp = layout.sharding == "fsdp"
@@ -198,28 +204,16 @@ def plan_memory(layout: TrainingLayout) -> MemoryPlan:
     else:
         working = c * p
         working_note = "autocast's bf16 weight copies"
-    t, r, v = layout.micro_batch_tokens, layout.response_tokens, shape.vocab
-    per_layer = layer_activation_bytes_per_token(shape, c)
-    if layout.activation_checkpointing:
-        activations = shape.layers * t * c * shape.hidden + t * per_layer
-        act_note = f"{shape.layers} layer inputs + 1 layer recomputed, {t} tokens"
-    else:
-        activations = shape.layers * t * per_layer
-        act_note = f"{shape.layers} layers, {t} tokens"
-    # The logits (bf16) and the student's float32 log-probs at the response positions; the loss itself
-    # works in chunks of tokens (losses/chunked.py), so nothing else of vocabulary size stays.
-    logits = c * t * v + 4 * r * v
-    engines = (1 if layout.rollout_fraction > 0 else 0) + len(layout.teacher_fractions)
-    context = [PlanLine("CUDA context", CUDA_CONTEXT_BYTES)]
-    if engines:
-        context.append(PlanLine("sleeping engines", engines * SLEEPING_ENGINE_BYTES, f"{engines} asleep"))
+    context = _context(layout)
     # The gradients fill in as the backward frees the activations: its peak is the larger of the two.
-    in_flight = max(activations + logits, grads_bytes)
+    activations = _activations(layout)
     backward = [
         weights,
         adam,
         PlanLine("working weights", working, working_note),
-        PlanLine("activations + logits, or grads", in_flight, f"{act_note}; {t} x {v} logits, {r} scored"),
+        dataclasses.replace(
+            activations, name="activations + logits, or grads", bytes=max(activations.bytes, grads_bytes)
+        ),
         *context,
     ]
     # foreach AdamW makes a whole-size temporary (sqrt of the second moment); the fused kernel none.
@@ -233,7 +227,40 @@ def plan_memory(layout: TrainingLayout) -> MemoryPlan:
         ),
         *context,
     ]
-    rollout = [PlanLine("trainer state", weights.bytes + grads.bytes + adam.bytes + CUDA_CONTEXT_BYTES)]
+    host = 0 if on_gpu else (MASTER_BYTES * 2 + ADAM_BYTES) * p // shards
+    rollout = _rollout_phase(layout, weights.bytes + grads.bytes + adam.bytes)
+    return MemoryPlan(layout, {"backward": backward, "optimizer step": step, "rollout": rollout}, host)
+
+
+def _context(layout: TrainingLayout) -> list[PlanLine]:
+    """The CUDA context, and the engines asleep beside the trainer."""
+    engines = (1 if layout.rollout_fraction > 0 else 0) + len(layout.teacher_fractions)
+    context = [PlanLine("CUDA context", CUDA_CONTEXT_BYTES)]
+    if engines:
+        context.append(PlanLine("sleeping engines", engines * SLEEPING_ENGINE_BYTES, f"{engines} asleep"))
+    return context
+
+
+def _activations(layout: TrainingLayout) -> PlanLine:
+    """A micro-batch's activations and logits at the backward's start."""
+    shape, c = layout.shape, layout.compute_bytes
+    t, r, v = layout.micro_batch_tokens, layout.response_tokens, shape.vocab
+    per_layer = layer_activation_bytes_per_token(shape, c)
+    if layout.activation_checkpointing:
+        activations = shape.layers * t * c * shape.hidden + t * per_layer
+        note = f"{shape.layers} layer inputs + 1 layer recomputed, {t} tokens"
+    else:
+        activations = shape.layers * t * per_layer
+        note = f"{shape.layers} layers, {t} tokens"
+    # The logits (bf16) and the student's float32 log-probs at the response positions; the loss itself
+    # works in chunks of tokens (losses/terms/chunked.py), so nothing else of vocabulary size stays.
+    logits = c * t * v + 4 * r * v
+    return PlanLine("activations + logits", activations + logits, f"{note}; {t} x {v} logits, {r} scored")
+
+
+def _rollout_phase(layout: TrainingLayout, trainer_state: int) -> list[PlanLine]:
+    """The trainer's state beside the engines, awake in their shares."""
+    rollout = [PlanLine("trainer state", trainer_state + CUDA_CONTEXT_BYTES)]
     if layout.rollout_fraction > 0:
         rollout.append(
             PlanLine(
@@ -246,7 +273,36 @@ def plan_memory(layout: TrainingLayout) -> MemoryPlan:
         rollout.append(
             PlanLine(f"colocated teacher {i + 1}", int(fraction * layout.gpu_bytes), f"{fraction}")
         )
-    host = 0 if on_gpu else (MASTER_BYTES * 2 + ADAM_BYTES) * p // shards
+    return rollout
+
+
+def _plan_lora(layout: TrainingLayout) -> MemoryPlan:
+    """A LoRA student: the frozen weights in the compute dtype (no float32 master, gradient or AdamW state
+    for them), the adapter's float32 weights, gradients and AdamW state; activations as full training's
+    (the backward still runs through every layer to reach the adapters below)."""
+    shape, n, c, a = layout.shape, layout.ranks, layout.compute_bytes, layout.adapter_params
+    fsdp = layout.sharding == "fsdp"
+    shards = n if fsdp else 1
+    on_gpu = not (fsdp and layout.cpu_offload)
+    split = "" if on_gpu else "in host memory (cpuOffload)"
+    split = split or (f"/ {n} ranks" if fsdp else "full copy per rank")
+    frozen = PlanLine("frozen weights (compute dtype)", c * shape.params // shards if on_gpu else 0, split)
+    adapter = PlanLine("adapter weights (float32)", MASTER_BYTES * a // shards if on_gpu else 0, split)
+    grads = PlanLine("adapter gradients (float32)", MASTER_BYTES * a // shards if on_gpu else 0, split)
+    adam = PlanLine("adapter AdamW state", ADAM_BYTES * a // shards if on_gpu else 0, split)
+    if fsdp:
+        # The gathered root and two layers in the compute dtype; no gradient of a frozen weight.
+        working = PlanLine(
+            "working weights", c * (shape.embedding_params + 2 * shape.layer_params), "root + 2 layers"
+        )
+    else:
+        working = PlanLine("working weights", c * a, "autocast's copies of the adapter")
+    context = _context(layout)
+    activations = _activations(layout)
+    backward = [frozen, adapter, adam, working, activations, grads, *context]
+    step = [frozen, adapter, grads, adam, *context]
+    host = 0 if on_gpu else (c * shape.params + (MASTER_BYTES * 2 + ADAM_BYTES) * a) // shards
+    rollout = _rollout_phase(layout, frozen.bytes + adapter.bytes + grads.bytes + adam.bytes)
     return MemoryPlan(layout, {"backward": backward, "optimizer step": step, "rollout": rollout}, host)
 
 
@@ -268,6 +324,7 @@ def base_layout(spec: Any) -> TrainingLayout | None:
     response = tokens * spec.student.rollout.max_new_tokens // sequence
     colocated = [t for t in spec.teachers if t.placement == "colocated"]
     budget = gpu_budget(spec)
+    lora = resolve_lora(spec)
     return TrainingLayout(
         shape=shape,
         ranks=pool.workers * pool.gpus_per_worker,
@@ -283,6 +340,7 @@ def base_layout(spec: Any) -> TrainingLayout | None:
         else 0.0,
         rollout_tensor_parallel=spec.student.rollout.tensor_parallel,
         teacher_fractions=tuple(budget.teacher_fractions[t.name] for t in colocated),
+        adapter_params=adapter_params(shape, lora) if lora is not None else 0,
     )
 
 

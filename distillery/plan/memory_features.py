@@ -67,8 +67,11 @@ def _candidates(spec: DistillationJobSpec, ranks: int) -> list[_Candidate]:
         (F, True, True),
     ]
     training = spec.student.training
-    # auto shards over several ranks whatever their memory: it divides the state, which is what scales.
-    shardings = {Sharding.AUTO: (F,) if ranks > 1 else (R, F)}.get(training.sharding, (training.sharding,))
+    # auto shards over several ranks whatever their memory: it divides the state, which is what scales. A
+    # LoRA student's trainable state is a fraction of a percent: a replica of its frozen weights, where it
+    # fits, saves every layer's all-gather in every forward and backward.
+    several = (F,) if ranks > 1 and spec.student.lora is None else (R, F)
+    shardings = {Sharding.AUTO: several}.get(training.sharding, (training.sharding,))
     return [
         c
         for c in order
@@ -161,8 +164,10 @@ def _reasons(
         return f"auto: without it the {other.peak_phase} phase would need {other.peak_bytes / GIB:.1f} of {gpu:g} GiB"
 
     sharding, checkpointing, offload = chosen
-    if sharding == Sharding.FSDP and ranks > 1:
+    if sharding == Sharding.FSDP and ranks > 1 and spec.student.lora is None:
         sharding_why = f"auto: {ranks} trainer ranks share the state"
+    elif sharding == Sharding.REPLICATE and ranks > 1:
+        sharding_why = f"auto: a LoRA student's replica (frozen weights in the compute dtype) fits, {fits}"
     elif sharding == Sharding.FSDP:
         sharding_why = needed(0).replace("without it", "replicated,")
     else:

@@ -1,5 +1,5 @@
 """What one more padded forward costs, in padded tokens: how the trainer's micro-batches and a transformers
-teacher's forwards group their samples by length (`distillery_runtime.packing.length_groups`).
+teacher's forwards group their samples by length (`distillery_runtime.data.packing.length_groups`).
 
 A padded forward computes every row as wide as its longest: a step of the e2e bench's small job (32 samples,
 prompts of 6-14 tokens, responses of 128 or, where the student sampled its end of text early, fewer) is ~8%

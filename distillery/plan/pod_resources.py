@@ -27,7 +27,7 @@ Defaults, by pod:
   use what it needs (CPU_ONLY_CPU_LIMIT; memory CPU_ONLY_MEMORY_GIB plus the same weights term). Burstable.
 - **Ray head** (`student.head.resources` wins key by key, as a pool's does): it runs the driver (`distillery run`: data, grading, teacher requests), GCS and the
   dashboard, no GPU work: HEAD_CPU and HEAD_MEMORY_GIB, requests equal to limits. In a CPU-only job the
-  runtime's actors reserve no Ray CPUs (`distillery_runtime.placement`), so Ray may place them
+  runtime's actors reserve no Ray CPUs (`distillery_runtime.run.placement`), so Ray may place them
   on the head: its memory is then the CPU-only worker's.
 - **Submitter** (KubeRay's `ray job submit` + `ray job logs --follow`): KubeRay's own default limits
   (1 CPU, 1Gi) and a smaller request, since it only waits.

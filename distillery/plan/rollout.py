@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from distillery.api.spec import DistillationJobSpec, Objective, Precision, RolloutEngine
 from distillery.model_shapes import ModelShape
 from distillery.plan.attention import decode_attention
+from distillery.plan.lora import LoraSettings, resolve_lora
 from distillery.plan.sleep import SleepLevel, sleep_level
 
 LOGPROB_CHECK_EVERY = 10
@@ -35,7 +36,8 @@ class RolloutSettings:
     """None: vLLM compiles on a GPU, runs eagerly on CPU."""
     replicas: int
     tensor_parallel: int
-    """Workers (GPUs; on CPU, processes) of each replica's engine: each is one rank of the weight sync."""
+    """Workers (GPUs; on CPU, processes) of each replica's engine: each is one rank of the weight sync, but for
+    a LoRA adapter (`replica_sync_ranks`)."""
     logprobs_every: int = 1
     """Steps whose rollout returns the sampled tokens' log-probs: every step where the loss reads them (the
     policy-gradient objective's ratio, the task reward's), else every LOGPROB_CHECK_EVERY-th. They cost
@@ -56,11 +58,23 @@ class RolloutSettings:
     decode_threads: int | None = None
     """torch's intra-op threads in the transformers engine's decode steps (`decode_threads`); None: the
     process's own."""
+    lora: LoraSettings | None = None
+    """A LoRA student's adapter (`plan.lora`): the transformers engine puts it on its model, vLLM loads it as
+    a LoRA adapter after each sync, which sends the adapter alone; None: full fine-tuning."""
+
+    @property
+    def replica_sync_ranks(self) -> int:
+        """Ranks of one replica in the weight-sync group: each tensor-parallel worker of a vLLM engine, which
+        loads its shard of every weight; one where the engine receives a LoRA adapter in its own process
+        (it writes the adapter's files and loads them into every worker)."""
+        if self.lora is not None and self.engine == RolloutEngine.VLLM:
+            return 1
+        return self.tensor_parallel
 
     @property
     def sync_ranks(self) -> int:
-        """Receivers of a weight sync: every tensor-parallel worker of every replica."""
-        return self.replicas * self.tensor_parallel
+        """Receivers of a weight sync: every replica's ranks (`replica_sync_ranks`)."""
+        return self.replicas * self.replica_sync_ranks
 
 
 def sequence_length(spec: DistillationJobSpec) -> int:
@@ -80,14 +94,24 @@ chat-math's (9.8M, most of it Qwen's 151,936-token head) above."""
 
 
 def rollout_engine(spec: DistillationJobSpec, student: ModelShape | None) -> RolloutEngine:
-    """The engine that samples the student, never auto: the spec's, else vLLM, except on CPU for a student
+    """The engine that samples the student, never auto: the spec's, else the transformers engine for a LoRA
+    student with modules trained whole (`lora_needs_transformers`), else vLLM, except on CPU for a student
     whose shape is known (`student`: its config.json) and below CPU_TRANSFORMERS_MAX_TOKEN_PARAMS."""
     rollout = spec.student.rollout
     if rollout.engine != RolloutEngine.AUTO:
         return rollout.engine
+    if lora_needs_transformers(spec):
+        return RolloutEngine.TRANSFORMERS
     small = student is not None and student.token_params <= CPU_TRANSFORMERS_MAX_TOKEN_PARAMS
     on_cpu = spec.student.pool.gpus_per_worker == 0 and rollout.tensor_parallel == 1
     return RolloutEngine.TRANSFORMERS if small and on_cpu else RolloutEngine.VLLM
+
+
+def lora_needs_transformers(spec: DistillationJobSpec) -> bool:
+    """A LoRA student with modules trained whole (`lora.modulesToSave`): vLLM's LoRA loads low-rank modules
+    only, so only the transformers engine samples it (the API refuses `engine: vllm` with them)."""
+    lora = spec.student.lora
+    return lora is not None and bool(lora.modules_to_save)
 
 
 CPU_ONE_THREAD_DECODE_MAX_TOKEN_PARAMS = 1_000_000
@@ -143,6 +167,7 @@ def resolve_rollout(
         in_trainer=in_trainer,
         decode_attention=decode_attention(spec, engine),
         decode_threads=decode_threads(spec, engine, student),
+        lora=resolve_lora(spec),
     )
 
 
@@ -152,10 +177,12 @@ def rollout_sleep_level(
     """How deep the rollout engine sleeps while the student trains (`sleep.sleep_level`): a vLLM engine on
     the student's GPUs discards its weights (level 2), as the weight sync after each wake-up overwrites
     them; the transformers engine and anything on CPU never sleep, and an engine in the trainer's process
-    (`in_trainer`) samples with the trainer's own weights, which nothing syncs."""
+    (`in_trainer`) samples with the trainer's own weights, which nothing syncs. A LoRA student's sync sends
+    the adapter alone: its engine keeps the frozen base weights in host memory (level 1)."""
     on_gpu = spec.student.pool.gpus_per_worker > 0
     return sleep_level(
-        sleeps=on_gpu and engine == RolloutEngine.VLLM, weights_synced_after_wake=not in_trainer
+        sleeps=on_gpu and engine == RolloutEngine.VLLM,
+        weights_synced_after_wake=not in_trainer and spec.student.lora is None,
     )
 
 

@@ -18,6 +18,7 @@ from distillery.plan.rollout import (
     CPU_ONE_THREAD_DECODE_MAX_TOKEN_PARAMS,
     CPU_SMALL_DECODE_THREADS,
     decode_threads,
+    lora_needs_transformers,
     rollout_engine,
     rollout_replicas,
     trainer_world_size,
@@ -77,6 +78,8 @@ def rollout_line(spec: DistillationJobSpec, student: ModelShape | None) -> str:
     in_trainer = "in the trainer's process with its own model (auto: one float32 CPU replica; no weight sync)"
     if rollout.engine != RolloutEngine.AUTO:
         engine_why = "student.rollout.engine"
+    elif lora_needs_transformers(spec):
+        engine_why = "auto: lora.modulesToSave, which vLLM's LoRA cannot load"
     elif engine == RolloutEngine.TRANSFORMERS and student is not None:
         engine_why = f"auto: a student of {student.token_params / 1e6:.1f}M parameters a token on CPU"
     elif pool.gpus_per_worker == 0 and rollout.tensor_parallel == 1 and student is None:

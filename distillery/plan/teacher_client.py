@@ -47,8 +47,12 @@ class TeacherClient(ApiModel):
     """Where the key is in the cluster: the operator's probe reads it there, the renderer maps it to
     `api_key_env`."""
     job_key: bool = False
-    """The key is the job's own teacher key (a standalone teacher's, `plan.job_access`), not one the spec
-    names."""
+    """The key is the job's own teacher key (a standalone or shared teacher's, `plan.job_access`), not one
+    the spec names."""
+    key_arrives_late: bool = False
+    """The teacher learns the key after the job's pods start: a shared teacher reads its jobs' key digests
+    from a Secret that the operator updates and the kubelet refreshes in its replicas (about a minute), so
+    a refusal while the job starts is waited out, not final."""
     resolve_dns: bool = False
     """Spread over every address behind the host name, re-resolved (a headless Service's pods). Plain http
     only: it connects to an address, and TLS checks the certificate of the name it connects to."""
@@ -178,6 +182,7 @@ def teacher_client(
             "api_key_env": key_env,
             "api_key_secret": key_secret_used,
             "job_key": job_key is not None,
+            "key_arrives_late": job_key is not None and teacher.placement == Placement.SHARED,
         }
     )
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from distillery.api.spec import DistillationJobSpec, Precision, Sharding
 from distillery.plan.attention import eager_attention_width
+from distillery.plan.lora import LoraSettings, resolve_lora
 from distillery.plan.loss import LossConfig, resolve_loss
 from distillery.plan.memory_features import resolve_memory_features
 from distillery.plan.padding import trainer_forward_cost
@@ -43,18 +44,20 @@ class TrainerSettings:
     """Token budget of a packed micro-batch; None: micro_batch_size samples, padded."""
     sharded_load: bool = False
     """Build the student on the meta device on every rank and fill each rank's FSDP2 shards from rank 0's
-    reading of the safetensors files (`distillery_runtime.sharded_load`): no rank holds a whole float32
+    reading of the safetensors files (`distillery_runtime.training.sharded_load`): no rank holds a whole float32
     copy. False: every rank runs from_pretrained on the whole model, then shards it."""
     sharded_checkpoint: bool = False
     """Each rank saves its own shards of the optimizer state (torch.distributed.checkpoint, resumable onto
     another number of ranks) instead of rank 0 gathering the whole state into trainer.pt."""
     streamed_export: bool = False
     """Write a checkpoint's master/ and model/ weights a tensor at a time, gathered from the shards and
-    appended to safetensors shard files by rank 0 (`distillery_runtime.streamed_export`): no rank holds the
+    appended to safetensors shard files by rank 0 (`distillery_runtime.checkpoints.streamed_export`): no rank holds the
     whole state dict. False: every rank gathers the whole float32 state dict, rank 0 save_pretrained's it."""
     eager_attention_width: int = 0
     """Micro-batches of up to this many tokens a row train with eager attention, wider ones with the model's
     own kernel (`attention.eager_attention_width`); 0: always the model's own."""
+    lora: LoraSettings | None = None
+    """Train a LoRA adapter on the frozen student (`plan.lora`); None: every weight."""
     forward_cost_tokens: int | None = None
     """Padded micro-batches: at most micro_batch_size samples each, sorted by length and cut where a cut saves
     more padded tokens than this (`padding.trainer_forward_cost`); None: the fewest micro-batches."""
@@ -65,6 +68,10 @@ def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSett
     unless a local run stops earlier): the learning-rate schedule spans the steps the run takes."""
     opt = spec.student.optimizer
     features = resolve_memory_features(spec)
+    lora = resolve_lora(spec)
+    # A LoRA student loads its frozen weights whole on every rank, in the compute dtype, and is put on the
+    # adapter before it is sharded: the meta-device load names the checkpoint's tensors, not peft's.
+    sharded = sharded_state(features.sharding, trainer_world_size(spec)) and lora is None
     return TrainerSettings(
         lr=opt.lr,
         weight_decay=opt.weight_decay,
@@ -81,13 +88,13 @@ def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSett
         activation_checkpointing=features.activation_checkpointing,
         cpu_offload=features.cpu_offload,
         micro_batch_tokens=spec.schedule.micro_batch_tokens,
-        sharded_load=sharded_state(features.sharding, trainer_world_size(spec)),
-        sharded_checkpoint=sharded_state(features.sharding, trainer_world_size(spec))
-        and checkpoint_root_shared(spec),
+        sharded_load=sharded,
+        sharded_checkpoint=sharded and checkpoint_root_shared(spec),
         # Every layout: a replicated or single rank also writes without a whole cast copy of the model.
         streamed_export=True,
         eager_attention_width=eager_attention_width(spec),
         forward_cost_tokens=trainer_forward_cost(spec, features.sharding),
+        lora=lora,
     )
 
 

@@ -12,7 +12,7 @@ decides again; a claim missing or unable to serve its pods holds every create ba
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -55,6 +55,7 @@ from distillery_operator.render import (
 from distillery_operator.spec_changes import effective_spec, refused_changes
 from distillery_operator.status import (
     Cond,
+    Trainer,
     bad_condition,
     derive_conditions,
     derive_phase,
@@ -166,6 +167,21 @@ def own_children(observed: Observed, uid: str | None) -> tuple[Observed, list[st
     return own, foreign
 
 
+@dataclass
+class _JobPlan:
+    """What `decide` works out for a job with a valid spec: its teachers' statuses, the actions on its
+    children, the checks before its trainer is made, and the teachers served elsewhere to probe."""
+
+    teachers: list[TeacherStatus] = field(default_factory=list)
+    failing: set[str] = field(default_factory=set)
+    actions: list[Action] = field(default_factory=list)
+    external: dict[str, ProbeTarget] = field(default_factory=dict)
+    read_claims: list[str] = field(default_factory=list)
+    storage_check: StorageCheck | None = None
+    storage_cond: Cond | None = None
+    refs: RefCheck | None = None
+
+
 def decide(
     body: Mapping[str, Any], observed: Observed, now: str, *, cluster: ClusterSettings = NO_CLUSTER_SETTINGS
 ) -> Decision:
@@ -173,15 +189,7 @@ def decide(
     previous: Mapping[str, Any] = body.get("status") or {}
     current, problems = parse_current(body)
     observed, foreign = own_children(observed, meta.uid)
-    applied = parse_applied(observed.config)
-
-    spec: DistillationJobSpec | None
-    refused: list[str] = []
-    if current is not None and applied is not None:
-        refused = refused_changes(applied, current)
-        spec = effective_spec(applied, current)
-    else:
-        spec = current if current is not None else applied
+    spec, refused = _spec_to_act_on(current, parse_applied(observed.config))
     job = DistillationJob(metadata=meta, spec=spec) if spec is not None else None
     if job is None or checkpoint_storage(job.metadata.name, job.spec).operator_claim is None:
         # A claim of this name that another job owns is in the way only of a job that makes one.
@@ -192,65 +200,25 @@ def decide(
     trainer = trainer_state(observed.rayjob, suspend=suspend, queue=queue)
     previous_phase = previous.get("phase")
     terminal = terminal_phase(previous_phase, trainer, valid_ever=job is not None)
-    # While Kueue holds the trainer (its RayJob suspended, or about to be created so), the standalone
-    # teachers hold no GPUs either: they start when Kueue admits the RayJob by unsuspending it.
-    held_for_kueue = (
-        queue is not None
-        and not suspend
-        and terminal is None
-        and (observed.rayjob is None or bool(observed.rayjob.state.get("suspend")))
-    )
+    held_for_kueue = _held_for_kueue(queue, observed.rayjob, suspend=suspend, terminal=terminal)
     scaled_to_zero = suspend or terminal is not None or held_for_kueue
-
-    teachers: list[TeacherStatus] = []
-    failing: set[str] = set()
-    actions: list[Action] = []
-    external: dict[str, ProbeTarget] = {}
-    read_claims: list[str] = []
-    storage_check: StorageCheck | None = None
-    storage_cond: Cond | None = None
-    refs: RefCheck | None = None
     outages = {} if scaled_to_zero else runtime_outages(previous)
-    if job is not None:
-        teachers, failing = teacher_statuses(
+    plan = (
+        _plan_job(
             job,
             observed,
             trainer,
-            scaled_to_zero=scaled_to_zero,
-            zero_message=HELD_FOR_KUEUE if held_for_kueue else "scaled to zero",
+            foreign,
+            terminal=terminal,
+            suspend=suspend,
+            held_for_kueue=held_for_kueue,
             outages=outages,
-        )
-        ctx = RenderContext(
-            namespace=meta.namespace or "",
-            owner_uid=meta.uid,
-            teachers_scaled_to_zero=scaled_to_zero,
             cluster=cluster,
         )
-        blocked = set(foreign)
-        actions = plan_actions(job, render_job(job, ctx), observed, blocked, terminal is not None)
-        if terminal is None and observed.rayjob is None:
-            # The trainer is about to be made: its claims (and the teachers') are checked first.
-            read_claims = claims_to_read(job) if observed.claims is None else []
-            if not read_claims:
-                storage_check = check_storage(job, observed.claims or {}, _operators_claim(observed.claim))
-                storage_cond = storage_check.condition()
-                if not storage_check.ok:
-                    # Nothing new is made: a job is made whole or not at all.
-                    actions = [a for a in actions if a.verb != "create"]
-        else:
-            storage_cond = mountable(tuple(use.claim for use in claim_uses(job)))
-        if terminal is None and observed.rayjob is None:
-            # Before the trainer is made, its DistillationTeachers must exist and serve what it asks.
-            refs = check_teacher_refs(job, observed.shared)
-            if refs.missing or refs.refused:
-                actions = [a for a in actions if a.verb != "create"]
-        # Teachers served elsewhere are asked directly whether they answer: an external server, and a
-        # shared teacher's Service (the job does not own its Deployment, so it has none to watch).
-        external = {
-            t.name: probe_target(job, index, t)
-            for index, t in enumerate(job.spec.teachers)
-            if t.placement in SERVED_ELSEWHERE and terminal is None and not suspend
-        }
+        if job is not None
+        else _JobPlan()
+    )
+    teachers, refs, storage_check = plan.teachers, plan.refs, plan.storage_check
 
     phase, message = derive_phase(
         terminal=terminal,
@@ -264,26 +232,12 @@ def decide(
         message = "the spec is invalid: " + "; ".join(problems)
     starting = phase in (Phase.PENDING, Phase.STARTING_TEACHERS) and job is not None and not held_for_kueue
     unscheduled = observed.unscheduled if starting else ()
-    if unscheduled:
-        others = f" (and {len(unscheduled) - 1} more)" if len(unscheduled) > 1 else ""
-        message = f"waiting for a node: {unscheduled[0].describe()}{others}"
-    if foreign:
-        message = f"waiting for {', '.join(foreign)} of another job with this name to be deleted"
-    if refs is not None and (refs.missing or refs.refused):
-        # Refused as an invalid spec is, until the job or the teacher changes (its events wake the job).
-        phase = Phase.INVALID if refs.refused else Phase.PENDING
-        message = "; ".join(refs.refused or refs.missing)
+    phase, message = _waiting_for(phase, message, unscheduled, foreign, plan)
     held = storage_check is not None and not storage_check.ok
     conflicting = storage_check is not None and bool(storage_check.conflicts)
-    if held and storage_cond is not None:
-        # A claim that cannot serve the pods is the spec's problem in this cluster: refused, as an invalid
-        # spec is, until the spec or the claim changes. A missing one is waited for.
-        phase = Phase.INVALID if conflicting else Phase.PENDING
-        message = storage_cond.message
+    finished = terminal is not None
     storage, output = (
-        storage_status(job, observed.claim, finished=terminal is not None)
-        if job is not None
-        else (None, None)
+        storage_status(job, observed.claim, finished=finished) if job is not None else (None, None)
     )
     conds = derive_conditions(
         problems=problems,
@@ -292,13 +246,13 @@ def decide(
         suspend=suspend,
         trainer=trainer,
         teachers=teachers,
-        failing_teachers=failing,
+        failing_teachers=plan.failing,
         terminal=terminal,
         held_for_kueue=held_for_kueue,
         outages=outages,
         output=output,
         unscheduled=unscheduled,
-        storage=storage_cond,
+        storage=plan.storage_cond,
     )
     generation = meta.generation
     status = DistillationJobStatus(
@@ -315,15 +269,121 @@ def decide(
     )
     return Decision(
         status=status,
-        actions=actions,
+        actions=plan.actions,
         events=transition_events(previous, status),
-        external=external,
+        external=plan.external,
         starting=starting,
         finished=terminal is not None,
-        read_claims=read_claims,
+        read_claims=plan.read_claims,
         held=held or (refs is not None and bool(refs.missing or refs.refused)),
         wait=held and not conflicting,
     )
+
+
+def _held_for_kueue(
+    queue: str | None, rayjob: Child | None, *, suspend: bool, terminal: Phase | None
+) -> bool:
+    """While Kueue holds the trainer (its RayJob suspended, or about to be created so), the standalone
+    teachers hold no GPUs either: they start when Kueue admits the RayJob by unsuspending it."""
+    return (
+        queue is not None
+        and not suspend
+        and terminal is None
+        and (rayjob is None or bool(rayjob.state.get("suspend")))
+    )
+
+
+def _spec_to_act_on(
+    current: DistillationJobSpec | None, applied: DistillationJobSpec | None
+) -> tuple[DistillationJobSpec | None, list[str]]:
+    """The spec the operator acts on (the applied one with the current one's allowed changes; either, where
+    only one is there), and the changes it refuses."""
+    if current is not None and applied is not None:
+        return effective_spec(applied, current), refused_changes(applied, current)
+    return (current if current is not None else applied), []
+
+
+def _plan_job(
+    job: DistillationJob,
+    observed: Observed,
+    trainer: Trainer,
+    foreign: list[str],
+    *,
+    terminal: Phase | None,
+    suspend: bool,
+    held_for_kueue: bool,
+    outages: Mapping[str, str],
+    cluster: ClusterSettings,
+) -> _JobPlan:
+    """The teachers' statuses, the actions on the job's children, and the claims and teacher references
+    checked before its trainer is made (a job is made whole or not at all)."""
+    scaled_to_zero = suspend or terminal is not None or held_for_kueue
+    plan = _JobPlan()
+    plan.teachers, plan.failing = teacher_statuses(
+        job,
+        observed,
+        trainer,
+        scaled_to_zero=scaled_to_zero,
+        zero_message=HELD_FOR_KUEUE if held_for_kueue else "scaled to zero",
+        outages=outages,
+    )
+    meta = job.metadata
+    ctx = RenderContext(
+        namespace=meta.namespace or "",
+        owner_uid=meta.uid,
+        teachers_scaled_to_zero=scaled_to_zero,
+        cluster=cluster,
+    )
+    blocked = set(foreign)
+    plan.actions = plan_actions(job, render_job(job, ctx), observed, blocked, terminal is not None)
+    if terminal is None and observed.rayjob is None:
+        # The trainer is about to be made: its claims (and the teachers') are checked first.
+        plan.read_claims = claims_to_read(job) if observed.claims is None else []
+        if not plan.read_claims:
+            plan.storage_check = check_storage(job, observed.claims or {}, _operators_claim(observed.claim))
+            plan.storage_cond = plan.storage_check.condition()
+            if not plan.storage_check.ok:
+                # Nothing new is made: a job is made whole or not at all.
+                plan.actions = [a for a in plan.actions if a.verb != "create"]
+    else:
+        plan.storage_cond = mountable(tuple(use.claim for use in claim_uses(job)))
+    if terminal is None and observed.rayjob is None:
+        # Before the trainer is made, its DistillationTeachers must exist and serve what it asks.
+        plan.refs = check_teacher_refs(job, observed.shared)
+        if plan.refs.missing or plan.refs.refused:
+            plan.actions = [a for a in plan.actions if a.verb != "create"]
+    # Teachers served elsewhere are asked directly whether they answer: an external server, and a
+    # shared teacher's Service (the job does not own its Deployment, so it has none to watch).
+    plan.external = {
+        t.name: probe_target(job, index, t)
+        for index, t in enumerate(job.spec.teachers)
+        if t.placement in SERVED_ELSEWHERE and terminal is None and not suspend
+    }
+    return plan
+
+
+def _waiting_for(
+    phase: Phase, message: str, unscheduled: Sequence[Any], foreign: list[str], plan: _JobPlan
+) -> tuple[Phase, str]:
+    """The phase and message once what the job waits for is said: a node, another job's children, its
+    DistillationTeachers, or claims that cannot serve its pods."""
+    if unscheduled:
+        others = f" (and {len(unscheduled) - 1} more)" if len(unscheduled) > 1 else ""
+        message = f"waiting for a node: {unscheduled[0].describe()}{others}"
+    if foreign:
+        message = f"waiting for {', '.join(foreign)} of another job with this name to be deleted"
+    refs = plan.refs
+    if refs is not None and (refs.missing or refs.refused):
+        # Refused as an invalid spec is, until the job or the teacher changes (its events wake the job).
+        phase = Phase.INVALID if refs.refused else Phase.PENDING
+        message = "; ".join(refs.refused or refs.missing)
+    check, cond = plan.storage_check, plan.storage_cond
+    if check is not None and not check.ok and cond is not None:
+        # A claim that cannot serve the pods is the spec's problem in this cluster: refused, as an invalid
+        # spec is, until the spec or the claim changes. A missing one is waited for.
+        phase = Phase.INVALID if check.conflicts else Phase.PENDING
+        message = cond.message
+    return phase, message
 
 
 def probe_target(job: DistillationJob, index: int, teacher: Teacher) -> ProbeTarget:
@@ -373,13 +433,14 @@ def plan_actions(
     """The writes that bring the children to the desired objects (each child at most one write)."""
     actions: list[Action] = []
     key: tuple[int, Action] | None = None
+    rolls_onto_key = False
     for obj in desired:
         kind, name = obj["kind"], obj["metadata"]["name"]
         if f"{kind}/{name}" in blocked:
             continue
         if kind == SECRET_KIND:
             # The teacher key is not watched: it is made (or found made, a 409 the controller checks is the
-            # job's) whenever the pods that take it are, in the same step and before them; never patched
+            # job's) whenever pods that take it are made, in the same step and before them; never patched
             # (it is made once with its value, `render/teacher_key.py`: a patch could only lose it).
             if not terminal:
                 key = (len(actions), Action("create", kind, name, obj, "with the pods that take it"))
@@ -409,9 +470,29 @@ def plan_actions(
         action = child_write(obj, seen)
         if action is not None:
             actions.append(action)
-    if key is not None and any(a.verb == "create" and a.kind in POD_MAKERS for a in actions):
+            if kind in POD_MAKERS and key is not None and not _takes_secret(seen, key[1].name):
+                # A Deployment made before teacher keys (an operator upgraded under a running job) rolls its
+                # pods onto the key: they must not wait on a Secret that nothing makes.
+                rolls_onto_key = True
+    if key is not None and (
+        rolls_onto_key or any(a.verb == "create" and a.kind in POD_MAKERS for a in actions)
+    ):
         actions.insert(*key)  # where it is rendered: before the pods' makers
     return actions
+
+
+def _takes_secret(seen: Child, secret: str) -> bool:
+    """Whether the live object's pods take a value from Secret `secret` (by secretKeyRef)."""
+
+    def walk(node: Any) -> bool:
+        if isinstance(node, dict):
+            ref = node.get("secretKeyRef")
+            if isinstance(ref, dict) and ref.get("name") == secret:
+                return True
+            return any(walk(v) for v in node.values())
+        return isinstance(node, list) and any(walk(v) for v in node)
+
+    return walk(seen.owned_view())
 
 
 POD_MAKERS = ("Deployment", "RayJob")

@@ -1,8 +1,9 @@
 """What the operator does with one DistillationTeacher (pure): its objects, replicas, finalizer and status.
 
 The inputs are what the watches and the scaling loop saw: the teacher's body, its Deployment, Service and
-NetworkPolicy (as summaries), the jobs of its namespace that reference it, the replicas' queues
-(`teacher_metrics`) and how long it has been idle. The replica count is `plan.teacher_scaling.decide_replicas`; an Event names each
+NetworkPolicy (as summaries), the jobs of its namespace that reference it (with the digests of the active
+ones' keys, which its clients Secret holds), the replicas' queues (`teacher_metrics`) and how long it has
+been idle. The replica count is `plan.teacher_scaling.decide_replicas`; an Event names each
 change and its reason. While an active job references the teacher, the finalizer `FINALIZER` is on it, so
 that deleting it waits until the jobs end (or the user removes the finalizer); the jobs say so in their
 teacher status (`teacher_refs`).
@@ -35,6 +36,7 @@ from distillery_operator.render import (
     NO_CLUSTER_SETTINGS,
     ClusterSettings,
     render_shared_teacher,
+    render_shared_teacher_clients,
     render_shared_teacher_policy,
 )
 from distillery_operator.status import Cond, merge_conditions
@@ -50,6 +52,8 @@ class TeacherUse:
     job: str
     active: bool
     """Neither finished, refused nor suspended: it needs the teacher now or soon."""
+    uid: str = ""
+    """The job's uid: a job deleted and made again under its name is another job, with another key."""
 
 
 @dataclass
@@ -60,6 +64,9 @@ class TeacherDecision:
     events: list[EventSpec] = field(default_factory=list)
     finalizers: list[str] | None = None
     """The teacher's new metadata.finalizers; None: unchanged."""
+    clients: dict[str, Any] | None = None
+    """Its clients Secret as it must be (None: the spec is invalid, nothing is made). Not watched: the loop
+    writes it when it differs from what it last wrote, before the replicas that mount it are made."""
 
 
 def _finalizers(meta: Mapping[str, Any], in_use: bool) -> list[str] | None:
@@ -78,14 +85,17 @@ def decide_teacher(
     service: Child | None,
     network_policy: Child | None = None,
     uses: Sequence[TeacherUse],
+    clients: Mapping[str, str] | None = None,
     loads: Sequence[ReplicaLoad],
     idle_for_seconds: float,
     now: str,
     cluster: ClusterSettings | None = None,
     replicas_by_hpa: bool = False,
 ) -> TeacherDecision:
-    """`replicas_by_hpa`: the chart hands the replica count to an HPA; the Deployment is made at
-    minReplicas and its count is left as it is found."""
+    """`clients`: the key digest of each active job that references the teacher, by job identity (a job
+    whose key the operator has not found yet is left out until it is). `replicas_by_hpa`: the chart hands
+    the replica count to an HPA; the Deployment is made at minReplicas and its count is left as it is
+    found."""
     meta = body.get("metadata") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace", "")
     generation = meta.get("generation")
@@ -126,6 +136,9 @@ def decide_teacher(
     deployment_obj, service_obj = render_shared_teacher(
         teacher, namespace=namespace, replicas=decision.replicas, owner_uid=meta.get("uid"), cluster=cluster
     )
+    clients_obj = render_shared_teacher_clients(
+        teacher, namespace=namespace, clients=clients or {}, owner_uid=meta.get("uid")
+    )
     policy_obj = render_shared_teacher_policy(
         teacher, namespace=namespace, owner_uid=meta.get("uid"), cluster=cluster or NO_CLUSTER_SETTINGS
     )
@@ -144,6 +157,30 @@ def decide_teacher(
         )
 
     deleting = bool(meta.get("deletionTimestamp"))
+    conds = _conditions(decision, ready, active, deleting=deleting)
+    status = DistillationTeacherStatus(
+        replicas=decision.replicas,
+        ready_replicas=ready,
+        endpoint=shared_teacher_url(name, namespace),
+        jobs=active,
+        conditions=merge_conditions(conds, previous, generation=generation, now=now),
+        observed_generation=generation,
+    )
+    if deleting:
+        # Its replicas still serve the jobs that hold it (and still scale); nothing is made again.
+        actions = [a for a in actions if a.verb == "patch"]
+    return TeacherDecision(
+        actions=actions,
+        status=status,
+        scaling=decision,
+        events=events,
+        finalizers=finalizers,
+        clients=clients_obj,
+    )
+
+
+def _conditions(decision: ScalingDecision, ready: int, active: list[str], *, deleting: bool) -> list[Cond]:
+    """A valid teacher's conditions: Valid, Ready (its replicas) and InUse (the jobs that hold it)."""
     if ready > 0:
         ready_cond = Cond(
             TeacherConditionType.READY, True, "ReplicasReady", f"{ready}/{decision.replicas} ready"
@@ -157,18 +194,4 @@ def decide_teacher(
         in_use = Cond(TeacherConditionType.IN_USE, True, "JobsActive", f"used by {', '.join(active)}{held}")
     else:
         in_use = Cond(TeacherConditionType.IN_USE, False, "NoActiveJob", "no active job references it")
-    conds = [Cond(TeacherConditionType.VALID, True, "Valid", "the spec is valid"), ready_cond, in_use]
-    status = DistillationTeacherStatus(
-        replicas=decision.replicas,
-        ready_replicas=ready,
-        endpoint=shared_teacher_url(name, namespace),
-        jobs=active,
-        conditions=merge_conditions(conds, previous, generation=generation, now=now),
-        observed_generation=generation,
-    )
-    if deleting:
-        # Its replicas still serve the jobs that hold it (and still scale); nothing is made again.
-        actions = [a for a in actions if a.verb == "patch"]
-    return TeacherDecision(
-        actions=actions, status=status, scaling=decision, events=events, finalizers=finalizers
-    )
+    return [Cond(TeacherConditionType.VALID, True, "Valid", "the spec is valid"), ready_cond, in_use]

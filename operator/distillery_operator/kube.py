@@ -139,7 +139,8 @@ class Kube:
                 "create", kind, self._networking.create_namespaced_network_policy, namespace, obj
             )
         elif kind == "Secret":
-            # The job's teacher key (`render/teacher_key.py`): made once, never patched nor read back.
+            # A job's teacher key (`render/teacher_key.py`: made once, never patched) or a shared teacher's
+            # clients Secret (`render/shared_teacher.py`).
             await self._call("create", kind, self._core.create_namespaced_secret, namespace, obj)
         elif kind == "ServiceAccount":
             await self._call("create", kind, self._core.create_namespaced_service_account, namespace, obj)
@@ -173,6 +174,9 @@ class Kube:
             await self._call(
                 "patch", kind, self._apps.patch_namespaced_deployment, name, namespace, body, **ct
             )
+        elif kind == "Secret":
+            # A shared teacher's clients Secret (digests of its jobs' keys); a job's key is never patched.
+            await self._call("patch", kind, self._core.patch_namespaced_secret, name, namespace, body, **ct)
         elif kind == "PodDisruptionBudget":
             await self._call(
                 "patch",

@@ -3,8 +3,9 @@
 Every `interval` seconds, and at once when a teacher, its objects or a job that references it changes, each
 known teacher is decided again: its replicas' /metrics are read (the ready pods of its Deployment, at their
 pod IPs: each replica's own queue, not one behind the Service), the jobs that use it are taken from the job
-controller's watch, and the decision's writes go out: its Deployment and Service, its finalizer, its status
-and an Event for each change of its replica count. Teachers are few and a decision is cheap: one pass over
+controller's watch with the digests of the active ones' keys (each read once from the job's teacher key
+Secret), and the decision's writes go out: its clients Secret, Deployment and Service, its finalizer, its
+status and an Event for each change of its replica count. Teachers are few and a decision is cheap: one pass over
 all of them, one at a time, keeps the loop simple.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 import aiohttp
 
 from distillery.api import TERMINAL_PHASES, DistillationTeacherStatus, Phase
+from distillery.plan.job_access import TEACHER_KEY, job_identity, key_digest, teacher_key_secret_name
 from distillery.plan.teacher_scaling import ReplicaLoad
 from distillery.runtime_config import TEACHER_PORT
 from distillery_operator.controller import Controller, now_iso, replacing
@@ -84,7 +86,8 @@ def job_uses(jobs: Mapping[JobKey, Mapping[str, Any]], using: Iterable[JobKey]) 
         phase = (body.get("status") or {}).get("phase")
         suspended = bool((body.get("spec") or {}).get("suspend"))
         done = phase in {p.value for p in TERMINAL_PHASES} or phase == Phase.INVALID.value
-        uses.append(TeacherUse(job=key[1], active=not done and not suspended))
+        uid = (body.get("metadata") or {}).get("uid", "")
+        uses.append(TeacherUse(job=key[1], active=not done and not suspended, uid=uid))
     return uses
 
 
@@ -117,6 +120,11 @@ class SharedTeachers:
         self._session: aiohttp.ClientSession | None = None
         self._previous: dict[TeacherKey, dict[str, tuple[float, float]]] = {}
         """Each teacher's replicas' last read, by pod: total seconds waited in its queue, and when."""
+        self._digests: dict[tuple[str, str, str], str] = {}
+        """The key digest of each job (namespace, name, uid) found so far: a job's key never changes (its
+        Secret is made once with it, never written again), so it is read once."""
+        self._clients_written: dict[TeacherKey, dict[str, Any]] = {}
+        """Each teacher's clients Secret as this process last wrote it (the Secret is not watched)."""
 
     def wake(self) -> None:
         self._wake.set()
@@ -172,11 +180,51 @@ class SharedTeachers:
         self._previous[key] = seen
         return loads
 
+    async def _clients(self, namespace: str, uses: Iterable[TeacherUse]) -> dict[str, str]:
+        """The key digest of each active job of `uses` whose key Secret exists, by job identity."""
+        clients = {}
+        for use in uses:
+            if not use.active:
+                continue
+            job = (namespace, use.job, use.uid)
+            if job not in self._digests:
+                secret = teacher_key_secret_name(use.job)
+                key = await self.kube.read_key(namespace, "Secret", secret, TEACHER_KEY)
+                if key is None:
+                    continue  # not made yet: the job's first reconcile makes it, a pass soon after finds it
+                self._digests[job] = key_digest(key)
+            clients[job_identity(use.job, namespace)] = self._digests[job]
+        return clients
+
+    def _forget_gone_jobs(self) -> None:
+        live = {(*k, (b.get("metadata") or {}).get("uid", "")) for k, b in self.jobs.jobs.items()}
+        self._digests = {job: digest for job, digest in self._digests.items() if job in live}
+
+    async def _write_clients(self, key: TeacherKey, secret: dict[str, Any]) -> None:
+        """Make or update the teacher's clients Secret where it differs from what was last written."""
+        if self._clients_written.get(key) == secret:
+            return
+        namespace = key[0]
+        try:
+            await self.kube.create(namespace, secret)
+            verb = "create"
+        except ApiError as error:
+            if error.code != 409:
+                raise
+            # Made before (by this process before a restart, or an earlier pass): the data put in place.
+            await self.kube.patch(namespace, "Secret", secret["metadata"]["name"], {"data": secret["data"]})
+            verb = "patch"
+        self._clients_written[key] = secret
+        log.info(
+            "DistillationTeacher %s/%s: %s Secret/%s (its clients)", *key, verb, secret["metadata"]["name"]
+        )
+
     async def reconcile(self, key: TeacherKey) -> None:
         body = self.jobs.teachers.get(key)
         if body is None:
             self._last_busy.pop(key, None)
             self._previous.pop(key, None)
+            self._clients_written.pop(key, None)
             return
         namespace, name = key
         children = list(self.children_of(key))
@@ -184,6 +232,8 @@ class SharedTeachers:
         service = next((c for c in children if c.kind == "Service"), None)
         network_policy = next((c for c in children if c.kind == "NetworkPolicy"), None)
         uses = job_uses(self.jobs.jobs, self.jobs.jobs_using(key))
+        self._forget_gone_jobs()
+        clients = await self._clients(namespace, uses)
         loads: list[ReplicaLoad] = []
         if (
             not self.settings.hpa
@@ -201,12 +251,16 @@ class SharedTeachers:
             service=service,
             network_policy=network_policy,
             uses=uses,
+            clients=clients,
             loads=loads,
             idle_for_seconds=clock - last_busy,
             now=now_iso(),
             cluster=self.jobs.settings.cluster,
             replicas_by_hpa=self.settings.hpa,
         )
+        if decision.clients is not None:
+            # Before the replicas, which mount it.
+            await self._write_clients(key, decision.clients)
         for action in decision.actions:
             if action.verb == "create":
                 await self.kube.create(namespace, action.body)

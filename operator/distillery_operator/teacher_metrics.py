@@ -4,7 +4,7 @@ vLLM names its metrics with a colon (`vllm:num_requests_waiting{model_name="..."
 text format allows; a server may report several series of one gauge (one per engine or served model), and
 the replica's load is their sum.
 
-Our teacher server admits each job's requests into vLLM by fair share (`teachers/fair_share.py`), so most of
+Our teacher server admits each job's requests into vLLM by fair share (`teachers/serving/fair_share.py`), so most of
 what waits, waits in its queue, not vLLM's. A gauge of that queue, read every few seconds, would mostly
 miss a burst of scoring that lasts a fraction of a second; so the queue is read as its mean length since the
 previous read instead: the growth of the total time requests waited

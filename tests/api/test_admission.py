@@ -12,7 +12,7 @@ import yaml
 from distillery_cli.main import main
 
 from distillery.admission import AdmissionSettings, load_settings, violations
-from distillery.validation import load_jobs, load_teacher, parse_job
+from distillery.validation import load_jobs, load_teacher, parse_job, parse_teacher
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "standalone-teacher.yaml"
@@ -56,6 +56,32 @@ def test_each_refusal_names_its_field() -> None:
         "this cluster allows no Secret volumes"
     )
     assert all("\n" not in v.message for v in found)
+
+
+SECRET_VARIABLE = {
+    "name": "TOKEN",
+    "valueFrom": {"secretKeyRef": {"name": "other-job-teacher-key", "key": "api-key"}},
+}
+
+
+def test_variables_from_secrets_are_refused_when_not_allowed() -> None:
+    """A Secret read into a variable is a Secret read all the same (another job's teacher key, say)."""
+    doc = yaml.safe_load(JOB.read_text())
+    doc["spec"]["student"]["head"] = {"env": [{"name": "PLAIN", "value": "1"}, SECRET_VARIABLE]}
+    doc["spec"]["teachers"][0]["pool"] = {"env": [SECRET_VARIABLE]}
+    spec = parse_job(doc).spec
+    assert violations(spec, settings(allowSecretVolumes=False)) == []  # variables are their own setting
+    (refused,) = violations(spec, settings(allowSecretEnv=False))
+    assert refused.field == "spec.student.head.env[name=TOKEN]"
+    assert refused.message == (
+        "spec.student.head.env[name=TOKEN], spec.teachers[name=qwen-7b].pool.env[name=TOKEN]: this cluster "
+        "allows no variables from Secrets (the distillery chart's admission.allowSecretEnv is false); ask the "
+        "platform team"
+    )
+    teacher = yaml.safe_load(TEACHER.read_text())
+    teacher["spec"]["pool"]["env"] = [SECRET_VARIABLE]
+    (refused,) = violations(parse_teacher(teacher).spec, settings(allowSecretEnv=False))
+    assert refused.field == "spec.pool.env[name=TOKEN]"
 
 
 def test_a_teachers_image_and_volumes() -> None:

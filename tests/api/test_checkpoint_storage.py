@@ -146,3 +146,27 @@ def test_the_runtime_config_names_the_claim_in_a_cluster_only(base_manifest: dic
     job = parse_job(base_manifest)
     assert resolve_runtime_config(job, "ns", in_cluster=True).checkpoint_claim == "base-checkpoints"
     assert resolve_runtime_config(job, None, in_cluster=False).checkpoint_claim is None
+
+
+def test_a_lora_students_claim_holds_the_merged_model_and_the_adapter_not_its_float32_state(
+    base_manifest: dict[str, Any],
+) -> None:
+    """A LoRA checkpoint: the merged model in modelDtype (d) and the adapter's float32 weights and AdamW
+    moments (12 bytes for each of its T parameters), no float32 copy of the base: 1.1 x ((keep + 1) x
+    (P x d + T x 12) + P x d + T x 4) + 1 GiB."""
+    from distillery.plan.lora import adapter_params, resolve_lora
+
+    doc = copy.deepcopy(base_manifest)
+    doc["spec"]["student"].update(model="Qwen/Qwen2.5-1.5B", lora={"rank": 16})
+    doc["spec"]["checkpoint"] = {"keep": 3}
+    spec = parse_job(doc).spec
+    shape, lora = known_shape("Qwen/Qwen2.5-1.5B"), resolve_lora(spec)
+    assert shape is not None and lora is not None
+    adapter = adapter_params(shape, lora)
+    assert 0 < adapter < shape.params / 50  # rank 16 on every linear layer: about 1% of the model
+    claim = checkpoint_storage("j", spec).operator_claim
+    assert claim is not None
+    p = shape.params
+    expected = math.ceil((1.1 * (4 * (p * 2 + adapter * 12) + p * 2 + adapter * 4) + GIB) / GIB)
+    assert claim.size == f"{expected}Gi" == "18Gi"  # full fine-tuning's: 93Gi
+    assert "LoRA" in claim.size_reason and f"{adapter / 1e6:.2f}M parameters x 12 bytes" in claim.size_reason

@@ -42,14 +42,15 @@ TEACHERS = sorted((EXAMPLES[0].parent / "teachers").glob("*.yaml"))
 @pytest.mark.parametrize("path", TEACHERS, ids=[p.name for p in TEACHERS])
 def test_teacher_example_validates_and_renders(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`distillery validate` and `render` take DistillationTeachers as they take jobs: render prints its
-    NetworkPolicy, its Deployment (at minReplicas, where the operator makes it) and Service."""
+    NetworkPolicy, its clients Secret (no job's key digest yet), its Deployment (at minReplicas, where the
+    operator makes it) and Service."""
     assert cli_main(["validate", str(path)]) == 0
     assert f"{path}: valid (" in capsys.readouterr().err
     assert cli_main(["render", str(path)]) == 0
     objects = list(yaml.safe_load_all(capsys.readouterr().out))
     teacher = yaml.safe_load(path.read_text())
-    assert [o["kind"] for o in objects] == ["NetworkPolicy", "Deployment", "Service"]
-    assert objects[1]["spec"]["replicas"] == teacher["spec"]["scaling"]["minReplicas"]
+    assert [o["kind"] for o in objects] == ["NetworkPolicy", "Secret", "Deployment", "Service"]
+    assert objects[2]["spec"]["replicas"] == teacher["spec"]["scaling"]["minReplicas"]
 
 
 def test_a_bad_teacher_manifest_gets_one_line_naming_the_field(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from distillery_cli.main import build_parser
-from distillery_runtime.teachers.served_limits import served_limit_problems
+from distillery_runtime.teachers.checks.served_limits import served_limit_problems
 
 from distillery.api import DistillationTeacher, Placement
 from distillery.plan.shared_teacher import SHARED_MAX_MODEL_LEN, shared_teacher_engine

@@ -182,7 +182,7 @@ def test_the_rollout_returns_log_probs_where_the_loss_reads_them(
 ) -> None:
     base_manifest["spec"]["loss"] = loss
     assert plan_of(base_manifest).rollout.logprobs_every == every
-    from distillery_runtime.plan import wants_logprobs
+    from distillery_runtime.run.loop.plan import wants_logprobs
 
     due = [step for step in range(1, 31) if wants_logprobs(step, every)]
     assert due == (list(range(1, 31)) if every == 1 else [1, 10, 20, 30])

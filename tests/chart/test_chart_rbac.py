@@ -60,9 +60,9 @@ def test_readme_table_parses() -> None:
     assert ("create", "core:events") in grants
     assert ("update", "distillery.io:distillationjobs/finalizers") in grants  # blockOwnerDeletion
     assert ("create", "rbac.authorization.k8s.io:roles") in grants  # the trainer's identity per job
-    # Secrets: the ones a job names, by name, and each job's teacher key, made; never listed or watched (the
-    # operator would hold them all).
-    assert {verb for verb, resource in grants if resource == "core:secrets"} == {"get", "create"}
+    # Secrets: the ones a job names, by name, each job's teacher key, made, and each shared teacher's clients
+    # Secret, made and patched; never listed or watched (the operator would hold them all).
+    assert {verb for verb, resource in grants if resource == "core:secrets"} == {"get", "create", "patch"}
 
 
 @pytest.mark.parametrize("mode", ["defaults", "namespaced"])

@@ -232,10 +232,10 @@ def test_no_wildcards_and_secrets_only_by_name() -> None:
                 assert (
                     "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
                 )
-                # An external teacher's key, read by name for its health checks, and each job's teacher key,
-                # made: never listed or watched.
+                # An external teacher's key, read by name for its health checks, each job's teacher key, made,
+                # and each shared teacher's clients Secret, made and patched: never listed or watched.
                 if "secrets" in rule["resources"]:
-                    assert rule["resources"] == ["secrets"] and rule["verbs"] == ["get", "create"]
+                    assert rule["resources"] == ["secrets"] and rule["verbs"] == ["get", "create", "patch"]
 
 
 def test_monitoring_objects_select_what_exists() -> None:

@@ -52,8 +52,10 @@ SETTINGS = {
     "allowedImagePrefixes": ["ghcr.io/distillery-ai/", "registry.example.com/ml/"],
     "allowedServiceAccounts": ["distillery-runtime"],
     "allowSecretVolumes": False,
+    "allowSecretEnv": False,
 }
 SECRET_VOLUME = {"name": "creds", "secret": {"secretName": "creds"}}
+SECRET_VARIABLE = {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}}
 PROBE_IMAGE = "docker.io/someone/probe:1"
 
 
@@ -159,6 +161,19 @@ def test_secret_volumes_are_refused_when_not_allowed(installation: Installation,
         "spec.student.head.volumes[name=creds], spec.teachers[name=qwen-7b].pool.volumes[name=creds]: "
     )
     shared = teacher("mounting-teacher", pool={"volumes": [SECRET_VOLUME]})
+    (line,) = expected(shared)
+    assert refusal(create(installation, bounded, shared)) == line
+
+
+def test_variables_from_secrets_are_refused_when_not_allowed(
+    installation: Installation, bounded: str
+) -> None:
+    doc = job("reads")
+    doc["spec"]["student"]["pool"]["env"] = [{"name": "PLAIN", "value": "1"}, SECRET_VARIABLE]
+    (line,) = expected(doc)
+    assert refusal(create(installation, bounded, doc)) == line
+    assert line.startswith("spec.student.pool.env[name=TOKEN]: this cluster allows no variables from Secrets")
+    shared = teacher("reading-teacher", pool={"env": [SECRET_VARIABLE]})
     (line,) = expected(shared)
     assert refusal(create(installation, bounded, shared)) == line
 

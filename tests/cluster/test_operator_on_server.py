@@ -302,6 +302,13 @@ def test_an_idle_job_costs_no_writes(cluster: Cluster) -> None:
         wait_until(lambda n=name: c.status(n).get("children"), what=f"{name} reconciled")
     wait_until(lambda: c.phase("colocated-teacher") == "Pending", what="Pending")
     wait_until(lambda: c.phase("external-teacher") == "StartingTeachers", what="StartingTeachers")
+    # The external teacher's first health check has answered (its status then changes from "not checked
+    # yet"): on a loaded machine it came after the writes were counted, and its status write was taken for
+    # one of an idle reconcile.
+    wait_until(
+        lambda: "not checked yet" not in c.status("external-teacher")["teachers"][0].get("message", ""),
+        what="the external teacher's first health check",
+    )
     assert c.status("colocated-teacher")["teachers"][0]["replicas"] == 0  # the CRD's default, filled in
     before = len(c.operator_writes())
     for name in ("colocated-teacher", "external-teacher"):

@@ -15,6 +15,7 @@ the garbage collector), from its audit log of every request.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -43,6 +44,8 @@ from harness import (
     yaml_stream,
 )
 from helm_chart import render_objects
+
+from distillery.plan.job_access import CLIENTS_KEY, clients_secret_name, job_identity
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -208,6 +211,13 @@ def children(installation: Installation, namespace: str, job: str) -> dict[str, 
 # ---------------------------------------------------------------------------------------------- operator
 
 
+def clients(installation: Installation, namespace: str) -> dict[str, str]:
+    """The job digests in the shared teacher qwen-7b's clients Secret (empty before it is made)."""
+    secret = installation.get("secret", clients_secret_name("qwen-7b"), namespace) or {}
+    raw = secret.get("data", {}).get(CLIENTS_KEY)
+    return dict(json.loads(base64.b64decode(raw))["jobs"]) if raw else {}
+
+
 def test_the_operator_uses_exactly_what_the_chart_grants(
     installation: Installation, namespace: str, tmp_path: Path
 ) -> None:
@@ -336,10 +346,18 @@ def test_the_operator_uses_exactly_what_the_chart_grants(
             ),
             what="the DistillationTeacher used by the job",
         )
+        # The teacher's clients Secret takes the job's key digest and drops it once the job is gone: each a
+        # write the test waits for (the Secret may be made with the digest already in it, so the drop is
+        # the patch that is sure to come; without this wait it raced the finalizer's removal).
+        member = job_identity("sj", namespace)
+        wait_until(lambda: member in clients(installation, namespace), what="the job's digest in the clients")
         installation.admin("delete", "dj", "sj", "-n", namespace)
         wait_until(
             lambda: not installation.get("dt", "qwen-7b", namespace)["metadata"].get("finalizers"),
             what="the DistillationTeacher's finalizer taken off",
+        )
+        wait_until(
+            lambda: member not in clients(installation, namespace), what="the job's digest out of the clients"
         )
         # An external teacher behind TLS with an API key: its health checks read the key's Secret and the CA
         # bundle's ConfigMap by name (`get`), then fail on the bundle, which holds no certificate.
@@ -540,18 +558,18 @@ def test_a_missing_status_grant_is_refused_and_the_job_shows_no_status(
 
 REPORT = """
 import sys
-from distillery_runtime.status import StatusReporter
+from distillery_runtime.observe.status import StatusReporter
 
 reporter = StatusReporter(sys.argv[1], sys.argv[2], min_interval=0)
 reporter.progress({"step": 7, "loss": 0.25, "kl": 0.125, "tokens_per_s": 321.5}, 200)
 reporter.checkpoint(7, "/checkpoints/step-7")
 """
-"""What the trainer does (distillery_runtime.cli): the real reporter, its own client and config loading."""
+"""What the trainer does (distillery_runtime.run.cli): the real reporter, its own client and config loading."""
 
 
 OUTAGE = """
 import sys
-from distillery_runtime.status import StatusReporter
+from distillery_runtime.observe.status import StatusReporter
 
 reporter = StatusReporter(sys.argv[1], sys.argv[2], min_interval=0)
 reporter.teacher_outage("qwen-7b", True, "no answer from http://qwen-7b within 120.0 s")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from distillery_runtime.workers import free_port
+from distillery_runtime.run.workers import free_port
 
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, StatusTarget, TeacherProtocol
 from distillery.validation import parse_job

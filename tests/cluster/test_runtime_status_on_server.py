@@ -1,4 +1,4 @@
-"""The trainer's status reports (distillery_runtime.status) on a real API server: merge patches through the
+"""The trainer's status reports (distillery_runtime.observe.status) on a real API server: merge patches through the
 status subresource, rate-limited progress, the final step and checkpoints always sent, teacher outages,
 and the operator's own status fields left alone. (Which account may send them: test_rbac_on_server.py.)"""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
-from distillery_runtime.status import StatusReporter
+from distillery_runtime.observe.status import StatusReporter
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -20,8 +20,8 @@ from distillery_operator.render import (
     render_manifest_stream,
     render_trainer_identity,
 )
-from distillery_runtime.local import teacher_server_command
-from distillery_runtime.local_gpus import NotEnoughGpus, TeacherGpus, plan_local_gpus
+from distillery_runtime.run.local import teacher_server_command
+from distillery_runtime.run.local_gpus import NotEnoughGpus, TeacherGpus, plan_local_gpus
 
 from distillery.api import Placement, TeacherEngine
 from distillery.crd import build_crd

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from distillery_runtime.losses import ChunkedGatherLogSoftmax, gather_log_softmax
-from distillery_runtime.losses.chunked import gather_log_softmax_and_entropy
+from distillery_runtime.losses.terms.chunked import gather_log_softmax_and_entropy
 
 
 def _inputs(n=7, v=23, j=5, dtype=torch.float64, seed=0):

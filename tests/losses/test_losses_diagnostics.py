@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from distillery_runtime.losses import TeacherTargets, distillation_loss
-from distillery_runtime.losses.chunked import gather_log_softmax_and_entropy
+from distillery_runtime.losses.terms.chunked import gather_log_softmax_and_entropy
 
 from distillery.api.spec import LossMode
 from distillery.plan.loss import LossConfig

@@ -10,7 +10,7 @@ proportion to q_S of it, so the freed mass goes to whatever the student already 
 from __future__ import annotations
 
 import torch
-from distillery_runtime.losses.topk import forward_kl_topk, reverse_kl_topk
+from distillery_runtime.losses.terms.topk import forward_kl_topk, reverse_kl_topk
 
 VOCAB, WRONG, RIGHT = 16, 3, 7
 

@@ -21,7 +21,7 @@ from distillery_runtime.losses import (
     kl,
     reduce_tokens,
 )
-from distillery_runtime.losses.estimators import clamp_token_loss
+from distillery_runtime.losses.terms.estimators import clamp_token_loss
 from distillery_runtime.testing.full_vocab import forward_kl_full, jsd_full, reverse_kl_full
 from losses import reference as ref
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 from distillery_runtime.losses import TeacherTargets, distillation_loss
-from distillery_runtime.losses.topk import fold_out_of_vocab
-from distillery_runtime.trainer import COUNT_METRICS
+from distillery_runtime.losses.terms.topk import fold_out_of_vocab
+from distillery_runtime.training.trainer import COUNT_METRICS
 from losses import reference as ref
 
 from distillery.api.spec import LossMode

@@ -3,7 +3,7 @@
 - the operator runs in-process against the emulated API server (tests/operator's harness) through the
   scenario of tests/chart/operator_scenario.py: a failed job, an external teacher nobody serves, a
   burst of injected API errors. Its /metrics is the operator's own aiohttp endpoint.
-- two trainers are `distillery_runtime.metrics.RuntimeMetrics` exporters served in-process, fed through
+- two trainers are `distillery_runtime.observe.metrics.RuntimeMetrics` exporters served in-process, fed through
   the calls the training loop makes (record_step, record_retries, total_steps, checkpoint, eval):
   `demo` trains (a step every 0.25 s, two teachers answering, a few retries), `stuck` finished one
   step and since then waits for its teacher `math`, which never answers (the loop's OutageTracker sets
@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 from chart.helm_chart import by_kind, render_objects
 from chart.operator_scenario import NAMESPACE, drive, scenario_operator
-from distillery_runtime.metrics import PHASES, RuntimeMetrics
+from distillery_runtime.observe.metrics import PHASES, RuntimeMetrics
 from distillery_runtime.teachers.wire import (
     JOB_HEADER,
     SCORE_PATH,

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from chart.helm_chart import CHART
 from distillery_operator import metrics as operator_metrics
-from distillery_runtime.metrics import METRIC_NAMES as RUNTIME_NAMES
-from distillery_runtime.metrics import RuntimeMetrics
-from distillery_runtime.teachers.server_metrics import METRIC_NAMES as TEACHER_NAMES
-from distillery_runtime.teachers.server_metrics import TeacherServerMetrics
+from distillery_runtime.observe.metrics import METRIC_NAMES as RUNTIME_NAMES
+from distillery_runtime.observe.metrics import RuntimeMetrics
+from distillery_runtime.teachers.serving.server_metrics import METRIC_NAMES as TEACHER_NAMES
+from distillery_runtime.teachers.serving.server_metrics import TeacherServerMetrics
 from observability.stack import rendered_rule_groups
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase

@@ -3,6 +3,7 @@ the scaling rules choose, the Event of each change, the finalizer while active j
 
 from __future__ import annotations
 
+import base64
 import copy
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from distillery_operator.decide_teacher import FINALIZER, TeacherDecision, Teach
 from distillery_operator.observe import SUMMARIZERS, Child
 from distillery_operator.render import ClusterSettings
 
+from distillery.plan.job_access import key_digest
 from distillery.plan.teacher_scaling import ReplicaLoad
 
 REPO = Path(__file__).resolve().parents[2]
@@ -230,3 +232,52 @@ def test_its_network_policy_is_made_first_and_repaired() -> None:
     repaired = decide_teacher(body, **seen, network_policy=edited, idle_for_seconds=0, now=NOW)
     assert [(a.verb, a.kind) for a in repaired.actions] == [("patch", "NetworkPolicy")]
     assert repaired.actions[0].body["spec"] == policy["spec"]
+
+
+def test_its_clients_secret_holds_the_digests_of_its_active_jobs_keys_and_its_replicas_mount_it() -> None:
+    uses = [TeacherUse("a", active=True, uid="u-a"), TeacherUse("b", active=False, uid="u-b")]
+    clients = {"ns/a": key_digest("key-of-a")}
+    decision = decide(
+        teacher_body(),
+        deployment=None,
+        service=None,
+        uses=uses,
+        clients=clients,
+        loads=[],
+        idle_for_seconds=0,
+        now=NOW,
+    )
+    secret = decision.clients
+    assert secret is not None and secret["metadata"]["name"] == "qwen-7b-clients"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"  # deleted with the teacher
+    document = yaml.safe_load(base64.b64decode(secret["data"]["clients.json"]))
+    assert document == {"jobs": {"ns/a": key_digest("key-of-a")}}
+    assert "key-of-a" not in str(secret)  # digests only
+    deployment = next(a.body for a in decision.actions if a.kind == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    # The server reads its clients from the file; it has no key of its own to take instead.
+    assert env["DISTILLERY_TEACHER_CLIENTS"]["value"] == "/etc/distillery/clients/clients.json"
+    assert "VLLM_API_KEY" not in env
+    volume = next(v for v in pod["volumes"] if v["name"] == "teacher-clients")
+    assert volume["secret"] == {"secretName": "qwen-7b-clients"}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "teacher-clients")
+    assert mount == {"name": "teacher-clients", "mountPath": "/etc/distillery/clients", "readOnly": True}
+
+
+def test_the_same_clients_give_the_same_secret_whatever_their_order() -> None:
+    def secret(clients: dict[str, str]) -> Any:
+        return decide(
+            teacher_body(),
+            deployment=None,
+            service=None,
+            uses=[],
+            clients=clients,
+            loads=[],
+            idle_for_seconds=0,
+            now=NOW,
+        ).clients
+
+    a, b = {"ns/a": "00" * 32}, {"ns/b": "11" * 32}
+    assert secret({**a, **b}) == secret({**b, **a}) != secret(a)

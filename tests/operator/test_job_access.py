@@ -14,12 +14,13 @@ import orjson
 import pytest
 from distillery_operator.controller import RAY_AUTH_ENV, cluster_ray_auth, cluster_settings
 from distillery_operator.render import ClusterSettings, RenderContext, render_job, with_new_key
-from kube_emulator import DEPLOYMENTS
-from operator_harness import Cluster, load_example, wait_for
+from distillery_operator.shared_teachers import INTERVAL_ENV
+from kube_emulator import DEPLOYMENTS, DJ, TEACHERS
+from operator_harness import Cluster, load_example, running_operator, wait_for
 from test_operator_decide import World, job_body
 
 from distillery.api import RayAuth
-from distillery.plan.job_access import RAY_VERSION
+from distillery.plan.job_access import RAY_VERSION, key_digest
 from distillery.validation import load_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,11 +127,27 @@ def test_standalone_teachers_and_the_head_take_the_jobs_key_by_reference() -> No
     }
 
 
-@pytest.mark.parametrize(
-    "example", ["external-teacher.yaml", "colocated-teacher.yaml", "shared-teacher.yaml"]
-)
-def test_no_key_secret_without_a_standalone_teacher(example: str) -> None:
+@pytest.mark.parametrize("example", ["external-teacher.yaml", "colocated-teacher.yaml"])
+def test_no_key_secret_without_a_teacher_the_operator_runs(example: str) -> None:
     assert not [o for o in rendered(example) if o["kind"] == "Secret"]
+
+
+def test_a_job_sends_its_own_key_to_the_shared_teacher_it_references() -> None:
+    objects = rendered("shared-teacher.yaml")
+    name = one(objects, "Secret")["metadata"]["name"]
+    assert name == "shared-teacher-teacher-key"
+    assert not [o for o in objects if o["kind"] == "Deployment"]  # the teacher's replicas are not the job's
+    head = env_of(one(objects, "RayJob")["spec"]["rayClusterSpec"]["headGroupSpec"]["template"])
+    (variable,) = [v for v in head if v.endswith("_API_KEY")]
+    assert head[variable]["valueFrom"] == {"secretKeyRef": {"name": name, "key": "api-key"}}
+    config = orjson.loads(one(objects, "ConfigMap")["data"]["runtime-config.json"])
+    client = config["teachers"][0]["client"]
+    assert client["apiKeyEnv"] == variable and client["jobKey"] is True
+    # The shared teacher learns the job's key from its clients Secret a little after the job starts: the
+    # trainer waits out its refusals at start-up (`local.wait_for_teachers`), where a standalone one's is final.
+    assert client["keyArrivesLate"] is True
+    standalone = orjson.loads(one(rendered("gkd.yaml"), "ConfigMap")["data"]["runtime-config.json"])
+    assert standalone["teachers"][0]["client"].get("keyArrivesLate", False) is False
 
 
 def test_the_key_is_made_at_creation_only_and_random() -> None:
@@ -162,6 +179,23 @@ def test_the_secret_is_created_with_the_pods_that_take_it_and_not_again() -> Non
     del world.objects[("Deployment", "gkd-jsd-teacher-teacher")]
     again = world.decide("2026-01-01T00:00:20Z")
     assert [(a.verb, a.kind) for a in again.actions] == [("create", "Secret"), ("create", "Deployment")]
+
+
+def test_a_teacher_made_before_keys_gets_the_secret_before_its_pods_roll_onto_it() -> None:
+    """An operator upgraded under a running job whose children it made before teacher keys existed: the
+    Deployment is patched to take the key, and the Secret is made first, so its new pods never wait on a
+    Secret nothing makes (the trainer's head, which predates the key, is then refused by its teacher with
+    one line naming the key: docs/security.md says to let such jobs finish or restart them)."""
+    world = World(job_body("gkd.yaml"))
+    world.settle()
+    deployment = world.objects[("Deployment", "gkd-jsd-teacher-teacher")]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    container["env"] = [e for e in container["env"] if e["name"] != "VLLM_API_KEY"]
+    deployment["metadata"]["annotations"]["distillery.io/spec-hash"] = "from-an-operator-before-keys"
+    del world.objects[("Secret", "gkd-jsd-teacher-key")]
+    upgraded = world.decide("2026-01-01T00:00:30Z")
+    writes = [(a.verb, a.kind) for a in upgraded.actions]
+    assert writes.index(("create", "Secret")) < writes.index(("patch", "Deployment")), writes
 
 
 # ------------------------------------------------------------------------------- the operator, acting
@@ -205,3 +239,46 @@ async def test_a_key_secret_of_someone_else_holds_the_pods_back(operator: Cluste
     assert "Secret gkd-jsd-teacher-key exists and is not this job's" in message
     # Nothing that would take a key it does not own is made.
     assert operator.emulator.obj(DEPLOYMENTS, operator.namespace, "gkd-jsd-teacher-teacher") is None
+
+
+async def test_a_shared_teacher_knows_each_of_its_jobs_by_its_own_key(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two jobs use one DistillationTeacher: its clients Secret holds the digest of each one's key (read from
+    the job's key Secret), the keys themselves nowhere; a job deleted leaves it, the other stays."""
+    monkeypatch.setenv(INTERVAL_ENV, "1")
+    c = cluster
+    await c.create(load_example("teachers/qwen-7b.yaml", name="shared"), TEACHERS)
+    jobs = []
+    for name in ("uses-a", "uses-b"):
+        job = load_example("shared-teacher.yaml", name=name)
+        job["spec"]["teachers"][0]["teacherRef"] = {"name": "shared"}
+        jobs.append(job)
+
+    def clients() -> dict[str, str]:
+        secret = c.emulator.obj(SECRETS, c.namespace, "shared-clients") or {}
+        data = (secret.get("data") or {}).get("clients.json")
+        return orjson.loads(base64.b64decode(data))["jobs"] if data else {}
+
+    def key_of(job: str) -> str:
+        secret = c.emulator.obj(SECRETS, c.namespace, f"{job}-teacher-key") or {}
+        return base64.b64decode(secret["data"]["api-key"]).decode()
+
+    async with running_operator(c):
+        for job in jobs:
+            await c.create(job)
+        both = {f"{c.namespace}/uses-a", f"{c.namespace}/uses-b"}
+        found = await wait_for(lambda: clients() if set(clients()) == both else None, what="both clients")
+        assert found == {f"{c.namespace}/{j}": key_digest(key_of(j)) for j in ("uses-a", "uses-b")}
+        assert key_of("uses-a") != key_of("uses-b")
+        # Only digests left the job's Secret: no key in any write but the Secrets' own creation.
+        writes = orjson.dumps(
+            [r.data for r in c.emulator.api_requests() if "teacher-key" not in str(r.url.path)]
+        )
+        assert key_of("uses-a").encode() not in writes and key_of("uses-b").encode() not in writes
+        deployment = c.emulator.obj(DEPLOYMENTS, c.namespace, "shared") or {}
+        volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        assert {"name": "teacher-clients", "secret": {"secretName": "shared-clients"}} in volumes
+        # Job a deleted: its key is revoked at the teacher, b keeps its own.
+        await c.delete(DJ, "uses-a")
+        await wait_for(lambda: set(clients()) == {f"{c.namespace}/uses-b"}, what="a's key revoked")

@@ -876,6 +876,7 @@ def test_shared_teacher_is_not_the_jobs_and_is_ready_when_its_service_answers() 
         *POLICIES,
         "PersistentVolumeClaim",
         "RayJob",
+        "Secret",  # the job's key, which the shared teacher wants
     ]
     teacher = world.body["status"]["teachers"][0]
     assert teacher["endpoint"] == "http://qwen-72b.ns.svc:8000" and not teacher["ready"]
@@ -912,6 +913,7 @@ def test_a_job_whose_distillation_teacher_does_not_exist_makes_nothing_and_waits
         *POLICIES,
         "PersistentVolumeClaim",
         "RayJob",
+        "Secret",  # the job's key, which the shared teacher wants
     ]
 
 
@@ -958,4 +960,5 @@ def test_a_running_job_says_its_distillation_teacher_is_being_deleted() -> None:
         *POLICIES,
         "PersistentVolumeClaim",
         "RayJob",
+        "Secret",  # the job's key, which the shared teacher wants
     ]

@@ -129,7 +129,7 @@ def distillery_command(*args: str) -> list[str]:
 def ray_local():
     """An embedded Ray for the tests that run actors in-process (started once, ~5 s)."""
     import ray
-    from distillery_runtime.local import init_ray
+    from distillery_runtime.run.local import init_ray
 
     init_ray(None)
     yield ray

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
-from distillery_runtime.samples import TrainSample
+from distillery_runtime.data.samples import TrainSample
+
+from distillery.plan.loss import LossConfig
 
 
 def make_samples(n: int, vocab: int, k: int, seed: int = 0) -> list[TrainSample]:
@@ -30,3 +34,19 @@ def make_samples(n: int, vocab: int, k: int, seed: int = 0) -> list[TrainSample]
             )
         )
     return out
+
+
+def train_steps(
+    worker: Any, loss: LossConfig, vocab: int, steps: range, rank: int = 0, world: int = 1
+) -> list[float]:
+    """A trainer worker's losses over `steps` steps of `make_samples` (seeded by the step), this rank's
+    share of each (`plan.shard`), normalised over all ranks' samples."""
+    from distillery_runtime.run.loop import plan
+    from distillery_runtime.training.trainer import step_normalizer
+
+    losses = []
+    for step in steps:
+        samples = make_samples(7, vocab, 4, seed=step)
+        normalizer = step_normalizer(samples, loss)
+        losses.append(worker.train_step(plan.shard(samples, world)[rank], normalizer)["distill/loss"])
+    return losses

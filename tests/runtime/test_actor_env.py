@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distillery_runtime.local import actor_env
-from distillery_runtime.uris import is_hub_id
+from distillery_runtime.data.uris import is_hub_id
+from distillery_runtime.run.local import actor_env
 
 
 def test_hub_ids_leave_the_hub_reachable() -> None:

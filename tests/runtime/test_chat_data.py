@@ -11,8 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from distillery_runtime.data import DataError, check_training_rows, prepare
-from distillery_runtime.data_sources import HubDataset, hub_dataset, load_rows
+from distillery_runtime.data.data import DataError, check_training_rows, prepare
+from distillery_runtime.data.data_sources import HubDataset, hub_dataset, load_rows
 from transformers import AutoTokenizer
 
 from distillery.api.spec import Data, DataSource, DistillationJobSpec

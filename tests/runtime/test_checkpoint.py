@@ -9,7 +9,8 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from distillery_runtime import checkpoint
+from distillery_runtime.checkpoints import checkpoint
+from support.requirements import require_root
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
@@ -116,8 +117,8 @@ def test_preflight_refuses_a_folder_without_room_for_two_checkpoints(tmp_path):
     checkpoint.preflight(tmp_path / "c", parameters, field="f", model_bytes=0, free_bytes=24_000_000)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a size-limited tmpfs needs root (CI runs as root)")
 def test_preflight_measures_a_real_full_disk(tmp_path, job_files):
+    require_root("mounting a size-limited tmpfs")  # a skip without root; under CI=true, a failure
     mount = tmp_path / "small"
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], check=True)
@@ -249,7 +250,7 @@ def _optimizer_shards(folder, extra=None):
 
 
 def _load_shards(folder, state):
-    from distillery_runtime.optimizer_shards import load_shards
+    from distillery_runtime.checkpoints.optimizer_shards import load_shards
 
     load_shards(state, folder)
 
@@ -279,7 +280,7 @@ def test_tampered_optimizer_shards_are_refused_in_one_line_naming_the_file(tmp_p
     # Metadata of DCP's own classes that points at a file outside its folder.
     import dataclasses
 
-    from distillery_runtime.optimizer_shards import SafeReader
+    from distillery_runtime.checkpoints.optimizer_shards import SafeReader
 
     _, state = _optimizer_shards(folder)
     metadata = SafeReader(folder).read_metadata()
@@ -309,7 +310,7 @@ def test_tampered_optimizer_shards_are_refused_in_one_line_naming_the_file(tmp_p
 def test_a_refusal_in_a_trainer_actor_reaches_the_cli_as_its_one_line():
     """A resume loads trainer.pt in the trainers' actors: Ray's wrapping is still a CheckpointReadError (the
     CLI's `except` catches it) and `root_cause` gives back the one line, not the remote traceback."""
-    from distillery_runtime.cli import root_cause
+    from distillery_runtime.run.cli import root_cause
     from ray.exceptions import RayTaskError
 
     refusal = checkpoint.CheckpointReadError("/ckpt/step-00000004/trainer.pt: refused: unreadable (...)")

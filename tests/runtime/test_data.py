@@ -9,8 +9,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from distillery_runtime.data import DataError, answer_text, check_training_rows, epoch_order, prepare, take
-from distillery_runtime.uris import UnresolvableLocation, resolve_location
+from distillery_runtime.data.data import (
+    DataError,
+    answer_text,
+    check_training_rows,
+    epoch_order,
+    prepare,
+    take,
+)
+from distillery_runtime.data.uris import UnresolvableLocation, resolve_location
 from transformers import AutoTokenizer
 
 from distillery.api.spec import Data, DataSource, DistillationJobSpec
@@ -238,7 +245,7 @@ def test_uri_schemes(tmp_path):
 
 
 def test_pvc_locations_open_where_the_claim_is_mounted(tmp_path, monkeypatch, job_files):
-    from distillery_runtime.data import load_rows
+    from distillery_runtime.data.data import load_rows
 
     from distillery.api.spec import DataSource
 

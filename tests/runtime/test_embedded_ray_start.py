@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import ray
-from distillery_runtime import local
+from distillery_runtime.run import local
 
 TIMED_OUT = "The current node timed out during startup. This could happen because some of the raylet failed"
 
@@ -66,7 +66,7 @@ def test_another_failure_is_raised_at_once_and_a_third_timeout_too(starts) -> No
 
 IDLE_WORKERS_BESIDE_AN_ACTOR = """
 import psutil, ray
-from distillery_runtime.local import init_ray
+from distillery_runtime.run.local import init_ray
 
 init_ray(None)
 

@@ -8,8 +8,8 @@ import os
 import orjson
 import pytest
 import torch
-from distillery_runtime import checkpoint
-from distillery_runtime.export import ModelExport, cast_state_dict, generation_config
+from distillery_runtime.checkpoints import checkpoint
+from distillery_runtime.checkpoints.export import ModelExport, cast_state_dict, generation_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 OVERRIDE_TEMPLATE = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}<<assistant>>"

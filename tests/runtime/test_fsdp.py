@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from distillery_runtime import plan
-from distillery_runtime.trainer import micro_batches, step_normalizer
-from distillery_runtime.workers import TrainerWorker
+from distillery_runtime.run.loop import plan
+from distillery_runtime.run.workers import TrainerWorker
+from distillery_runtime.training.trainer import micro_batches, step_normalizer
 
 from distillery.api.spec import LossMode, ModelDtype, Precision, Sharding
 from distillery.plan.export import ExportSettings
+from distillery.plan.lora import LoraSettings
 from distillery.plan.loss import LossConfig
 from distillery.plan.training import TrainerSettings
 from tests.runtime.helpers import make_samples
@@ -36,6 +37,9 @@ CONFIGS: dict[str, TrainerSettings] = {
     "fsdp": BASE,
     "fsdp_ckpt": dataclasses.replace(BASE, activation_checkpointing=True),
     "fsdp_packed": dataclasses.replace(BASE, micro_batch_tokens=24),
+    # A LoRA student (peft): replicated on one rank, and FSDP2 over the frozen weights and the adapter.
+    "lora": dataclasses.replace(BASE, sharding=Sharding.REPLICATE, lora=LoraSettings(rank=4, alpha=8)),
+    "lora_fsdp": dataclasses.replace(BASE, lora=LoraSettings(rank=4, alpha=8)),
 }
 
 
@@ -65,7 +69,21 @@ def _worker(rank: int, world: int, init: str, model_dir: str, names: list[str], 
         held = sum(
             p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in trainer.model.parameters()
         )
-        torch.save({"losses": losses, "weights": weights, "held": held}, f"{out}/{name}-{world}-{rank}.pt")
+        # A LoRA student's adapter, whole, under the names a sync sends and adapter/ keeps.
+        adapter = {n: trainer._full(t.detach()).cpu() for n, t in trainer.synced_items()}
+        trainable = sum(
+            p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+            for g in trainer.optimizer.param_groups
+            for p in g["params"]
+        )
+        result = {
+            "losses": losses,
+            "weights": weights,
+            "held": held,
+            "adapter": adapter,
+            "trainable": trainable,
+        }
+        torch.save(result, f"{out}/{name}-{world}-{rank}.pt")
         if name == "fsdp":
             export = ExportSettings(dtype=ModelDtype.BFLOAT16, tokenizer=model_dir)
             worker.save_checkpoint(f"{out}/ckpt-{world}", STEPS, {"version": STEPS}, 1, export, True)
@@ -93,7 +111,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str
     )
     with pytest.MonkeyPatch.context() as monkeypatch:
         _run(1, tmp, model_dir, list(CONFIGS), monkeypatch)
-        _run(2, tmp, model_dir, ["fsdp", "fsdp_packed"], monkeypatch)
+        _run(2, tmp, model_dir, ["fsdp", "fsdp_packed", "lora_fsdp"], monkeypatch)
     out: dict[tuple[str, int], dict[str, Any]] = {}
     for name in CONFIGS:
         for world in (1, 2):
@@ -107,6 +125,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str
                     "losses": [sum(r["losses"][i] for r in ranks) for i in range(STEPS)],
                     "weights": ranks[0]["weights"],
                     "held": [r["held"] for r in ranks],
+                    "adapter": ranks[0]["adapter"],
+                    "trainable": [r["trainable"] for r in ranks],
                 }
     from transformers import AutoModelForCausalLM
 
@@ -149,8 +169,41 @@ def test_the_steps_really_train(results: dict) -> None:
     assert moved > 1e-3  # far above the tolerance the layouts are compared with
 
 
+def test_a_lora_student_trains_its_adapter_alone_in_every_layout(results: dict) -> None:
+    """The frozen weights stay the model's own, bit for bit; the adapter moves, and FSDP2 over two ranks or
+    one takes the replicated layout's steps; the optimizer holds the adapter's parameters only."""
+    from distillery.model_shapes import resolve_shape
+    from distillery.plan.lora import adapter_params
+
+    initial = results[("initial", 0)]["weights"]
+    replica = results[("lora", 1)]
+    for key, value in replica["weights"].items():
+        if ".lora_" in key:
+            continue
+        name = key.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        assert torch.equal(value, initial[name]), name
+    assert max(float(t.abs().max()) for n, t in replica["adapter"].items() if ".lora_B." in n) > 1e-3
+    for other in (results[("lora_fsdp", 1)], results[("lora_fsdp", 2)]):
+        # Looser than full training's 2e-5: B starts at zero, so A's first gradients are round-off, which
+        # AdamW (dividing by |g|) turns into whole steps that differ between layouts; measured 3.6e-5.
+        assert other["losses"] == pytest.approx(replica["losses"], rel=2e-4)
+        assert other["adapter"].keys() == replica["adapter"].keys()
+        # Adam's first steps are ~lr x sign(g) per element, whatever |g|: an element whose gradient is
+        # round-off takes its sign from the layout's summation order (measured: 6% of B's norm after 3 steps,
+        # while the losses agree to 4e-5). A layout that dropped a rank's gradients or froze a shard would
+        # be ~100% off.
+        for name, value in replica["adapter"].items():
+            assert float((other["adapter"][name] - value).norm()) <= 0.15 * float(value.norm()) + 1e-7, name
+    # The plan's count of the adapter is what peft put on the model (the tiny Llama's seven projections).
+    shape = resolve_shape(str(results[("checkpoint", 2)]["path"].parent / "student"))
+    assert shape is not None
+    expected = adapter_params(shape, LoraSettings(rank=4, alpha=8))
+    assert replica["trainable"] == [expected] == [sum(t.numel() for t in replica["adapter"].values())]
+    assert sum(results[("lora_fsdp", 2)]["trainable"]) == expected  # each rank's optimizer: its shards
+
+
 def test_a_sharded_checkpoint_holds_the_whole_student(results: dict) -> None:
-    from distillery_runtime import checkpoint
+    from distillery_runtime.checkpoints import checkpoint
     from transformers import AutoModelForCausalLM
 
     ref = checkpoint.latest(results[("checkpoint", 2)]["path"])

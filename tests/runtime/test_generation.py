@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from distillery_runtime.generation_config import declared_end_tokens
+from distillery_runtime.data.generation_config import declared_end_tokens
 from distillery_runtime.rollout import GenerationRequest, SamplingSettings, build_engine
 
 from distillery.api.spec import DistillationJobSpec
@@ -30,7 +30,7 @@ def test_end_tokens_join_every_source() -> None:
 
 def test_qwen_generation_config_list_gives_both_end_tokens(tiny_qwen_factory) -> None:
     """Qwen's chat models end a turn on <|im_end|> and <|endoftext|>: its tokenizer names only the first."""
-    from distillery_runtime.tasks.qwen import EOS_IDS
+    from distillery_runtime.tasks.recipes.qwen import EOS_IDS
     from transformers import AutoTokenizer
 
     folder = tiny_qwen_factory("qwen2.5")

@@ -30,7 +30,7 @@ def test_distillery_part_times_every_phase_with_the_vllm_engine(tmp_path: Path) 
 
 
 def test_e2e_bench_on_cuda_puts_the_student_and_its_teacher_on_gpus(tmp_path: Path) -> None:
-    from distillery_runtime.local_gpus import plan_local_gpus
+    from distillery_runtime.run.local_gpus import plan_local_gpus
 
     from distillery.validation import parse_job
 

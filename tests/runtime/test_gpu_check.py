@@ -22,6 +22,7 @@ CHECKS = {
     "sharded_load",
     "ipc_sync",
     "losses",
+    "lora_step",
 }
 
 

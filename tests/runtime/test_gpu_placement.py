@@ -3,7 +3,7 @@
 Ray assigns declared GPUs as it assigns real ones: each actor's `ray.get_gpu_ids()` and
 `CUDA_VISIBLE_DEVICES` are Ray's own. For every example's and golden variant's GPU layout (and a few
 that no example has: tensor-parallel rollout beside colocated teachers, one engine for four GPUs), the
-runtime's own placement code (`distillery_runtime.placement.RayPlacement`, from the plan's `GpuPlacement`)
+runtime's own placement code (`distillery_runtime.run.placement.RayPlacement`, from the plan's `GpuPlacement`)
 gives the options, a probe actor stands where each trainer rank, rollout engine and colocated teacher
 would, and each says from inside where Ray put it:
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 import ray
-from distillery_runtime.placement import RayPlacement
+from distillery_runtime.run.placement import RayPlacement
 
 from distillery.api import DistillationJobSpec
 from distillery.plan import resolve

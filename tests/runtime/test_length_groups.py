@@ -7,8 +7,8 @@ import itertools
 import random
 
 import pytest
-from distillery_runtime.packing import length_groups
-from distillery_runtime.trainer import micro_batches, sample_tokens
+from distillery_runtime.data.packing import length_groups
+from distillery_runtime.training.trainer import micro_batches, sample_tokens
 
 from tests.runtime.helpers import make_samples
 

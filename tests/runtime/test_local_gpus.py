@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from distillery_runtime.local import teacher_server_command
-from distillery_runtime.local_gpus import NotEnoughGpus, TeacherGpus, plan_local_gpus
+from distillery_runtime.run.local import teacher_server_command
+from distillery_runtime.run.local_gpus import NotEnoughGpus, TeacherGpus, plan_local_gpus
 
 from distillery.plan import resolve
 from distillery.validation import parse_job

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import urllib.request
 
-from distillery_runtime.metrics import METRIC_NAMES, JsonlWriter, RuntimeMetrics, read_jsonl
-from distillery_runtime.workers import free_port
+from distillery_runtime.observe.metrics import METRIC_NAMES, JsonlWriter, RuntimeMetrics, read_jsonl
+from distillery_runtime.run.workers import free_port
 
 
 def test_every_metric_is_served_with_the_recorded_values():

@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = [ROOT / "runtime" / "distillery_runtime", ROOT / "distillery"]
 UNPICKLING = {"load", "loads", "Unpickler"}
 """The pickle module's entry points that build objects from bytes."""
-RESTRICTED_UNPICKLERS = {"distillery_runtime/optimizer_shards.py"}
+RESTRICTED_UNPICKLERS = {"distillery_runtime/checkpoints/optimizer_shards.py"}
 """Where a `pickle.Unpickler` may be subclassed: one that resolves only an allowlist (its `find_class`)."""
 PICKLING_COLLECTIVES = {"broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list"}
-OWN_GROUP_COLLECTIVES = {("distillery_runtime/workers.py", "broadcast_object_list")}
+OWN_GROUP_COLLECTIVES = {("distillery_runtime/run/workers.py", "broadcast_object_list")}
 """Pickling collectives over the trainers' own process group (rank 0's staging folder to the other trainer
 ranks): its members are the job's trainer processes, which already trust one another with their weights."""
 
@@ -108,4 +108,4 @@ def test_the_check_finds_each_kind_of_unsafe_load() -> None:
     assert unsafe_loads("distillery_runtime/x.py", ast.parse(safe)) == []
     restricted = "class U(pickle.Unpickler): pass"
     assert unsafe_loads("distillery_runtime/x.py", ast.parse(restricted))
-    assert not unsafe_loads("distillery_runtime/optimizer_shards.py", ast.parse(restricted))
+    assert not unsafe_loads("distillery_runtime/checkpoints/optimizer_shards.py", ast.parse(restricted))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distillery_runtime.cli import output_dir
+from distillery_runtime.run.cli import output_dir
 
 from distillery.runtime_config import resolve_runtime_config
 from distillery.validation import load_job

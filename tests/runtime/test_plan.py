@@ -9,11 +9,11 @@ import operator
 
 import numpy as np
 import pytest
-from distillery_runtime import plan
-from distillery_runtime.data import PromptRecord
-from distillery_runtime.samples import RolloutSample, TrainSample
-from distillery_runtime.schedule import lr_factor
+from distillery_runtime.data.data import PromptRecord
+from distillery_runtime.data.samples import RolloutSample, TrainSample
+from distillery_runtime.run.loop import plan
 from distillery_runtime.teachers.types import TeacherScores
+from distillery_runtime.training.schedule import lr_factor
 
 
 def test_on_policy_fraction_is_a_reproducible_coin():

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import yaml
-from distillery_runtime import prestop
+from distillery_runtime.run import prestop
 
 from tests.runtime.conftest import manifest, run_env
 from tests.runtime.test_run import finish, read_records, start, wait_for_step

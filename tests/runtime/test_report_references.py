@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from distillery_runtime import tasks
-from distillery_runtime.report import write_report
+from distillery_runtime.observe.report import write_report
 
 EVALS = [
     {"step": 0, "grader": "gsm8k", "eval_accuracy": 0.15, "n": 512},
@@ -77,7 +77,7 @@ def test_the_teacher_line_comes_from_the_prepared_task(tmp_path, monkeypatch):
 
 
 def test_the_run_passes_the_teacher_line_and_survives_a_missing_manifest(monkeypatch):
-    from distillery_runtime.cli import load_config, report_references
+    from distillery_runtime.run.cli import load_config, report_references
 
     example = Path(__file__).resolve().parents[2] / "examples" / "local-addition.yaml"
     config, _in_cluster = load_config(str(example))
@@ -100,7 +100,7 @@ def test_the_run_passes_the_teacher_line_and_survives_a_missing_manifest(monkeyp
 
 def test_no_teacher_line_when_the_job_grades_by_another_grader(tmp_path, monkeypatch):
     import yaml
-    from distillery_runtime.cli import load_config, report_references
+    from distillery_runtime.run.cli import load_config, report_references
 
     example = Path(__file__).resolve().parents[2] / "examples" / "local-addition.yaml"
     doc = yaml.safe_load(example.read_text())
@@ -112,7 +112,7 @@ def test_no_teacher_line_when_the_job_grades_by_another_grader(tmp_path, monkeyp
 
 
 def test_the_teacher_line_when_the_job_names_the_grader_the_task_grades_with(monkeypatch):
-    from distillery_runtime.cli import load_config, report_references
+    from distillery_runtime.run.cli import load_config, report_references
 
     # chat-math's build measured its teacher with gsm8k, the grader the example names.
     example = Path(__file__).resolve().parents[2] / "examples" / "chat-math.yaml"

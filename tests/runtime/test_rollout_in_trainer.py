@@ -11,8 +11,8 @@ import asyncio
 import pytest
 import torch
 from distillery_runtime.rollout import GenerationRequest, SamplingSettings, build_engine
-from distillery_runtime.trainer import step_normalizer
-from distillery_runtime.workers import TrainerWithRollout
+from distillery_runtime.run.workers import TrainerWithRollout
+from distillery_runtime.training.trainer import step_normalizer
 
 from distillery.api.spec import LossMode, Precision, RolloutEngine
 from distillery.plan.loss import LossConfig
@@ -85,9 +85,9 @@ def test_the_trainer_hosted_engine_samples_what_a_synced_engine_of_its_own_would
 async def test_a_teacher_scored_in_the_trainer_process_answers_as_its_own_actor_would(job_files, ray_local):
     """The trainer's actor scores a teacher by name through the same client (`RayTeacher`, hosted) as a
     teacher actor of its own: the same scores, one Ray call for the samples the client gathers."""
-    from distillery_runtime.scoring import RayTeacher
+    from distillery_runtime.run.workers import InProcessTeacherWorker
+    from distillery_runtime.teachers.scoring import RayTeacher
     from distillery_runtime.teachers.types import ScoreRequest
-    from distillery_runtime.workers import InProcessTeacherWorker
 
     from distillery.api.spec import TeacherEngine
     from distillery.plan.engines import EngineSettings

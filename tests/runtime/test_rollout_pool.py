@@ -11,9 +11,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from distillery_runtime.data.samples import RolloutSample
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
-from distillery_runtime.rollout_pool import RolloutPool
-from distillery_runtime.samples import RolloutSample
+from distillery_runtime.rollout.pool import RolloutPool
 
 
 class SeedEngine:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from distillery_runtime.rollout_stats import response_stats
-from distillery_runtime.samples import RolloutSample
+from distillery_runtime.data.samples import RolloutSample
+from distillery_runtime.observe.rollout_stats import response_stats
 
 
 def _sample(n: int, finish: str | None) -> RolloutSample:

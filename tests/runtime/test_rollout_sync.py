@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 from distillery_runtime.rollout import GenerationRequest, SamplingSettings, build_engine
-from distillery_runtime.trainer import Trainer, step_normalizer
-from distillery_runtime.weight_sync import SyncGroup
+from distillery_runtime.sync.weight_sync import SyncGroup
+from distillery_runtime.training.trainer import Trainer, step_normalizer
 
 from distillery.api.spec import LossMode, Precision
 from distillery.plan.loss import LossConfig

@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 import torch
-from distillery_runtime import checkpoint
+from distillery_runtime.checkpoints import checkpoint
 from transformers import AutoModelForCausalLM
 
 from distillery.model_shapes import resolve_shape
@@ -163,8 +163,8 @@ def test_a_grader_that_does_not_import_is_one_line_and_exit_1_before_the_first_s
 def test_a_fresh_run_into_a_folder_with_checkpoints_refuses_and_deletes_nothing(
     job_files, write_manifest, tmp_path
 ):
-    from distillery_runtime import checkpoint
-    from distillery_runtime.loop import earlier_run_refusal
+    from distillery_runtime.checkpoints import checkpoint
+    from distillery_runtime.run.loop.state import earlier_run_refusal
 
     out = tmp_path / "o"
     earlier = out / "checkpoints" / "step-00000004"
@@ -201,8 +201,8 @@ def test_a_checkpoint_folder_that_cannot_be_written_fails_before_the_first_step(
 def test_a_cluster_run_refuses_another_runs_checkpoints_before_any_process_starts(job_files, tmp_path):
     """The job was deleted and made again (a new uid) over the same checkpoint.path: the new run neither
     resumes the old run's checkpoints unasked nor writes (and prunes) beside them."""
-    from distillery_runtime import checkpoint
-    from distillery_runtime.workers import free_port
+    from distillery_runtime.checkpoints import checkpoint
+    from distillery_runtime.run.workers import free_port
 
     from distillery.runtime_config import resolve_runtime_config
     from distillery.validation import parse_job
@@ -244,7 +244,7 @@ def test_a_pvc_location_that_is_not_mounted_fails_before_any_process_starts(
 
 
 def test_asking_for_more_gpus_than_the_machine_has_fails_at_once(job_files, write_manifest, tmp_path):
-    from distillery_runtime.local import visible_gpus
+    from distillery_runtime.run.local import visible_gpus
 
     # Without the check, Ray keeps the trainer pending forever, waiting for GPUs this machine lacks.
     doc = manifest(job_files, name="gpus")
@@ -413,7 +413,7 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
 def test_sigterm_while_waiting_for_teachers_ends_the_run_at_once(job_files, write_manifest, tmp_path):
     """A pod deleted or preempted while its run waits for teachers: the driver stops now, not once the
     teachers answer (its preStop hook waited out the pod's 600 s grace period for one, seen on the node)."""
-    from distillery_runtime.workers import free_port
+    from distillery_runtime.run.workers import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     teacher = {"name": "teacher", "model": "t", "placement": "external", "endpoint": dead}
@@ -442,8 +442,8 @@ def test_sigterm_while_waiting_for_teachers_ends_the_run_at_once(job_files, writ
 
 
 async def test_waiting_for_teachers_is_bounded_and_names_the_missing_ones(job_files):
-    from distillery_runtime.local import TeachersNotReady, wait_for_teachers
-    from distillery_runtime.workers import free_port
+    from distillery_runtime.run.local import TeachersNotReady, wait_for_teachers
+    from distillery_runtime.run.workers import free_port
 
     from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
     from distillery.validation import parse_job
@@ -464,7 +464,7 @@ async def test_waiting_for_teachers_is_bounded_and_names_the_missing_ones(job_fi
 
 
 def test_load_config_reads_a_manifest_or_a_resolved_cluster_config(job_files, write_manifest, tmp_path):
-    from distillery_runtime.cli import load_config
+    from distillery_runtime.run.cli import load_config
 
     from distillery.runtime_config import resolve_runtime_config
     from distillery.validation import parse_job

@@ -7,13 +7,13 @@ import time
 
 import numpy as np
 import pytest
-from distillery_runtime.scoring import TeacherScoring, build_client
-from distillery_runtime.teachers.compact_http import CompactTeacher
-from distillery_runtime.teachers.openai_http import OpenAITeacher
-from distillery_runtime.teachers.outage import OutageChange, OutageTracker, TeacherOutageError
-from distillery_runtime.teachers.retry import RetryPolicy
+from distillery_runtime.run.workers import free_port
+from distillery_runtime.teachers.clients.compact_http import CompactTeacher
+from distillery_runtime.teachers.clients.openai_http import OpenAITeacher
+from distillery_runtime.teachers.clients.outage import OutageChange, OutageTracker, TeacherOutageError
+from distillery_runtime.teachers.clients.retry import RetryPolicy
+from distillery_runtime.teachers.scoring import TeacherScoring, build_client
 from distillery_runtime.teachers.types import ScoreRequest, TeacherUnavailableError, UnknownRouteError
-from distillery_runtime.workers import free_port
 
 from distillery.plan import resolve
 from distillery.runtime_config import resolve_runtime_config

@@ -14,9 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from distillery_runtime.loop import Components, Loop, RunOptions
+from distillery_runtime.data.samples import RolloutSample
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
-from distillery_runtime.samples import RolloutSample
+from distillery_runtime.run.loop.components import Components
+from distillery_runtime.run.loop.loop import Loop
+from distillery_runtime.run.loop.state import RunOptions
 from distillery_runtime.teachers.types import ScoreRequest, TeacherScores
 
 from distillery.plan.scoring_overlap import teachers_scoring_after_rollout

@@ -18,14 +18,12 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from distillery_runtime import plan
-from distillery_runtime.trainer import step_normalizer
 
 from distillery.api.spec import LossMode, ModelDtype, Precision, Sharding
 from distillery.plan.export import ExportSettings
 from distillery.plan.loss import LossConfig
 from distillery.plan.training import TrainerSettings
-from tests.runtime.helpers import make_samples
+from tests.runtime.helpers import train_steps
 
 VOCAB = 64
 SAVED_AT, STEPS = 2, 4
@@ -37,12 +35,7 @@ SETTINGS = TrainerSettings(
 
 
 def _steps(worker: Any, rank: int, world: int, steps: range) -> list[float]:
-    losses = []
-    for step in steps:
-        samples = make_samples(7, VOCAB, 4, seed=step)
-        normalizer = step_normalizer(samples, SETTINGS.loss)
-        losses.append(worker.train_step(plan.shard(samples, world)[rank], normalizer)["distill/loss"])
-    return losses
+    return train_steps(worker, SETTINGS.loss, VOCAB, steps, rank, world)
 
 
 def _optimizer_state(worker: Any) -> dict[str, dict[str, torch.Tensor]]:
@@ -56,8 +49,8 @@ def _optimizer_state(worker: Any) -> dict[str, dict[str, torch.Tensor]]:
 
 def _worker(rank: int, world: int, init: str, phase: str, model_dir: str, out: str) -> None:
     import torch.distributed as dist
-    from distillery_runtime import checkpoint
-    from distillery_runtime.workers import TrainerWorker
+    from distillery_runtime.checkpoints import checkpoint
+    from distillery_runtime.run.workers import TrainerWorker
 
     dist.init_process_group(
         "gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60)
@@ -120,7 +113,7 @@ def _summed(ranks: list[dict[str, Any]], key: str = "losses") -> list[float]:
 
 
 def test_each_rank_saves_its_optimizer_shards_and_trainer_pt_holds_none(runs: dict[str, Any]) -> None:
-    from distillery_runtime import checkpoint
+    from distillery_runtime.checkpoints import checkpoint
 
     ref = checkpoint.latest(runs["tmp"] / "ckpt")
     assert ref is not None and ref.step == SAVED_AT

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from distillery_runtime import plan
-from distillery_runtime.sharded_load import (
+from distillery_runtime.run.loop import plan
+from distillery_runtime.training.sharded_load import (
     INDEX_FILE,
     checkpoint_shapes,
     chunks,
@@ -27,7 +27,7 @@ from distillery_runtime.sharded_load import (
     safetensors_files,
     unrebuilt_buffers,
 )
-from distillery_runtime.trainer import step_normalizer
+from distillery_runtime.training.trainer import step_normalizer
 
 from distillery.api.spec import LossMode, Precision, Sharding
 from distillery.plan.loss import LossConfig
@@ -58,7 +58,7 @@ def _save_qwen_tied(directory: Path) -> Path:
 
 def _worker(rank: int, world: int, init: str, model_dir: str, out: str) -> None:
     import torch.distributed as dist
-    from distillery_runtime.trainer import Trainer
+    from distillery_runtime.training.trainer import Trainer
 
     dist.init_process_group(
         "gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60)

@@ -136,7 +136,7 @@ def test_a_student_whose_vocabulary_the_shared_teacher_does_not_extend_is_refuse
     """The served teacher's tokenizer is checked for each job: one whose student spells its ids otherwise is
     refused naming the teacher and a token id, and the teacher goes on serving the others."""
     import torch
-    from distillery_runtime.cli import EXIT_FAILED
+    from distillery_runtime.run.cli import EXIT_FAILED
     from distillery_runtime.testing.tiny import build_tokenizer, save_tiny_model
 
     letters = [" ".join(word) for word in ("distillation", "teacher", "student", "vocabulary")]

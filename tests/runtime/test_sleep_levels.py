@@ -2,7 +2,7 @@
 (rollout/sleep_mode.py, vllm_engine.py): at level 2 the weights are undefined from the sleep until the
 weight sync, so a wake-up wakes the weights alone, the sync loads them, the KV cache wakes after it, and
 sampling before the sync is refused; the loop wakes, syncs, and only then samples. A colocated teacher
-(teachers/colocated.py) sleeps at the plan's level 1 and refuses level 2, which nothing would undo.
+(teachers/in_process/colocated.py) sleeps at the plan's level 1 and refuses level 2, which nothing would undo.
 
 vLLM's CPU build has no sleep mode (`enable_sleep_mode` needs a GPU), so no real engine can sleep here:
 `VllmSleepDouble` stands in for `vllm.LLM` in these calls only, keeping the state vLLM keeps (its
@@ -17,12 +17,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from distillery_runtime.loop import Components, Loop, RunOptions
+from distillery_runtime.data.samples import RolloutSample
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.rollout.sleep_mode import EngineSleep
 from distillery_runtime.rollout.vllm_engine import VllmRolloutEngine
-from distillery_runtime.samples import RolloutSample
-from distillery_runtime.scoring import TeacherStats
+from distillery_runtime.run.loop.components import Components
+from distillery_runtime.run.loop.loop import Loop
+from distillery_runtime.run.loop.state import RunOptions
+from distillery_runtime.teachers.scoring import TeacherStats
 from distillery_runtime.teachers.types import ScoreRequest, TeacherScores
 
 from distillery.plan.engines import EngineSettings
@@ -79,6 +81,7 @@ def engine_over(llm: VllmSleepDouble, level: SleepLevel) -> VllmRolloutEngine:
     engine.policy_version = 0
     engine._counter = 0
     engine.sleep_mode = EngineSleep(llm, level)
+    engine.lora, engine.adapter, engine.sync_group = None, None, None  # a full student's engine
     return engine
 
 
@@ -160,7 +163,7 @@ class AsyncSleepDouble:
 
 
 async def test_a_colocated_teacher_sleeps_at_the_plans_level_and_refuses_level_2() -> None:
-    from distillery_runtime.teachers.colocated import ColocatedTeacher
+    from distillery_runtime.teachers.in_process.colocated import ColocatedTeacher
 
     def settings(level: SleepLevel) -> EngineSettings:
         return EngineSettings("teacher", 4, 64, 0.4, 1, "bfloat16", sleep_level=level)

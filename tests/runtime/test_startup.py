@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from distillery_runtime.startup import (
+from distillery_runtime.run.startup import (
     PREFIX,
     StartupClock,
     StartupPlan,
@@ -42,7 +42,7 @@ def test_the_origin_is_when_the_process_was_created():
         [
             sys.executable,
             "-c",
-            "from distillery_runtime.startup import StartupClock; print(StartupClock().origin)",
+            "from distillery_runtime.run.startup import StartupClock; print(StartupClock().origin)",
         ],
         capture_output=True,
         text=True,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
-from distillery_runtime.status import StatusReporter, model_patch
+from distillery_runtime.observe.status import StatusReporter, model_patch
 
 from distillery.api.status import RUNTIME_WRITES, DistillationJobStatus
 

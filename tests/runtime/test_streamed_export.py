@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from distillery_runtime import checkpoint, plan
-from distillery_runtime.streamed_export import (
+from distillery_runtime.checkpoints import checkpoint
+from distillery_runtime.checkpoints.streamed_export import (
     INDEX_FILE,
     Entry,
     Target,
@@ -27,7 +27,8 @@ from distillery_runtime.streamed_export import (
     plan_shards,
     shard_file,
 )
-from distillery_runtime.trainer import step_normalizer
+from distillery_runtime.run.loop import plan
+from distillery_runtime.training.trainer import step_normalizer
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -48,8 +49,8 @@ SETTINGS = TrainerSettings(
 
 def _worker(rank: int, world: int, init: str, model_dir: str, out: str) -> None:
     import torch.distributed as dist
-    from distillery_runtime import streamed_export
-    from distillery_runtime.workers import TrainerWorker
+    from distillery_runtime.checkpoints import streamed_export
+    from distillery_runtime.run.workers import TrainerWorker
 
     dist.init_process_group(
         "gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60)

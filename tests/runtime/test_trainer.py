@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 from distillery_runtime.losses import reduction_units
-from distillery_runtime.trainer import Trainer, collate, micro_batches, step_normalizer
+from distillery_runtime.training.trainer import Trainer, collate, micro_batches, step_normalizer
 
 from distillery.api.spec import LossMode, Precision, Reduction
 from distillery.plan.loss import LossConfig
@@ -127,7 +127,7 @@ def test_rollout_logprob_gap_is_zero_in_sync_and_its_max_survives_micro_batches(
 @pytest.mark.slow
 def test_two_data_parallel_workers_equal_one_worker_with_twice_the_micro_batches(job_files, ray_local):
     import ray
-    from distillery_runtime.workers import TrainerWorker
+    from distillery_runtime.run.workers import TrainerWorker
 
     samples = make_samples(8, 64, 4, seed=3)
     cfg = settings(2)
@@ -166,7 +166,7 @@ def test_two_data_parallel_workers_equal_one_worker_with_twice_the_micro_batches
 def test_a_rank_with_no_samples_joins_the_step_with_zero_gradients(job_files, ray_local):
     """Fewer samples than ranks leaves a rank with an empty shard: it crashed on torch.cat([])."""
     import ray
-    from distillery_runtime.workers import TrainerWorker
+    from distillery_runtime.run.workers import TrainerWorker
 
     samples = make_samples(2, 64, 4, seed=5)
     cfg = settings(2)
@@ -208,20 +208,31 @@ def test_weights_are_a_detached_host_copy_in_the_asked_dtype(job_files, dtype):
     assert any(not torch.equal(t, trainer.model.state_dict()[n].to(t.dtype)) for n, t in weights)
 
 
-def test_each_gpu_actor_resolves_the_precision_on_its_own_device(monkeypatch):
-    import torch
-    from distillery_runtime.workers import compute_dtype_here
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16-gpu", "older-gpu"])
+def test_each_gpu_actor_resolves_the_precision_on_its_own_device(monkeypatch, job_files, bf16):
+    from distillery_runtime.run.workers import compute_dtype_here
+    from distillery_runtime.training.trainer import resolve_precision
 
     # In a cluster the driver runs on the Ray head, which has no GPU: the rollout engine and colocated
     # teachers resolve `auto` where they run, as the trainer does, so all three compute in one dtype.
     assert compute_dtype_here("bfloat16") == "bfloat16"
     assert compute_dtype_here("float32") == "float32"
-    if not torch.cuda.is_available():
-        assert compute_dtype_here("auto") == "float32"
-        # A stand-in for a bf16 GPU (this machine has none): the same call in a GPU actor gives bfloat16.
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert compute_dtype_here("auto") == ("bfloat16" if torch.cuda.is_bf16_supported() else "float32")
+    # Here, on this process's real device: the name an actor resolves is the dtype a real trainer on that
+    # device computes in.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    auto = dataclasses.replace(settings(2), precision=Precision.AUTO)
+    trainer = Trainer(str(job_files.student), auto, device=device)
+    assert compute_dtype_here("auto") == str(trainer.compute_dtype).removeprefix("torch.")
+    if device == "cpu":
+        assert trainer.compute_dtype == torch.float32
+    # A stand-in for a GPU with or without bfloat16 (this machine may have neither): the expected dtype is
+    # written out, not read back from the stand-in. The head (a CPU device) stays float32 all the same.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    want = torch.bfloat16 if bf16 else torch.float32
+    assert compute_dtype_here("auto") == ("bfloat16" if bf16 else "float32")
+    assert resolve_precision(Precision.AUTO, torch.device("cuda")) == want
+    assert resolve_precision(Precision.AUTO, torch.device("cpu")) == torch.float32
 
 
 @pytest.mark.parametrize("packed", [False, True])

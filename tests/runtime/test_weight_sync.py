@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from distillery_runtime.weight_sync import SyncGroup, TensorMeta, WeightSyncError, plan_buckets
+from distillery_runtime.sync.weight_sync import SyncGroup, TensorMeta, WeightSyncError, plan_buckets
 
 from tests.runtime.test_fsdp import BASE, VOCAB
 
@@ -42,7 +42,7 @@ def _member(index: int, model_dir: str, port: int, init: str, out: str) -> None:
     import time
 
     import torch.distributed as dist
-    from distillery_runtime.trainer import Trainer
+    from distillery_runtime.training.trainer import Trainer
 
     timeout = datetime.timedelta(seconds=60)
     if index < 2:
@@ -65,8 +65,8 @@ def _member(index: int, model_dir: str, port: int, init: str, out: str) -> None:
             torch.save(trainer.full_state_dict(), f"{out}/trainer.pt")
         else:
             trainer.full_state_dict()  # a collective: rank 0 gathers
-        if group is not None:
-            group.close()  # removes its /dev/shm slots
+        _leave_together(out, index, group)
+        dist.destroy_process_group()
         return
     group = SyncGroup("127.0.0.1", port, index - 1, NAMES, timeout=timeout)
     metas = _wait_for(f"{out}/metas.json")
@@ -76,14 +76,33 @@ def _member(index: int, model_dir: str, port: int, init: str, out: str) -> None:
             group.timeout = STALL
             if index == 3:
                 time.sleep(STALL.total_seconds() + 2)  # in the group, but never checks in for this sync
-                return
+                break
         try:
             received = {name: t.clone() for name, t in group.receive(metas, BUCKET)}
         except WeightSyncError as error:
             Path(f"{out}/error-{index}-{sync}.txt").write_text(str(error))
-            return
+            break
         torch.save(received, f"{out}/engine-{index - 1}-{sync}.pt")
         Path(f"{out}/transport-{index - 1}-{sync}.txt").write_text(group.last_transport)
+    _leave_together(out, index, group)
+
+
+def _leave_together(out: str, index: int, group: SyncGroup | None) -> None:
+    """No process exits while another still holds a gloo group with it: a gloo peer that sees its pair's
+    socket close during its own interpreter's teardown aborts (SIGABRT), which would fail the run for a
+    reason that is not the sync's. Every member waits for all four (a file each, as the metadata travels),
+    then drops its sync group; the trainers' group goes after."""
+    import time
+
+    Path(f"{out}/done-{index}").touch()
+    for _ in range(1200):
+        if all(Path(f"{out}/done-{i}").exists() for i in range(4)):
+            break
+        time.sleep(0.05)
+    else:
+        raise TimeoutError(f"member {index}: the others did not finish")
+    if group is not None:
+        group.close()  # rank 0 removes its /dev/shm slots
 
 
 def _wait_for(path: str) -> list[TensorMeta]:
@@ -159,7 +178,7 @@ def test_buckets_keep_order_dtype_and_size() -> None:
 
 
 def test_members_decide_the_transport_and_the_collective_alike() -> None:
-    from distillery_runtime.weight_sync import Member, collective_on_gpus, one_gpu
+    from distillery_runtime.sync.weight_sync import Member, collective_on_gpus, one_gpu
 
     colocated = [Member("node-a", "GPU-1"), Member("node-a", "GPU-1")]
     assert one_gpu(colocated) and not collective_on_gpus(colocated)  # NCCL refuses two ranks on one GPU
@@ -210,7 +229,7 @@ def _reduced_slot(device: int = 0) -> tuple[Any, ...]:
 
 def _fields(**changes: Any) -> bytes:
     """The JSON a sender would set for `_reduced_slot`, with `changes` made (None removes a field)."""
-    from distillery_runtime.weight_sync import encode_ipc_handle, ipc_handle
+    from distillery_runtime.sync.weight_sync import encode_ipc_handle, ipc_handle
 
     doc = json.loads(encode_ipc_handle(ipc_handle(_reduced_slot())))
     for key, value in changes.items():
@@ -224,7 +243,12 @@ def _fields(**changes: Any) -> bytes:
 def test_an_ipc_handle_travels_as_json_and_rebuilds_the_same_arguments() -> None:
     """The receiver's arguments for torch's `rebuild_cuda_tensor` are the sender's, its own device index
     in place of the sender's (the same GPU may have another index in another process)."""
-    from distillery_runtime.weight_sync import decode_ipc_handle, encode_ipc_handle, ipc_handle, rebuild_args
+    from distillery_runtime.sync.weight_sync import (
+        decode_ipc_handle,
+        encode_ipc_handle,
+        ipc_handle,
+        rebuild_args,
+    )
 
     raw = encode_ipc_handle(ipc_handle(_reduced_slot(device=0)))
     doc = json.loads(raw)  # plain JSON: no pickle on the wire
@@ -258,7 +282,7 @@ def test_an_ipc_handle_travels_as_json_and_rebuilds_the_same_arguments() -> None
 def test_a_receiver_refuses_a_handle_that_is_not_the_slot_in_one_line_naming_the_sender(
     raw: bytes, reason: str
 ) -> None:
-    from distillery_runtime.weight_sync import decode_ipc_handle
+    from distillery_runtime.sync.weight_sync import decode_ipc_handle
 
     with pytest.raises(WeightSyncError) as refused:
         decode_ipc_handle(raw, sender=SENDER, nbytes=SLOT)
@@ -273,7 +297,7 @@ def test_a_pickled_handle_is_refused_without_being_unpickled(tmp_path: Path) -> 
     import base64
     import pickle
 
-    from distillery_runtime.weight_sync import decode_ipc_handle
+    from distillery_runtime.sync.weight_sync import decode_ipc_handle
 
     marker = tmp_path / "ran"
 
@@ -289,7 +313,7 @@ def test_a_pickled_handle_is_refused_without_being_unpickled(tmp_path: Path) -> 
 
 
 def test_the_sender_refuses_arguments_torch_no_longer_gives() -> None:
-    from distillery_runtime.weight_sync import ipc_handle
+    from distillery_runtime.sync.weight_sync import ipc_handle
 
     with pytest.raises(WeightSyncError, match=r"torch's CUDA IPC arguments changed \(14, not 15\)"):
         ipc_handle(_reduced_slot()[:-1])
@@ -300,7 +324,7 @@ def test_the_sender_refuses_arguments_torch_no_longer_gives() -> None:
 
 
 def test_what_a_member_reports_when_it_joins_is_checked() -> None:
-    from distillery_runtime.weight_sync import Member, decode_member
+    from distillery_runtime.sync.weight_sync import Member, decode_member
 
     assert decode_member(b'["node-a", "GPU-1"]', sender="x") == Member("node-a", "GPU-1")
     assert decode_member(b'["node-a", null]', sender="x") == Member("node-a", None)

@@ -52,6 +52,9 @@ SHARED_FIXTURE_UNITS = {
 # control plane's and the vLLM server's tests and the rest. Then the local runs, the two task builds first.
 FIRST_UNITS = (
     NODE_UNIT,
+    # The worked-sum build (~28 minutes from an empty cache on a loaded 2-core machine; one process, one
+    # thread): beside the node's scenarios, where no local run may go.
+    "tests/tasks/test_worked_sum_prepared.py",
     "tests/tasks/test_fibonacci_prepared.py",
     "tests/tasks/test_chat_math_prepared.py",
     "control-plane",

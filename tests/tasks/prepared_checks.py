@@ -10,7 +10,16 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def task_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the prepared tasks are built: `$DISTILLERY_CACHE` (CI keeps it between runs), else one folder of
+    this pytest session that both xdist workers share (the build's lock lets one build, the other wait)."""
+    cache = os.environ.get("DISTILLERY_CACHE")
+    return Path(cache) if cache else tmp_path_factory.getbasetemp().parent / "task-cache"
 
 
 def vllm_greedy_accuracy(
@@ -28,7 +37,7 @@ def vllm_greedy_accuracy(
         os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1")
         from vllm import LLM, SamplingParams
         from transformers import AutoTokenizer
-        from distillery_runtime.tasks.{task} import TASK
+        from distillery_runtime.tasks.problems.{task} import TASK
         rows = [json.loads(l) for l in open({str(task_dir / "eval.jsonl")!r})][:{rows}]
         tok = AutoTokenizer.from_pretrained({str(model)!r})
         for r in rows:

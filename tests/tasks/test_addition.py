@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from distillery_runtime.tasks.addition import (
+from distillery_runtime.tasks.problems.addition import (
     TASK,
     Problem,
     is_held_out,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import time
 from dataclasses import dataclass
@@ -25,10 +26,28 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
     assert cache_root() == Path.home() / ".cache" / "distillery"
 
 
+@dataclass(frozen=True)
+class Reordered:
+    lr: float = 1e-3
+    steps: int = 10
+
+
 def test_the_recipe_names_the_directory():
-    assert recipe_hash(Recipe()) == recipe_hash(Recipe())
-    assert recipe_hash(Recipe(steps=11)) != recipe_hash(Recipe())
-    assert task_dir("addition", Recipe(), Path("/c")).name == f"addition-{recipe_hash(Recipe())}"
+    # The name is the recipe's fields, sorted, as JSON, hashed: written out here, so a name that changed
+    # between versions or processes (CI keeps `$DISTILLERY_CACHE` between runs) fails, not only one that
+    # changed within this process.
+    expected = hashlib.sha256(b'{"lr":0.001,"steps":10}').hexdigest()[:12]
+    assert expected == "56ff70088b19"
+    assert recipe_hash(Recipe()) == expected
+    assert recipe_hash(Reordered()) == expected  # the fields' values, not their order, name it
+    # Any changed field names another directory.
+    changed = {
+        recipe_hash(Recipe(steps=11)),
+        recipe_hash(Recipe(lr=2e-3)),
+        recipe_hash(Recipe(steps=11, lr=2e-3)),
+    }
+    assert expected not in changed and len(changed) == 3
+    assert task_dir("addition", Recipe(), Path("/c")) == Path("/c/synthetic/addition-56ff70088b19")
 
 
 def test_built_once_then_reused(tmp_path):

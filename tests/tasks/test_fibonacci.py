@@ -6,7 +6,7 @@ import itertools
 import random
 
 import pytest
-from distillery_runtime.tasks.fibonacci import (
+from distillery_runtime.tasks.problems.fibonacci import (
     CARRY,
     LINE_END,
     NO_CARRY,

@@ -29,8 +29,8 @@ def read_rows(path: Path) -> list[dict]:
 
 def test_teacher_is_strong_and_the_smaller_student_weak_but_not_zero(fibonacci_task):
     from distillery_runtime.tasks import model_accuracy
-    from distillery_runtime.tasks.fibonacci import TASK
     from distillery_runtime.tasks.prepare import FibonacciRecipe
+    from distillery_runtime.tasks.problems.fibonacci import TASK
 
     manifest = json.loads((fibonacci_task / "manifest.json").read_text())
     evals = read_rows(fibonacci_task / "eval.jsonl")
@@ -44,7 +44,7 @@ def test_teacher_is_strong_and_the_smaller_student_weak_but_not_zero(fibonacci_t
 
 
 def test_rows_hold_long_traces_and_the_final_answer(fibonacci_task):
-    from distillery_runtime.tasks.fibonacci import TASK
+    from distillery_runtime.tasks.problems.fibonacci import TASK
 
     rows = read_rows(fibonacci_task / "train.jsonl")
     assert len(rows) == 4096
@@ -56,7 +56,7 @@ def test_rows_hold_long_traces_and_the_final_answer(fibonacci_task):
 
 def test_vllm_serves_the_teacher_as_accurately_as_transformers(fibonacci_task):
     from distillery_runtime.tasks import model_accuracy
-    from distillery_runtime.tasks.fibonacci import TASK
+    from distillery_runtime.tasks.problems.fibonacci import TASK
 
     # Greedy over the full trace budget.
     served = vllm_greedy_accuracy(fibonacci_task, "fibonacci", rows=64, max_tokens=136, max_model_len=256)

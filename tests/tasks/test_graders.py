@@ -9,7 +9,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from distillery_runtime.tasks import addition, fibonacci
 from distillery_runtime.tasks.graders import (
     Grader,
     GraderError,
@@ -19,6 +18,7 @@ from distillery_runtime.tasks.graders import (
     math_equivalent,
     regex_grader,
 )
+from distillery_runtime.tasks.problems import addition, fibonacci
 
 from distillery.plan import GraderKind, GraderPlan
 

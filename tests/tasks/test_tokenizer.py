@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distillery_runtime.tasks.addition import ALPHABET
+from distillery_runtime.tasks.problems.addition import ALPHABET
 from distillery_runtime.tasks.tokenizer import build_char_tokenizer
 from transformers import AutoTokenizer
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from distillery_runtime.tasks import is_synthetic, parse_uri, task_for
-from distillery_runtime.tasks.addition import TASK as ADDITION
 from distillery_runtime.tasks.base import ANSWER_MATCH
-from distillery_runtime.tasks.fibonacci import TASK as FIBONACCI
+from distillery_runtime.tasks.problems.addition import TASK as ADDITION
+from distillery_runtime.tasks.problems.fibonacci import TASK as FIBONACCI
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import orjson
 import pytest
-from distillery_runtime.tasks import worked_sum
 from distillery_runtime.tasks.prepare import ModelShape, WorkedSumRecipe, build_task
+from distillery_runtime.tasks.problems import worked_sum
+from distillery_runtime.tasks.problems.worked_sum import GUESS_END, TASK, Problem, worked_answer
 from distillery_runtime.tasks.uri import task_for
-from distillery_runtime.tasks.worked_sum import GUESS_END, TASK, Problem, worked_answer
 
 
 def test_the_docstring_example():
@@ -111,9 +111,12 @@ def _cut_recipe() -> WorkedSumRecipe:
 
 
 def test_a_build_refuses_a_teacher_whose_guess_is_mostly_wrong(tmp_path):
-    """A 4-step teacher guesses nothing right: its traces would show the repair in every row."""
+    """A 4-step teacher guesses nothing right, after each of its 3 rounds: its traces would show the repair
+    in every row."""
     with pytest.raises(
-        RuntimeError, match=r"teacher's guess_accuracy is 0\.000 after 4 SFT steps, below the 0\.8"
+        RuntimeError,
+        match=r"teacher misses its bar after 12 SFT steps \(teacher_max_rounds 3 x teacher_steps 4\): "
+        r"guess_accuracy 0\.000 < 0\.8",
     ):
         build_task(tmp_path, _cut_recipe(), log=lambda _msg: None)
     assert not (tmp_path / "student").exists()  # stopped before the student was trained

@@ -1,4 +1,4 @@
-"""Samples scored one by one share requests (teachers/coalesce.py): a burst is spread over the free slots, a
+"""Samples scored one by one share requests (teachers/clients/coalesce.py): a burst is spread over the free slots, a
 sample that finds a free slot goes at once, the ones that arrive while every slot is out go together,
 within the token budget, each answered with its own scores or its request's error."""
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from distillery_runtime.teachers.coalesce import Coalescer
+from distillery_runtime.teachers.clients.coalesce import Coalescer
 from distillery_runtime.teachers.types import ScoreRequest, TeacherError, TeacherScores
 
 

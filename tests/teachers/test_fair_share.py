@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from distillery_runtime.teachers.busy_time import BusyTime, split_interval
-from distillery_runtime.teachers.fair_share import FairShare, next_job
-from distillery_runtime.teachers.job_serving import JobServing
-from distillery_runtime.teachers.server_metrics import (
+from distillery_runtime.teachers.serving.busy_time import BusyTime, split_interval
+from distillery_runtime.teachers.serving.fair_share import FairShare, next_job
+from distillery_runtime.teachers.serving.job_serving import JobServing
+from distillery_runtime.teachers.serving.server_metrics import (
     MAX_JOB_LABELS,
     METRIC_NAMES,
     OTHER_JOBS,
@@ -236,8 +236,8 @@ def test_metric_names_and_bounded_job_labels() -> None:
 
 
 def test_a_compact_client_built_for_a_job_sends_its_identity() -> None:
-    from distillery_runtime.scoring import build_client
-    from distillery_runtime.teachers.compact_http import CompactTeacher
+    from distillery_runtime.teachers.clients.compact_http import CompactTeacher
+    from distillery_runtime.teachers.scoring import build_client
     from distillery_runtime.teachers.wire import JOB_HEADER
     from distillery_runtime.testing.teacher_server import cpu_engine
 

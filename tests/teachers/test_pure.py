@@ -18,10 +18,10 @@ from distillery_runtime.teachers import (
     UnknownRouteError,
     check_tokenizer_compat,
 )
+from distillery_runtime.teachers.clients.http import Endpoint, choose_endpoint
+from distillery_runtime.teachers.clients.openai_parse import parse_completion
+from distillery_runtime.teachers.clients.retry import RetryPolicy, backoff_delay, is_retryable_status
 from distillery_runtime.teachers.dense import check_sample, check_top_k, pack_rows
-from distillery_runtime.teachers.http import Endpoint, choose_endpoint
-from distillery_runtime.teachers.openai_parse import parse_completion
-from distillery_runtime.teachers.retry import RetryPolicy, backoff_delay, is_retryable_status
 from distillery_runtime.teachers.router import assign_routes, merge_scores
 from distillery_runtime.teachers.wire import (
     WireSequence,
@@ -192,7 +192,7 @@ def test_vocab_padding_is_allowed(tmp_path) -> None:
 
 
 async def test_headless_service_addresses_become_replicas() -> None:
-    from distillery_runtime.teachers.http import EndpointPool
+    from distillery_runtime.teachers.clients.http import EndpointPool
 
     pool = EndpointPool(["http://localhost:8123/"], resolve_dns=True)
     await pool.refresh()
@@ -206,7 +206,7 @@ async def test_headless_service_addresses_become_replicas() -> None:
 
 def test_fast_topk_is_exact() -> None:
     import torch
-    from distillery_runtime.teachers.fast_topk import MIN_K, cpu_topk, install_fast_topk
+    from distillery_runtime.teachers.serving.fast_topk import MIN_K, cpu_topk, install_fast_topk
     from vllm.v1.sample.sampler import Sampler
 
     torch.manual_seed(0)
@@ -236,7 +236,7 @@ def test_teacher_survives_a_new_event_loop() -> None:
     import asyncio
 
     from distillery_runtime.teachers import TeacherUnavailableError
-    from distillery_runtime.teachers.http import EndpointPool, HttpTransport
+    from distillery_runtime.teachers.clients.http import EndpointPool, HttpTransport
 
     transport = HttpTransport(
         EndpointPool(["http://127.0.0.1:9"]), RetryPolicy(total_timeout=0.3, base_delay=0.01)
@@ -256,7 +256,7 @@ def test_teacher_survives_a_new_event_loop() -> None:
 
 
 def test_a_colocated_teacher_asks_vllm_for_its_share_of_the_gpu_only():
-    from distillery_runtime.teachers.colocated import ColocatedTeacher
+    from distillery_runtime.teachers.in_process.colocated import ColocatedTeacher
 
     engine = EngineSettings(
         "m", 64, 2048, memory_fraction=0.4, tensor_parallel=1, dtype="bfloat16", enforce_eager=True

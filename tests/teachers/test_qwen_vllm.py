@@ -9,7 +9,7 @@ import os
 import aiohttp
 import pytest
 from distillery_runtime.teachers import CompactTeacher, ScoreRequest, check_vocabulary, tokenizer_vocabulary
-from distillery_runtime.teachers.tokenizer_compat import served_vocabulary
+from distillery_runtime.teachers.checks.tokenizer_compat import served_vocabulary
 from distillery_runtime.testing.teacher_server import cpu_engine, start_teacher_server
 from transformers import AutoTokenizer
 

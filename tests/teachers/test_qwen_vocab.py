@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from distillery_runtime.teachers import TokenizerMismatchError, check_tokenizer_compat, check_vocabulary
-from distillery_runtime.teachers.tokenizer_compat import (
+from distillery_runtime.teachers.checks.tokenizer_compat import (
     first_difference,
     tokenize_answer_vocabulary,
     tokenizer_vocabulary,

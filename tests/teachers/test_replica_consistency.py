@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from distillery_runtime.teachers.consistency import (
+from distillery_runtime.teachers.checks.consistency import (
     TeacherInconsistentError,
     check_after_wake,
     check_replicas,

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 import uvicorn
+from distillery_runtime.run.workers import free_port
 from distillery_runtime.teachers import CompactTeacher, ScoreRequest, TeacherUnavailableError, server
-from distillery_runtime.teachers.engine_scoring import TensorPromptLogprobs
-from distillery_runtime.teachers.retry import RetryPolicy
-from distillery_runtime.teachers.server_metrics import TeacherServerMetrics
-from distillery_runtime.workers import free_port
+from distillery_runtime.teachers.clients.retry import RetryPolicy
+from distillery_runtime.teachers.in_process.engine_scoring import TensorPromptLogprobs
+from distillery_runtime.teachers.serving.server_metrics import TeacherServerMetrics
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, generate_latest
 

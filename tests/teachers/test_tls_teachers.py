@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from distillery_operator.decide import probe_target
 from distillery_operator.probes import check, client_access
-from distillery_runtime.local import wait_for_teachers
-from distillery_runtime.scoring import TeacherScoring, build_client
-from distillery_runtime.teachers.http import EndpointPool
-from distillery_runtime.teachers.openai_http import OpenAITeacher
-from distillery_runtime.teachers.outage import OutageTracker
-from distillery_runtime.teachers.retry import RetryPolicy
+from distillery_runtime.run.local import wait_for_teachers
+from distillery_runtime.teachers.clients.http import EndpointPool
+from distillery_runtime.teachers.clients.openai_http import OpenAITeacher
+from distillery_runtime.teachers.clients.outage import OutageTracker
+from distillery_runtime.teachers.clients.retry import RetryPolicy
+from distillery_runtime.teachers.scoring import TeacherScoring, build_client
 from distillery_runtime.teachers.types import TeacherAccessError
 
 from distillery.plan import resolve
@@ -140,7 +140,7 @@ def test_distillery_run_takes_the_flags_and_refuses_without_them(
 ) -> None:
     import yaml
     from distillery_cli.main import build_parser
-    from distillery_runtime.cli import EXIT_INVALID, local_teacher_access, run_command
+    from distillery_runtime.run.cli import EXIT_INVALID, local_teacher_access, run_command
 
     path = tmp_path / "job.yaml"
     path.write_text(

@@ -1,4 +1,4 @@
-"""The transformers teacher (`teachers/transformers_forward.py`): a real tiny model's forward in this process.
+"""The transformers teacher (`teachers/in_process/transformers_forward.py`): a real tiny model's forward in this process.
 
 Its scores must be the model's own log-probs, position for position: each sample is checked against a
 forward of that sample alone (float32 both, so to float rounding), whatever the samples it shares a batch
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 from distillery_runtime.teachers import ScoreRequest, TeacherError
-from distillery_runtime.teachers import transformers_forward as forward
-from distillery_runtime.teachers.transformers_forward import TransformersTeacher, forward_groups
+from distillery_runtime.teachers.in_process import transformers_forward as forward
+from distillery_runtime.teachers.in_process.transformers_forward import TransformersTeacher, forward_groups
 
 from distillery.api.spec import TeacherEngine
 from distillery.plan.engines import EngineSettings

@@ -117,7 +117,7 @@ async def test_empty_batch_and_score_one(kind, vllm_server, samples) -> None:
 
 async def test_samples_scored_one_by_one_share_requests_and_keep_their_scores(vllm_server, samples) -> None:
     """A burst of samples, each submitted alone as a rollout streams them, goes out in a few coalesced
-    requests (teachers/coalesce.py) and each sample gets exactly its own scores."""
+    requests (teachers/clients/coalesce.py) and each sample gets exactly its own scores."""
     import asyncio
 
     plain = _teacher("compact", vllm_server)
@@ -176,7 +176,7 @@ async def test_a_request_abandoned_by_its_client_is_not_scored(vllm_server) -> N
     import urllib.request
 
     from distillery_runtime.teachers import TeacherUnavailableError
-    from distillery_runtime.teachers.retry import RetryPolicy
+    from distillery_runtime.teachers.clients.retry import RetryPolicy
     from prometheus_client.parser import text_string_to_metric_families
 
     heavy = make_samples(64, 1024, seed=5, max_prompt=200, max_response=300)

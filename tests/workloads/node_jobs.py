@@ -55,6 +55,21 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"
 """The taint GPU nodes usually carry (`kubectl taint node N nvidia.com/gpu=present:NoSchedule`)."""
 
 
+def restricted_pod_spec(containers: list[dict[str, Any]]) -> dict[str, Any]:
+    """A pod spec of the tests' own pods (not the operator's) with what the namespace's Pod Security
+    `restricted` asks of every pod and container, and no API token."""
+    restricted = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    return {
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [{**c, "securityContext": restricted} for c in containers],
+    }
+
+
 def production_namespace(installation: Installation, namespace: str) -> None:
     """Makes `namespace` what a platform team gives a team: Pod Security `restricted` enforced, a
     ResourceQuota on cpu, memory and GPUs, and a LimitRange. Every scenario's job runs in one."""
@@ -342,6 +357,53 @@ class Workspace:
         path = (checkpoints or self.checkpoints) / "runs" / name / "metrics.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+    def intruder(self, image: str) -> str:
+        """A pod of the namespace with none of a job's credentials or labels (the attacker of docs/security.md):
+        the job's own image (Ray's and HTTP clients), idle until `probe` runs in it. Returns its name."""
+        name = "intruder"
+        container = {
+            "name": name,
+            "image": image,
+            "command": ["sleep", "infinity"],
+            "resources": {
+                "requests": {"cpu": "50m", "memory": "256Mi"},
+                "limits": {"cpu": "1", "memory": "1Gi"},
+            },
+        }
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": self.namespace, "labels": {"app": name}},
+            "spec": {**restricted_pod_spec([container]), "terminationGracePeriodSeconds": 0},
+        }
+        self.installation.admin("apply", "-f", "-", input=yaml_stream([pod]))
+        self.installation.admin(
+            "wait",
+            "--for=condition=Ready",
+            f"pod/{name}",
+            "-n",
+            self.namespace,
+            "--timeout=300s",
+            timeout=320,
+        )
+        return name
+
+    def probe(self, targets: dict[str, Any]) -> dict[str, str]:
+        """What the intruder's tries at `targets` got (`intruder_probe.py`, run in its pod)."""
+        source = (Path(__file__).parent / "intruder_probe.py").read_text()
+        out = self.installation.admin(
+            "exec", "-i", "intruder", "-n", self.namespace, "--", "python", "-", json.dumps(targets),
+            input=source, timeout=120,
+        ).stdout  # fmt: skip
+        result: dict[str, str] = json.loads(out.strip().splitlines()[-1])
+        return result
+
+    def pod_ip(self, selector: str) -> str:
+        """The address of the one pod matching `selector`."""
+        (pod,) = self.pods(selector)
+        ip: str = pod["status"]["podIP"]
+        return ip
+
     def external_teacher(self, name: str, image: str) -> str:
         """A teacher server of the job's own image that no DistillationJob owns (a Deployment + Service of
         the test's), serving the `models` claim's teacher; returns the endpoint a job names."""
@@ -356,37 +418,28 @@ class Workspace:
                 "template": {
                     "metadata": {"labels": labels},
                     "spec": {
-                        "automountServiceAccountToken": False,
-                        # What the namespace's Pod Security `restricted` asks of every pod.
-                        "securityContext": {
-                            "runAsNonRoot": True,
-                            "runAsUser": 1000,
-                            "seccompProfile": {"type": "RuntimeDefault"},
-                        },
-                        "containers": [
-                            {
-                                "name": "teacher",
-                                "image": image,
-                                "command": [*TEACHER_SERVER, "--served-model-name", name],
-                                "securityContext": {
-                                    "allowPrivilegeEscalation": False,
-                                    "capabilities": {"drop": ["ALL"]},
-                                },
-                                "resources": {
-                                    "requests": {"cpu": "500m", "memory": "2Gi"},
-                                    "limits": {"cpu": "2", "memory": "4Gi"},
-                                },
-                                "env": [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}],
-                                "ports": [{"name": "http", "containerPort": 8000}],
-                                "readinessProbe": {
-                                    "httpGet": {"path": "/health", "port": "http"},
-                                    "periodSeconds": 2,
-                                },
-                                "volumeMounts": [
-                                    {"name": "models", "mountPath": "/models", "readOnly": True}
-                                ],
-                            }
-                        ],
+                        **restricted_pod_spec(
+                            [
+                                {
+                                    "name": "teacher",
+                                    "image": image,
+                                    "command": [*TEACHER_SERVER, "--served-model-name", name],
+                                    "resources": {
+                                        "requests": {"cpu": "500m", "memory": "2Gi"},
+                                        "limits": {"cpu": "2", "memory": "4Gi"},
+                                    },
+                                    "env": [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}],
+                                    "ports": [{"name": "http", "containerPort": 8000}],
+                                    "readinessProbe": {
+                                        "httpGet": {"path": "/health", "port": "http"},
+                                        "periodSeconds": 2,
+                                    },
+                                    "volumeMounts": [
+                                        {"name": "models", "mountPath": "/models", "readOnly": True}
+                                    ],
+                                }
+                            ]
+                        ),
                         "volumes": [
                             {
                                 "name": "models",

@@ -137,7 +137,7 @@ def test_the_rendered_policies_drop_what_they_deny_and_pass_what_they_allow(stag
 
     stage.apply(
         [
-            _pod("head", _labels(objects, "head"), (8265, 6379)),
+            _pod("head", _labels(objects, "head"), (8265, 6379, 9100)),
             _pod("worker", _labels(objects, "worker-student"), ()),
             _pod("submitter", _labels(objects, "submitter"), ()),
             _pod("teacher", _labels(objects, "pod"), (8000,)),
@@ -177,6 +177,7 @@ def test_the_rendered_policies_drop_what_they_deny_and_pass_what_they_allow(stag
     denied = [
         ("intruder", "head", 8265),  # the Jobs API: code on the student's GPUs
         ("intruder", "head", 6379),  # the GCS
+        ("intruder", "head", 9100),  # the trainer's metrics: Prometheus' alone
         ("intruder", "teacher", 8000),
         ("intruder", "shared", 8000),
         ("submitter", "head", 6379),  # the submitter may reach the dashboard only

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from distillery_operator import naming
-from distillery_runtime.checkpoint import FINAL_DIR, step_dir_name
+from distillery_runtime.checkpoints.checkpoint import FINAL_DIR, step_dir_name
 from harness import RELEASE_NAMESPACE, wait_until
 from node_jobs import (
     GPU_TAINT,
@@ -199,6 +199,7 @@ def test_two_jobs_share_a_teacher_that_scales_with_them_and_routes_by_a_data_fie
     wait_until(lambda: workspace.installation.get("deployment", "shared", workspace.namespace),
                what="the teacher's Deployment")  # fmt: skip
     series = ReplicaSeries(workspace, "shared")
+    intruder = workspace.intruder(IMAGE)
     try:
         ref = {"name": "teacher", "model": "shared", "placement": "shared", "teacherRef": {"name": "shared"}}
         workspace.apply(tiny_job("first", teachers=[ref]))
@@ -225,6 +226,12 @@ def test_two_jobs_share_a_teacher_that_scales_with_them_and_routes_by_a_data_fie
         # The prompts' data_source picks the teacher: both scored, and nothing else did.
         assert set(per_teacher) == {"adder", "subber"} and sum(per_teacher.values()) == 4 * SAMPLES_PER_STEP
         assert sent["first"] == 4 * SAMPLES_PER_STEP
+        # A pod of the namespace without a job's key (docs/security.md): refused, whether or not it claims to be
+        # one of the teacher's jobs; and nothing of it is counted for a job (the scored totals below).
+        tried = workspace.probe({"teacher": "http://shared:8000", "claim": f"{workspace.namespace}/first"})
+        assert tried == {
+            "teacher_no_key": "401", "teacher_claiming_a_job": "401", "teacher_wrong_key": "401"
+        }, (intruder, tried)  # fmt: skip
         # Read before the idle time takes the replicas away.
         scored = scored_sequences(workspace, "app.kubernetes.io/component=shared-teacher")
         assert scored == {f"{workspace.namespace}/{job}": count for job, count in sent.items()}, (
@@ -354,6 +361,7 @@ def test_one_step_off_with_a_restarted_teacher_container_then_delete_mid_run_lea
     # The tiny models are on a claim, which is not downloaded: a sized cache is every pod's all the same.
     cache = {"sizeLimit": "1Gi"}
     workspace.apply(tiny_job("offset", teachers=[standalone_teacher()], schedule=schedule, modelCache=cache))
+    workspace.intruder(IMAGE)  # started beside the job's pods: probed once the job runs
 
     def teacher_container() -> tuple[str, dict[str, Any]] | None:
         pods = workspace.pods("app.kubernetes.io/component=teacher")
@@ -393,6 +401,40 @@ def test_one_step_off_with_a_restarted_teacher_container_then_delete_mid_run_lea
     assert all(r["samples"] == SAMPLES_PER_STEP for r in records), [r["samples"] for r in records]
     assert records[0]["staleness"] == 0 and max(r["staleness"] for r in records) == 1, records
     assert workspace.job("offset")["status"]["phase"] == "Running"
+
+    # The attacker of docs/security.md while the job runs: a pod of its namespace, the job's image, none of its
+    # credentials. Ray's token refuses it the Jobs API (code on the student's GPUs) and the GCS; the job's
+    # teacher key, its teacher. The metrics port has no credential (Prometheus scrapes it): on this node, whose
+    # bridge CNI enforces no NetworkPolicy, it answers; the job's policy drops it where one is enforced
+    # (tests/workloads/test_network_policy_on_node.py, intruder -> head 9100).
+    head = workspace.pod_ip("ray.io/node-type=head")
+    teacher = workspace.pod_ip("app.kubernetes.io/component=teacher")
+    tried = workspace.probe(
+        {
+            "dashboard": f"{head}:8265",
+            "gcs": f"{head}:6379",
+            "teacher": f"http://{teacher}:8000",
+            "claim": f"{workspace.namespace}/offset",
+            "metrics": f"http://{head}:9100/metrics",
+        }
+    )
+    assert tried == {
+        "dashboard_submit": "401",
+        "gcs": "UNAUTHENTICATED",
+        "teacher_no_key": "401",
+        "teacher_claiming_a_job": "401",
+        "teacher_wrong_key": "401",
+        "metrics": "200",
+    }, tried
+    # The job goes on, unaffected: another step lands after the tries.
+    tried_at = len(workspace.metrics("offset"))
+    wait_until(
+        lambda: len(workspace.metrics("offset")) > tried_at, timeout=FINISH, what="a step after the tries"
+    )
+    assert workspace.job("offset")["status"]["phase"] == "Running"
+    workspace.delete_pod(
+        "intruder"
+    )  # not the job's: what the deletion below must leave is nothing of the job's
 
     workspace.installation.admin("delete", "dj", "offset", "-n", workspace.namespace, timeout=300)
     kinds = "pods,deployments,services,configmaps,rayjobs,rayclusters,jobs,serviceaccounts,roles,rolebindings"

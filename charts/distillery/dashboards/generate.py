@@ -232,6 +232,29 @@ def job_dashboard() -> dict[str, Any]:
     s = 'namespace=~"$namespace", distillery_job=~"$job"'
     by = "namespace, distillery_job"
     layout = Layout()
+    _progress_row(layout, s, by)
+    _training_row(layout, s, by)
+    _generation_row(layout, s, by)
+    _throughput_row(layout, s, by)
+    _teachers_row(layout, s, by)
+    _shared_teachers_row(layout)
+    variables = [
+        query_var("namespace", "Namespace", "label_values(distillery_runtime_step, namespace)"),
+        query_var(
+            "job", "Job", 'label_values(distillery_runtime_step{namespace=~"$namespace"}, distillery_job)'
+        ),
+    ]
+    return dashboard(
+        "distillery-job", "Distillery / Job",
+        "DistillationJobs in training: loss, KL per teacher, step time breakdown, tokens/s, teacher latency and "
+        "errors, shared teachers' work per job. Series come from the trainers' /metrics (the chart's PodMonitor "
+        "adds namespace and distillery_job) and the teachers' (client_job: the job a request scored for).",
+        variables, layout,
+    )  # fmt: skip
+
+
+def _progress_row(layout: Layout, s: str, by: str) -> None:
+    """The job dashboard's "Progress" row."""
     layout.row("Progress")
     layout.add(stat("Step", "Last completed training step.", "none",
                     f"max by ({by}) (distillery_runtime_step{{{s}}})", "{{distillery_job}}"), 4, 4)  # fmt: skip
@@ -249,6 +272,10 @@ def job_dashboard() -> dict[str, Any]:
                     f"max by ({by}) (distillery_runtime_eval_accuracy_ratio{{{s}}})", "{{distillery_job}}"), 4, 4)  # fmt: skip
     layout.add(stat("Checkpoint", "Step of the newest checkpoint.", "none",
                     f"max by ({by}) (distillery_runtime_checkpoint_step{{{s}}})", "{{distillery_job}}"), 4, 4)  # fmt: skip
+
+
+def _training_row(layout: Layout, s: str, by: str) -> None:
+    """The job dashboard's "Training" row."""
     layout.row("Training")
     layout.add(timeseries("Loss", "Distillation loss per step.", "none",
                           (f"distillery_runtime_loss{{{s}}}", "{{distillery_job}}")), 12, 8)  # fmt: skip
@@ -267,6 +294,10 @@ def job_dashboard() -> dict[str, Any]:
                    (f"distillery_runtime_policy_staleness_steps{{{s}}}", "{{distillery_job}}")),
         8, 7,
     )  # fmt: skip
+
+
+def _generation_row(layout: Layout, s: str, by: str) -> None:
+    """The job dashboard's "Generation" row."""
     layout.row("Generation")
     layout.add(
         timeseries("Response length", "Tokens per response of each step: the mean and the longest.", "short",
@@ -298,6 +329,10 @@ def job_dashboard() -> dict[str, Any]:
                    (f"distillery_runtime_eval_kl{{{s}}}", "{{distillery_job}} / {{teacher}}")),
         12, 8,
     )  # fmt: skip
+
+
+def _throughput_row(layout: Layout, s: str, by: str) -> None:
+    """The job dashboard's "Throughput and step time" row."""
     layout.row("Throughput and step time")
     layout.add(
         timeseries("Tokens per second", "trained: response tokens per second of step time; sampled: tokens the "
@@ -326,6 +361,10 @@ def job_dashboard() -> dict[str, Any]:
     layout.add(timeseries("Steps per minute", "", "none",
                           (f"sum by ({by}) (rate(distillery_runtime_steps_total{{{s}}}[{R}])) * 60",
                            "{{distillery_job}}")), 12, 8)  # fmt: skip
+
+
+def _teachers_row(layout: Layout, s: str, by: str) -> None:
+    """The job dashboard's "Teachers" row."""
     layout.row("Teachers")
     layout.add(
         timeseries("Teacher latency", "Latency of one sample's scoring request per teacher, retries included.", "s",
@@ -387,6 +426,10 @@ def job_dashboard() -> dict[str, Any]:
                     "{{distillery_job}}")),
         12, 8,
     )  # fmt: skip
+
+
+def _shared_teachers_row(layout: Layout) -> None:
+    """The job dashboard's "Shared teachers" row."""
     # Shared teachers (DistillationTeacher): the teacher server's own account of each job it serves,
     # labelled client_job="namespace/name" by the job header (the teacher's pods carry no job label).
     t = 'namespace=~"$namespace", client_job=~"$namespace/$job"'
@@ -441,19 +484,6 @@ def job_dashboard() -> dict[str, Any]:
                     "{{teacher}} {{client_job}}"),
                    stack=True),
         12, 8,
-    )  # fmt: skip
-    variables = [
-        query_var("namespace", "Namespace", "label_values(distillery_runtime_step, namespace)"),
-        query_var(
-            "job", "Job", 'label_values(distillery_runtime_step{namespace=~"$namespace"}, distillery_job)'
-        ),
-    ]
-    return dashboard(
-        "distillery-job", "Distillery / Job",
-        "DistillationJobs in training: loss, KL per teacher, step time breakdown, tokens/s, teacher latency and "
-        "errors, shared teachers' work per job. Series come from the trainers' /metrics (the chart's PodMonitor "
-        "adds namespace and distillery_job) and the teachers' (client_job: the job a request scored for).",
-        variables, layout,
     )  # fmt: skip
 
 

@@ -64,6 +64,7 @@ from distillery_operator.render.rayjob import (
 )
 from distillery_operator.render.shared_teacher import (
     render_shared_teacher,
+    render_shared_teacher_clients,
     render_shared_teacher_policy,
     shared_teacher_labels,
     shared_teacher_selector,
@@ -116,6 +117,7 @@ __all__ = [
     "render_network_policies",
     "render_rayjob",
     "render_shared_teacher",
+    "render_shared_teacher_clients",
     "render_shared_teacher_policy",
     "render_teacher_deployment",
     "render_teacher_disruption_budget",

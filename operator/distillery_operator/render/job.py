@@ -16,7 +16,11 @@ from distillery_operator.render.disruption_budget import render_teacher_disrupti
 from distillery_operator.render.identity import render_trainer_identity
 from distillery_operator.render.network_policy import render_network_policies
 from distillery_operator.render.rayjob import render_rayjob
-from distillery_operator.render.shared_teacher import render_shared_teacher, render_shared_teacher_policy
+from distillery_operator.render.shared_teacher import (
+    render_shared_teacher,
+    render_shared_teacher_clients,
+    render_shared_teacher_policy,
+)
 from distillery_operator.render.teacher import render_teacher_deployment, render_teacher_service
 from distillery_operator.render.teacher_key import render_teacher_key_secret
 
@@ -56,8 +60,10 @@ def render_manifest_stream(path: str | Path, namespace: str = "default") -> str:
         replicas = teacher.spec.scaling.min_replicas
         objects = render_shared_teacher(teacher, namespace=namespace, replicas=replicas)
         policy = render_shared_teacher_policy(teacher, namespace=namespace)
-        # The policy first, as the operator makes it: before any replica it selects.
-        sources.append((teacher.metadata.name, [*([policy] if policy else []), *objects]))
+        # Its clients Secret as it is before any job uses it (no job's key digest yet).
+        clients = render_shared_teacher_clients(teacher, namespace=namespace, clients={})
+        # The policy and the Secret first, as the operator makes them: before any replica they concern.
+        sources.append((teacher.metadata.name, [*([policy] if policy else []), clients, *objects]))
     for job in jobs:
         ctx = RenderContext(namespace=namespace)
         sources.append((job.metadata.name, [*render_trainer_identity(job, ctx), *render_job(job, ctx)]))

@@ -53,7 +53,7 @@ PRESTOP_MARGIN_SECONDS = 10
 HEAD_START_PARAMS = {"dashboard-host": "0.0.0.0", "num-cpus": "0", "num-gpus": "0"}
 """The head runs the driver (`distillery run`), which is not a Ray task, and no Ray work: it advertises no
 CPUs and no GPUs, so Ray schedules nothing on it that reserves either. (The runtime's actors reserve no
-CPU; on GPU jobs they sit in the placement groups of the workers' GPUs, `distillery_runtime.placement`; on
+CPU; on GPU jobs they sit in the placement groups of the workers' GPUs, `distillery_runtime.run.placement`; on
 CPU-only jobs they reserve nothing, and Ray may still place those on the head: its memory default allows
 for that.)"""
 

@@ -3,15 +3,20 @@
 The same pod shape as a job's standalone teacher (`render/teacher.py`, from a `TeacherServer`), named after
 the teacher (`runtime_config.shared_teacher_service_name`: the jobs reach it there) and labelled with no job:
 no job's selector, NetworkPolicy or label query takes its pods for its own. Its own NetworkPolicy
-(`render_shared_teacher_policy`) lets in the jobs that reference it. The replica count is the
-operator's scaling decision (`distillery.plan.teacher_scaling`), a live field that the spec hash leaves out.
+(`render_shared_teacher_policy`) lets in the jobs that reference it, and its clients Secret
+(`render_shared_teacher_clients`) holds the digests of their keys, which the replicas want on every request
+(`distillery.plan.job_access`). The replica count is the operator's scaling decision
+(`distillery.plan.teacher_scaling`), a live field that the spec hash leaves out.
 """
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Mapping
 from typing import Any
 
 from distillery.api import TEACHER_API_VERSION, TEACHER_KIND, DistillationTeacher
+from distillery.plan.job_access import CLIENTS_KEY, clients_document, clients_secret_name
 from distillery.plan.shared_teacher import shared_teacher_server
 from distillery.runtime_config import shared_teacher_service_name
 from distillery_operator import naming
@@ -85,7 +90,9 @@ def render_shared_teacher(
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _metadata(teacher, namespace, owner_uid),
-        "spec": server_deployment_spec(server, replicas, selector, labels),
+        "spec": server_deployment_spec(
+            server, replicas, selector, labels, clients_secret=clients_secret_name(teacher.metadata.name)
+        ),
     }
     service = {
         "apiVersion": "v1",
@@ -113,3 +120,23 @@ def render_shared_teacher_policy(
     return stamp(
         {"apiVersion": NETWORK_POLICY_API_VERSION, "kind": "NetworkPolicy", "metadata": meta, "spec": spec}
     )
+
+
+def render_shared_teacher_clients(
+    teacher: DistillationTeacher,
+    *,
+    namespace: str,
+    clients: Mapping[str, str],
+    owner_uid: str | None = None,
+) -> dict[str, Any]:
+    """The Secret of a DistillationTeacher's clients: the key digest of each job it serves now (`clients`,
+    job identity -> digest). Rendered whole with its data: digests, never a key."""
+    meta = {**_metadata(teacher, namespace, owner_uid), "name": clients_secret_name(teacher.metadata.name)}
+    document = clients_document(clients).encode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta,
+        "type": "Opaque",
+        "data": {CLIENTS_KEY: base64.b64encode(document).decode()},
+    }

@@ -12,7 +12,7 @@ from typing import Any
 
 from distillery import pvc
 from distillery.api import DistillationJob, SecretKeyRef, Teacher
-from distillery.plan.job_access import TEACHER_KEY_ENV, teacher_key
+from distillery.plan.job_access import CLIENTS_DIR, CLIENTS_ENV, TEACHER_KEY_ENV, clients_file, teacher_key
 from distillery.plan.shared_teacher import TeacherServer, teacher_server
 from distillery.plan.vllm_env import NO_TRACKING_ENV, cpu_kv_cache_env
 from distillery.runtime_config import TEACHER_PORT
@@ -62,20 +62,41 @@ def teacher_labels(job: DistillationJob, teacher: Teacher) -> dict[str, str]:
 
 def api_key_env(api_key: SecretKeyRef | None) -> list[dict[str, Any]]:
     """The server's key (`plan.job_access`), by secretKeyRef: a reference, never the value. vLLM guards /v1
-    with it, our server every other route but /health and /metrics (`teachers.server_auth`)."""
+    with it, our server every other route but /health and /metrics (`teachers.serving.server_auth`)."""
     if api_key is None:
         return []
     ref = {"name": api_key.name, "key": api_key.key}
     return [{"name": TEACHER_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}]
 
 
+CLIENTS_VOLUME = "teacher-clients"
+
+
+def clients_mount(
+    clients_secret: str | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The volume, mount and variable of a shared teacher's clients file (`plan.job_access`), from its
+    Secret; none without one."""
+    if clients_secret is None:
+        return [], [], []
+    volume = {"name": CLIENTS_VOLUME, "secret": {"secretName": clients_secret}}
+    mount = {"name": CLIENTS_VOLUME, "mountPath": CLIENTS_DIR, "readOnly": True}
+    return [volume], [mount], [{"name": CLIENTS_ENV, "value": clients_file()}]
+
+
 def server_pod_template(
-    server: TeacherServer, labels: dict[str, str], api_key: SecretKeyRef | None = None
+    server: TeacherServer,
+    labels: dict[str, str],
+    api_key: SecretKeyRef | None = None,
+    clients_secret: str | None = None,
 ) -> dict[str, Any]:
-    """The pod template of one replica; `api_key`: where the key every request must carry is (None: none).
-    The probes ask /health, which answers without a key and tells nothing but that the server is up."""
+    """The pod template of one replica; `api_key`: where the key every request must carry is (None: none);
+    `clients_secret`: a shared teacher's Secret of its clients' key digests, which it takes instead. The
+    probes ask /health, which answers without a key and tells nothing but that the server is up."""
     probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
     volumes, mounts = claim_volumes(pvc.claims([server.model]))
+    clients_volumes, clients_mounts, clients_env = clients_mount(clients_secret)
+    volumes, mounts = volumes + clients_volumes, mounts + clients_mounts
     startup_failures = max(1, math.ceil(server.ready_timeout_seconds / STARTUP_PERIOD_SECONDS))
     container: dict[str, Any] = {
         "name": "teacher",
@@ -94,7 +115,7 @@ def server_pod_template(
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
     }
-    env = hf_token_env(server.inference.hf_token_secret) + api_key_env(api_key)
+    env = hf_token_env(server.inference.hf_token_secret) + api_key_env(api_key) + clients_env
     variables = dict(NO_TRACKING_ENV)
     if server.pool.gpus_per_replica == 0:
         # Found on a real node: without it vLLM's CPU worker wanted 90% of the node's memory and exited.
@@ -122,6 +143,7 @@ def server_deployment_spec(
     selector: dict[str, str],
     labels: dict[str, str],
     api_key: SecretKeyRef | None = None,
+    clients_secret: str | None = None,
 ) -> dict[str, Any]:
     return {
         "replicas": replicas,
@@ -129,7 +151,7 @@ def server_deployment_spec(
         # No surge: a replica holds whole GPUs, and a rollout must not need spare ones.
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
         "progressDeadlineSeconds": max(server.ready_timeout_seconds, 60),
-        "template": server_pod_template(server, labels, api_key),
+        "template": server_pod_template(server, labels, api_key, clients_secret),
     }
 
 

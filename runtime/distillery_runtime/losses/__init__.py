@@ -7,15 +7,15 @@ docstrings of estimators.py, topk.py and divergence.py (a full-vocabulary refere
 `distillery_runtime.testing.full_vocab`).
 """
 
-from .chunked import ChunkedGatherLogSoftmax, gather_log_softmax
-from .divergence import add_tail_bucket, generalized_jsd, kl, renormalize
 from .entry import distillation_loss
-from .estimators import abs_estimator, clamp_token_loss, k1, k2, k3
-from .policy_gradient import ppo_clipped_token_loss
 from .reduction import counted_tokens, reduce_tokens, reduction_units
 from .registry import LOSS_REGISTRY, TokenInputs, get_token_loss_fn
 from .targets import LossOutput, TeacherTargets
-from .topk import forward_kl_topk, forward_kl_topk_renormalized, jsd_topk, reverse_kl_topk
+from .terms.chunked import ChunkedGatherLogSoftmax, gather_log_softmax
+from .terms.divergence import add_tail_bucket, generalized_jsd, kl, renormalize
+from .terms.estimators import abs_estimator, clamp_token_loss, k1, k2, k3
+from .terms.policy_gradient import ppo_clipped_token_loss
+from .terms.topk import forward_kl_topk, forward_kl_topk_renormalized, jsd_topk, reverse_kl_topk
 
 __all__ = [
     "LOSS_REGISTRY",

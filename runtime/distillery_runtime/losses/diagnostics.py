@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .estimators import k3
 from .reduction import masked_mean
+from .terms.estimators import k3
 
 # The overlap needs the student's own top-k over V, which costs more than the log-softmax
 # of that token; it is measured on up to this many counted tokens per call, evenly spaced

@@ -13,7 +13,6 @@ import torch
 from distillery.api.spec import LossMode, Objective
 from distillery.plan.loss import LossConfig
 
-from .chunked import gather_log_softmax_and_entropy
 from .diagnostics import (
     logprob_gap_metrics,
     overlap_sample,
@@ -21,12 +20,13 @@ from .diagnostics import (
     token_loss_metrics,
     topk_metrics,
 )
-from .estimators import clamp_token_loss
-from .policy_gradient import ppo_clipped_token_loss
 from .reduction import counted_tokens, masked, masked_mean, reduce_tokens
 from .registry import TokenInputs, get_token_loss_fn
 from .targets import LossOutput, TeacherTargets
-from .topk import fold_out_of_vocab
+from .terms.chunked import gather_log_softmax_and_entropy
+from .terms.estimators import clamp_token_loss
+from .terms.policy_gradient import ppo_clipped_token_loss
+from .terms.topk import fold_out_of_vocab
 
 
 def distillation_loss(
@@ -56,15 +56,7 @@ def distillation_loss(
     `distill/logprob_gap_mean` / `_max`, how far the rollout engine's log-probs of the sampled tokens are
     from the trainer's (~0 when the weight sync, the template and the precision agree).
     """
-    if (
-        student_logits.dim() != 3
-        or response_ids.shape != student_logits.shape[:2]
-        or mask.shape != response_ids.shape
-    ):
-        raise ValueError(
-            f"expected student_logits [B, T, V], response_ids and mask [B, T]; got {tuple(student_logits.shape)}, "
-            f"{tuple(response_ids.shape)}, {tuple(mask.shape)}"
-        )
+    _check_shapes(student_logits, response_ids, mask)
     mask = mask.bool()
     use_task = config.task_reward_coef > 0.0
     if use_task and task_advantages is None:
@@ -81,6 +73,69 @@ def distillation_loss(
         )
         teacher = TeacherTargets(folded_ids, folded_logprobs, teacher.token_logprobs)
 
+    inputs, student_top_ids, entropy, overlap_rows = _student_inputs(
+        student_logits, response_ids, teacher, counted, config, use_task
+    )
+    student_token = inputs.student_token
+    token_loss = clamp_token_loss(get_token_loss_fn(config.mode)(inputs, config), config.loss_max_clamp)
+    token_loss = masked(token_loss, counted)
+    loss, metrics = _objective(
+        token_loss, student_token, counted, mask, config, old_logprobs, task_advantages
+    )
+
+    metrics["distill/loss"] = float(loss.detach())
+    metrics["distill/entropy"] = masked_mean(entropy, mask)
+    if old_logprobs is not None and config.temperature == 1.0:
+        # The rollout engine's log-probs are of the raw distribution: comparable at temperature 1 only.
+        metrics.update(logprob_gap_metrics(student_token, old_logprobs, mask))
+    metrics.update(token_loss_metrics(token_loss, counted, mask & ~counted))
+    if config.uses_topk:
+        assert (
+            inputs.student_topk is not None
+            and inputs.teacher_topk is not None
+            and inputs.topk_valid is not None
+        )
+        assert teacher.topk_ids is not None and out_of_vocab is not None
+        metrics["distill/teacher_topk_out_of_vocab"] = float((out_of_vocab & counted.unsqueeze(-1)).sum())
+        metrics.update(
+            topk_metrics(
+                inputs.student_topk,
+                inputs.teacher_topk,
+                inputs.topk_valid,
+                teacher.topk_ids,
+                student_top_ids,
+                counted,
+                overlap_rows,
+            )
+        )
+    if teacher.token_logprobs is not None:
+        metrics.update(sampled_kl_metrics(student_token, teacher.token_logprobs, counted))
+    return LossOutput(loss=loss, token_loss=token_loss.detach(), mask=counted, metrics=metrics)
+
+
+def _check_shapes(student_logits: torch.Tensor, response_ids: torch.Tensor, mask: torch.Tensor) -> None:
+    if (
+        student_logits.dim() != 3
+        or response_ids.shape != student_logits.shape[:2]
+        or mask.shape != response_ids.shape
+    ):
+        raise ValueError(
+            f"expected student_logits [B, T, V], response_ids and mask [B, T]; got {tuple(student_logits.shape)}, "
+            f"{tuple(response_ids.shape)}, {tuple(mask.shape)}"
+        )
+
+
+def _student_inputs(
+    student_logits: torch.Tensor,
+    response_ids: torch.Tensor,
+    teacher: TeacherTargets,
+    counted: torch.Tensor,
+    config: LossConfig,
+    use_task: bool,
+) -> tuple[TokenInputs, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The per-token inputs of the loss from one pass over the student's vocabulary, with what the
+    diagnostics read from the same pass: (inputs, the student's own top ids, its entropy, the rows sampled
+    for the top-k overlap)."""
     # One pass over the vocabulary: column 0 is the sampled token, then the teacher's top-k.
     ids = response_ids.long().unsqueeze(-1)
     k, overlap_rows = 0, None
@@ -113,10 +168,21 @@ def distillation_loss(
         )
     else:
         inputs = TokenInputs(student_token, teacher.token_logprobs)
+    return inputs, student_top_ids, entropy, overlap_rows
 
-    token_loss = clamp_token_loss(get_token_loss_fn(config.mode)(inputs, config), config.loss_max_clamp)
-    token_loss = masked(token_loss, counted)
 
+def _objective(
+    token_loss: torch.Tensor,
+    student_token: torch.Tensor,
+    counted: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+    old_logprobs: torch.Tensor | None,
+    task_advantages: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The back-propagated loss from the per-token loss: the direct reduction (plus the task's PPO term),
+    or the PPO-clipped objective with the loss as a per-token reward; and the objective's metrics."""
+    use_task = config.task_reward_coef > 0.0
     metrics: dict[str, float] = {}
     if config.objective == Objective.DIRECT:
         loss = reduce_tokens(token_loss, counted, config.reduction)
@@ -144,35 +210,7 @@ def distillation_loss(
         metrics["distill/pg_clipfrac"] = masked_mean(clipped.to(token_loss.dtype), pg_mask)
         metrics["distill/ppo_kl"] = masked_mean(-log_ratio, pg_mask)
         metrics["distill/advantage_mean"] = masked_mean(advantages, pg_mask)
-
-    metrics["distill/loss"] = float(loss.detach())
-    metrics["distill/entropy"] = masked_mean(entropy, mask)
-    if old_logprobs is not None and config.temperature == 1.0:
-        # The rollout engine's log-probs are of the raw distribution: comparable at temperature 1 only.
-        metrics.update(logprob_gap_metrics(student_token, old_logprobs, mask))
-    metrics.update(token_loss_metrics(token_loss, counted, mask & ~counted))
-    if config.uses_topk:
-        assert (
-            inputs.student_topk is not None
-            and inputs.teacher_topk is not None
-            and inputs.topk_valid is not None
-        )
-        assert teacher.topk_ids is not None and out_of_vocab is not None
-        metrics["distill/teacher_topk_out_of_vocab"] = float((out_of_vocab & counted.unsqueeze(-1)).sum())
-        metrics.update(
-            topk_metrics(
-                inputs.student_topk,
-                inputs.teacher_topk,
-                inputs.topk_valid,
-                teacher.topk_ids,
-                student_top_ids,
-                counted,
-                overlap_rows,
-            )
-        )
-    if teacher.token_logprobs is not None:
-        metrics.update(sampled_kl_metrics(student_token, teacher.token_logprobs, counted))
-    return LossOutput(loss=loss, token_loss=token_loss.detach(), mask=counted, metrics=metrics)
+    return loss, metrics
 
 
 def _shift_invariant(config: LossConfig, use_task: bool) -> bool:

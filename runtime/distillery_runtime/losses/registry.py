@@ -15,7 +15,7 @@ import torch
 from distillery.api.spec import LossMode
 from distillery.plan.loss import LossConfig
 
-from . import estimators, topk
+from .terms import estimators, topk
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from typing import Protocol
 import torch
 
 from distillery.plan.generation import GenerationSettings
-from distillery_runtime.samples import RolloutSample
-from distillery_runtime.weight_sync import TensorMeta
+from distillery_runtime.data.samples import RolloutSample
+from distillery_runtime.sync.weight_sync import TensorMeta
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,8 @@ class RolloutEngine(Protocol):
 
     policy_version: int
     sync_ranks: int
-    """Ranks the engine takes in the weight-sync group (its workers: vLLM's tensor-parallel ranks)."""
+    """Ranks the engine takes in the weight-sync group (its workers: vLLM's tensor-parallel ranks; one where
+    the engine's own process receives a LoRA adapter)."""
 
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
@@ -82,7 +83,7 @@ class RolloutEngine(Protocol):
     def join_weight_sync(
         self, host: str, port: int, first_rank: int, names: Sequence[str], timeout_s: float
     ) -> None:
-        """Join the weight-sync group (weight_sync.py) as ranks `first_rank` .. `first_rank + sync_ranks - 1`."""
+        """Join the weight-sync group (`sync/weight_sync.py`) as ranks `first_rank` .. `first_rank + sync_ranks - 1`."""
         ...
 
     def receive_weights(self, metas: Sequence[TensorMeta], bucket_bytes: int, version: int) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from distillery.api.spec import RolloutEngine as EngineKind
+from distillery.plan.lora import LoraSettings
 from distillery.plan.sleep import SleepLevel
 from distillery_runtime.rollout.base import RolloutEngine
 
@@ -26,10 +27,12 @@ def build_engine(
     decode_attention: str | None = None,
     decode_threads: int | None = None,
     sleep_level: SleepLevel = SleepLevel.NONE,
+    lora: LoraSettings | None = None,
 ) -> RolloutEngine:
     """The engine named by `student.rollout.engine` (vllm or transformers). `decode_attention` and
     `decode_threads`: the transformers engine's in its decode steps; `sleep_level`: the vLLM engine's
-    (`RolloutSettings`; the transformers engine never sleeps)."""
+    (`RolloutSettings`; the transformers engine never sleeps); `lora`: a LoRA student's adapter, which
+    every weight sync then carries alone."""
     if kind == EngineKind.VLLM:
         from distillery_runtime.rollout.vllm_engine import VllmRolloutEngine
 
@@ -42,6 +45,7 @@ def build_engine(
             enforce_eager=enforce_eager,
             tensor_parallel=tensor_parallel,
             sleep_level=sleep_level,
+            lora=lora,
         )
     if tensor_parallel != 1:  # the spec refuses it; a direct caller gets the same reason
         raise ValueError("tensor_parallel needs the vllm engine (the transformers engine runs on one device)")
@@ -49,6 +53,10 @@ def build_engine(
         from distillery_runtime.rollout.hf_engine import TransformersRolloutEngine
 
         return TransformersRolloutEngine(
-            model_dir, dtype=dtype, decode_attention=decode_attention, decode_threads=decode_threads
+            model_dir,
+            dtype=dtype,
+            decode_attention=decode_attention,
+            decode_threads=decode_threads,
+            lora=lora,
         )
     raise ValueError(f"unknown rollout engine {kind!r}; known: {', '.join(EngineKind)}")

@@ -9,7 +9,8 @@ sample does not depend on which other prompts share its step (the reproducibilit
 gives; as with vLLM, up to the float rounding a batched kernel may differ in). Rows are out the moment they
 end, so the teacher scores them while the rest decode. Weights are loaded with `load_state_dict`, or the
 engine samples with the trainer's own module where it runs in the trainer's process
-(`plan.rollout_in_trainer`).
+(`plan.rollout_in_trainer`). A LoRA student's engine puts the adapter on its model as the trainer does
+(`training.lora`) and loads the adapter alone, each tensor under peft's saved name mapped to its own key.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from typing import Any
 
 import torch
 
+from distillery.plan.lora import LoraSettings
+from distillery_runtime.data.samples import RolloutSample
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.rollout.kv_cache import PreallocatedCache
-from distillery_runtime.samples import RolloutSample
-from distillery_runtime.weight_sync import SyncGroup, TensorMeta
+from distillery_runtime.sync.weight_sync import SyncGroup, TensorMeta
 
 BATCH_ROWS = 64
 """Requests decoded together: a step's requests in one batch on a tiny CPU student, and a bound on the KV
@@ -45,6 +47,7 @@ class TransformersRolloutEngine:
         model: Any = None,
         decode_attention: str | None = None,
         decode_threads: int | None = None,
+        lora: LoraSettings | None = None,
     ) -> None:
         """`model`: a module to sample with as it is, the trainer's own where the plan puts the engine in the
         trainer's process (`plan.rollout_in_trainer`): never copied, never synced, switched to eval mode
@@ -52,12 +55,17 @@ class TransformersRolloutEngine:
         the attention implementation of the decode steps (`plan.attention.decode_attention`); None: the
         model's own. `decode_threads`: torch's intra-op threads in the decode steps
         (`plan.rollout.decode_threads`); None: the process's own. The prompts' forward always runs the
-        model's own attention on the process's threads."""
+        model's own attention on the process's threads. `lora`: a LoRA student's adapter, put on the model
+        loaded here (dropout off; B zero, so the base until the first sync); a `model` is taken as it is."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if model is None:
             self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             loaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+            if lora is not None:
+                from distillery_runtime.training.lora import apply_lora
+
+                loaded = apply_lora(loaded, lora, inference=True)
             self.model = loaded.to(self.device).eval()  # type: ignore[arg-type]  # transformers' decorated `to`
         else:
             self.device = next(model.parameters()).device
@@ -74,6 +82,19 @@ class TransformersRolloutEngine:
         self.policy_version = 0
         self.sync_ranks = 1
         self.sync_group: SyncGroup | None = None
+        self.state_keys = self._state_keys(lora is not None and model is None)
+        """A synced tensor's name -> the model's state key: a LoRA adapter's saved names (`training.lora`)
+        mapped to its live keys; None: the names are the keys."""
+
+    def _state_keys(self, adapter: bool) -> dict[str, str] | None:
+        if not adapter:
+            return None
+        from distillery_runtime.training.lora import live_keys
+
+        return live_keys(self.model.state_dict())
+
+    def _key(self, name: str) -> str:
+        return name if self.state_keys is None else self.state_keys[name]
 
     def _end_ids(self, sampling: SamplingSettings) -> frozenset[int]:
         if sampling.stop_token_ids:
@@ -229,7 +250,7 @@ class TransformersRolloutEngine:
             torch.set_num_threads(threads)
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
-        state = {name: tensor for name, tensor in weights}
+        state = {self._key(name): tensor for name, tensor in weights}
         self.model.load_state_dict(state, strict=False)
         self.policy_version = version
 
@@ -246,7 +267,7 @@ class TransformersRolloutEngine:
             raise RuntimeError("weight sync: join_weight_sync was not called")
         state = self.model.state_dict()
         for name, tensor in self.sync_group.receive(metas, bucket_bytes):
-            state[name].copy_(tensor)
+            state[self._key(name)].copy_(tensor)
         self.policy_version = version
 
     @torch.no_grad()

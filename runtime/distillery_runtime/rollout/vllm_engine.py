@@ -14,22 +14,35 @@ own (`distillery.plan.rollout.rollout_executor`). On GPU the engine sleeps while
 plan's level (`RolloutSettings.sleep_level`: 2, its weights discarded, as the sync after each wake-up
 overwrites them), translated by `sleep_mode.EngineSleep`, which also refuses to sample between a level-2
 wake-up and the sync. On CPU it never sleeps (vLLM's CPU worker has no sleep mode).
+
+A LoRA student's engine (`lora`) serves the base model with vLLM's LoRA enabled, and a sync carries the
+adapter alone (peft's saved names): the engine's own process is the one rank of the sync group (whatever
+its tensor parallelism), writes the adapter as a peft folder of its own (`training.lora.save_adapter`) and
+has vLLM load it under a new id, every worker taking its shard; each request names the current adapter.
+Until the first sync it samples the base, which is the adapted model (B starts at zero).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
+import shutil
+import tempfile
+import weakref
 from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from distillery.plan.lora import LoraSettings, vllm_max_lora_rank
 from distillery.plan.rollout import rollout_executor
 from distillery.plan.sleep import SleepLevel
 from distillery.plan.vllm_env import tensor_parallel_env, vllm_env
+from distillery_runtime.data.samples import RolloutSample
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.rollout.sleep_mode import EngineSleep
-from distillery_runtime.samples import RolloutSample
-from distillery_runtime.weight_sync import TensorMeta
+from distillery_runtime.sync.weight_sync import SyncGroup, TensorMeta
 
 
 def _on_gpu() -> bool:
@@ -50,9 +63,10 @@ class VllmRolloutEngine:
         enforce_eager: bool | None = None,
         tensor_parallel: int = 1,
         sleep_level: SleepLevel = SleepLevel.NONE,
+        lora: LoraSettings | None = None,
     ) -> None:
         """`sleep_level`: the plan's (`RolloutSettings.sleep_level`); taken on a GPU only, as vLLM's CPU
-        build has no sleep mode."""
+        build has no sleep mode. `lora`: a LoRA student's adapter, which each sync then carries alone."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         for name, value in vllm_env(os.environ).items():
             os.environ.setdefault(name, value)
@@ -91,6 +105,9 @@ class VllmRolloutEngine:
             kwargs["enable_chunked_prefill"] = False
             # Unchunked, the budget must hold the longest prompt (vLLM CPU's default budget is 4096).
             kwargs["max_num_batched_tokens"] = max(4096, max_model_len)
+        if lora is not None:
+            # One adapter at a time: each sync's replaces the last (max_cpu_loras defaults to max_loras).
+            kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(lora.rank), max_loras=1)
         if enforce_eager is None:
             # CUDA graphs are most of vLLM's decode speed on GPU; on CPU, compiling costs ~10 s of start-up
             # and gains ~20-30% per decode step, which only longer jobs win back (student.rollout.enforceEager).
@@ -113,8 +130,21 @@ class VllmRolloutEngine:
         finally:
             for name in binding:
                 del os.environ[name]
-        self.sync_ranks = tensor_parallel
-        """Ranks this engine takes in the weight-sync group: one per worker."""
+        self.model_dir = model_dir
+        self.lora = lora
+        self.sync_ranks = 1 if lora is not None else tensor_parallel
+        """Ranks this engine takes in the weight-sync group: one per worker, or this process alone for a
+        LoRA adapter."""
+        self.sync_group: SyncGroup | None = None
+        """A LoRA engine's own end of the weight-sync group (the workers' are in vllm_transfer)."""
+        self.adapter: Any = None
+        """The LoRARequest of the adapter loaded last; None: the base model (before the first sync)."""
+        self.adapter_root: Path | None = None
+        """The folder of the adapter versions this engine wrote (the current one and the one before)."""
+        if lora is not None:
+            self.adapter_root = Path(tempfile.mkdtemp(prefix="distillery-lora-"))
+            # Removed with the engine, or when the process exits.
+            self._remove_adapters = weakref.finalize(self, shutil.rmtree, self.adapter_root, True)
         self.engine = self.llm.llm_engine
         self.policy_version = 0
         self.sleep_mode = EngineSleep(self.llm, sleep_level)
@@ -162,6 +192,7 @@ class VllmRolloutEngine:
                 request_id,
                 TokensPrompt(prompt_token_ids=list(request.prompt_ids)),
                 self._params(sampling, request.seed),
+                lora_request=self.adapter,
             )
         while self.engine.has_unfinished_requests():
             finished = []
@@ -195,15 +226,50 @@ class VllmRolloutEngine:
                 yield finished
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
+        if self.lora is not None:
+            self._load_adapter(weights, version)
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
+        self._loaded(version)
+
+    def _loaded(self, version: int) -> None:
         self.sleep_mode.weights_loaded()
-        self.llm.reset_prefix_cache()
+        self.llm.reset_prefix_cache()  # the cached KV blocks were computed with the old weights
         self.policy_version = version
+
+    def _load_adapter(self, tensors: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
+        """A LoRA student's adapter (saved names) written as the folder of `version` and loaded under a new
+        id in place of the last; the folder before the last is removed (the last stays: vLLM may reload an
+        adapter from its folder)."""
+        from vllm.lora.request import LoRARequest
+
+        from distillery_runtime.training.lora import save_adapter
+
+        assert self.lora is not None and self.adapter_root is not None
+        folder = save_adapter(
+            self.adapter_root / f"v{version}", tensors, self.lora, base_model=self.model_dir
+        )
+        previous = self.adapter
+        if previous is not None:  # before the add: a second sync of one version takes the same id
+            self.engine.remove_lora(previous.lora_int_id)
+        self.adapter = LoRARequest(f"v{version}", version + 1, str(folder))
+        self.engine.add_lora(self.adapter)
+        kept = {folder, Path(previous.lora_path)} if previous is not None else {folder}
+        for old in self.adapter_root.iterdir():
+            if old not in kept:
+                shutil.rmtree(old, ignore_errors=True)
 
     def join_weight_sync(
         self, host: str, port: int, first_rank: int, names: Sequence[str], timeout_s: float
     ) -> None:
-        """Every worker joins the sync group: worker w as rank `first_rank + w`."""
+        """Every worker joins the sync group: worker w as rank `first_rank + w`; for a LoRA adapter this
+        process alone, as rank `first_rank`."""
+        if self.lora is not None:
+            timeout = datetime.timedelta(seconds=timeout_s)
+            self.sync_group = SyncGroup(
+                host, port, first_rank, names, device=torch.device("cpu"), timeout=timeout
+            )
+            return
         info = {
             "host": host,
             "port": port,
@@ -214,15 +280,24 @@ class VllmRolloutEngine:
         self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": info})
 
     def receive_weights(self, metas: Sequence[TensorMeta], bucket_bytes: int, version: int) -> None:
-        """One streamed sync: every worker loads the buckets as they arrive (all at once: a collective)."""
+        """One streamed sync: every worker loads the buckets as they arrive (all at once: a collective); a
+        LoRA adapter arrives here, and is loaded once whole."""
+        if self.lora is not None:
+            if self.sync_group is None:
+                raise RuntimeError("weight sync: join_weight_sync was not called")
+            # Copies: each tensor is a view of its bucket's buffer, which the next bucket overwrites.
+            received = [
+                (name, tensor.clone()) for name, tensor in self.sync_group.receive(metas, bucket_bytes)
+            ]
+            self._load_adapter(received, version)
+            self._loaded(version)
+            return
         update = {"metas": [(m.name, m.shape, m.dtype) for m in metas], "bucket_bytes": bucket_bytes}
         # A worker whose bucket does not arrive raises, and ends its update session itself.
         self.llm.collective_rpc("start_weight_update")
         self.llm.collective_rpc("update_weights", kwargs={"update_info": update})
         self.llm.collective_rpc("finish_weight_update")
-        self.sleep_mode.weights_loaded()
-        self.llm.reset_prefix_cache()
-        self.policy_version = version
+        self._loaded(version)
 
     def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
         from vllm import SamplingParams
@@ -231,7 +306,8 @@ class VllmRolloutEngine:
         self.sleep_mode.check_ready()
         ids = [*prompt_ids, *response_ids]
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        prompt = TokensPrompt(prompt_token_ids=ids)
+        out = self.llm.generate([prompt], params, use_tqdm=False, lora_request=self.adapter)[0]
         entries = out.prompt_logprobs or []
         p = len(prompt_ids)
         result = []
@@ -241,6 +317,14 @@ class VllmRolloutEngine:
                 raise RuntimeError("vLLM returned no prompt log-probs for a response position")
             result.append(row[token].logprob)
         return result
+
+    def close(self) -> None:
+        """A LoRA engine's sync group closed and its adapter folders removed (also when it is collected)."""
+        if self.sync_group is not None:
+            self.sync_group.close()
+            self.sync_group = None
+        if self.lora is not None:
+            self._remove_adapters()
 
     def sleep(self) -> None:
         self.sleep_mode.sleep()

@@ -29,7 +29,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from distillery_runtime.weight_sync import SyncGroup, TensorMeta
+from distillery_runtime.sync.weight_sync import SyncGroup, TensorMeta
 
 NAME = "distillery"
 """The backend's name in vLLM's registry."""

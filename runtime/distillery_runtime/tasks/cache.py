@@ -23,6 +23,13 @@ import orjson
 
 CACHE_ENV = "DISTILLERY_CACHE"
 COMPLETE_MARKER = "manifest.json"
+PREPARE_THREADS = 2
+"""The torch threads every preparation runs with (a recipe's `threads`), whatever the machine's cores: a
+float32 reduction's order, and so the trained weights, depend on how many threads share it. 2 is the
+thread count of the 2-core machines the earlier caches were built on (torch's default there)."""
+HASH_OMITTED_AT = "hash_omitted_at"
+"""Field metadata: the value at which a field added to a recipe after its caches were built stays out of the
+hash, because at that value the field makes no difference to those caches (`recipe_hash`)."""
 
 
 def cache_root() -> Path:
@@ -32,8 +39,17 @@ def cache_root() -> Path:
 
 
 def recipe_hash(recipe: object) -> str:
-    """A short stable hash of a (dataclass) recipe's fields."""
+    """A short stable hash of a (dataclass) recipe's fields.
+
+    A field whose metadata names a `HASH_OMITTED_AT` value is left out while it has that value: the field
+    was added to say what earlier builds did implicitly (the thread count they ran with, a bound that only
+    matters when the first schedule misses the bar, where those builds failed), so their caches stay valid.
+    Any other value is hashed like every other field.
+    """
     fields = dataclasses.asdict(recipe)  # type: ignore[call-overload]
+    for f in dataclasses.fields(recipe):  # type: ignore[arg-type]
+        if HASH_OMITTED_AT in f.metadata and fields[f.name] == f.metadata[HASH_OMITTED_AT]:
+            del fields[f.name]
     return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from distillery_runtime.tasks.addition import TASK as ADDITION
 from distillery_runtime.tasks.base import Task
+from distillery_runtime.tasks.problems.addition import TASK as ADDITION
 
 
 @torch.inference_mode()

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from distillery.plan.grader import SYNTHETIC_SCHEME
-from distillery_runtime.tasks import addition, chat_math, fibonacci, worked_sum
 from distillery_runtime.tasks.base import ANSWER_MATCH, Task
+from distillery_runtime.tasks.problems import addition, chat_math, fibonacci, worked_sum
 
 SCHEME = SYNTHETIC_SCHEME
 ARTEFACTS = {"teacher": "teacher", "student": "student", "train": "train.jsonl", "eval": "eval.jsonl"}

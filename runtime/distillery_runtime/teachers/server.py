@@ -22,7 +22,9 @@ also be given positionally. Routes:
   holes): the trainer checks that the teacher's vocabulary extends the student's (`tokenizer_compat`).
 
 With `$VLLM_API_KEY` set (a standalone teacher's pods get the job's key there), every route but `/health`
-and `/metrics` wants `Authorization: Bearer KEY` (`server_auth`; vLLM's own check covers /v1 only).
+and `/metrics` wants `Authorization: Bearer KEY` (`server_auth`; vLLM's own check covers /v1 only); with
+`$DISTILLERY_TEACHER_CLIENTS` (a shared teacher's), the key of one of the jobs in that file, and the request
+is then that job's whatever its `X-Distillery-Job` header says.
 
 Both APIs share the one `AsyncLLM` engine of the process: the compact endpoint submits its
 requests with `detokenize=False` and receives the engine core's top-k tensors as arrays
@@ -42,18 +44,18 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import ORJSONResponse, Response
+from fastapi.responses import Response
 from starlette.middleware import Middleware
 
-from distillery.plan.job_access import TEACHER_KEY_ENV
+from distillery_runtime.teachers.checks.tokenizer_compat import tokenizer_vocabulary, vocabulary_list
 from distillery_runtime.teachers.dense import check_sample, check_top_k
-from distillery_runtime.teachers.engine_scoring import install_tensor_logprobs, score_sequences
-from distillery_runtime.teachers.fast_topk import install_fast_topk
-from distillery_runtime.teachers.job_serving import JobServing
-from distillery_runtime.teachers.server_auth import KeyGuard
-from distillery_runtime.teachers.server_metrics import TeacherServerMetrics
-from distillery_runtime.teachers.tokenizer_compat import tokenizer_vocabulary, vocabulary_list
+from distillery_runtime.teachers.in_process.engine_scoring import install_tensor_logprobs, score_sequences
+from distillery_runtime.teachers.serving.fast_topk import install_fast_topk
+from distillery_runtime.teachers.serving.job_serving import JobServing
+from distillery_runtime.teachers.serving.server_auth import KeyGuard, key_guard_options
+from distillery_runtime.teachers.serving.server_metrics import TeacherServerMetrics
 from distillery_runtime.teachers.types import ScoreRequest, TeacherError
 from distillery_runtime.teachers.wire import (
     INFO_PATH,
@@ -101,11 +103,17 @@ def _serving(app: FastAPI) -> JobServing:
     return serving
 
 
+def _json(content: Any) -> Response:
+    """A JSON body written by orjson (a vocabulary is ~150k strings). FastAPI's `ORJSONResponse`, which did
+    this, is deprecated (FastAPI 0.136 warns, FastAPIDeprecationWarning, on each one)."""
+    return Response(orjson.dumps(content), media_type="application/json")
+
+
 @router.get(INFO_PATH)
-async def info(request: Request) -> ORJSONResponse:
+async def info(request: Request) -> Response:
     engine = request.app.state.engine_client
     max_model_len, max_logprobs = _limits(engine)
-    return ORJSONResponse(
+    return _json(
         {
             "model": request.app.state.args.served_model_name or [request.app.state.args.model],
             "max_model_len": max_model_len,
@@ -117,10 +125,10 @@ async def info(request: Request) -> ORJSONResponse:
 
 
 @router.get(VOCABULARY_PATH)
-async def vocabulary(request: Request) -> ORJSONResponse:
+async def vocabulary(request: Request) -> Response:
     engine = request.app.state.engine_client
     tokens = vocabulary_list(tokenizer_vocabulary(engine.get_tokenizer()))
-    return ORJSONResponse({"tokens": tokens})
+    return _json({"tokens": tokens})
 
 
 @router.post(SCORE_PATH)
@@ -184,19 +192,20 @@ async def _disconnected(request: Request) -> None:
 
 def _with_scoring_routes(build_app, environ: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
     """vLLM's `build_app` with our routes, and with the key check of every route (`server_auth`) where
-    `$VLLM_API_KEY` is set (read from `environ`, the process's own by default)."""
+    `$VLLM_API_KEY` or `$DISTILLERY_TEACHER_CLIENTS` is set (read from `environ`, the process's own by
+    default)."""
 
     def build(args, *rest, **kwargs) -> FastAPI:  # type: ignore[no-untyped-def]
         app = build_app(args, *rest, **kwargs)
         app.include_router(router)
         # In the default registry, which vLLM's /metrics serves; made once, as build_app runs once.
         app.state.distillery_metrics = TeacherServerMetrics(gpus=replica_gpus(args))
-        key = (os.environ if environ is None else environ).get(TEACHER_KEY_ENV)
-        if key:
+        guard = key_guard_options(environ)
+        if guard is not None:
             # Outermost: checked before vLLM's middleware and every route. vLLM's build has already built
             # the middleware stack (where `add_middleware` refuses): it is built again, with it, at the first
             # request.
-            app.user_middleware.insert(0, Middleware(KeyGuard, key=key))
+            app.user_middleware.insert(0, Middleware(KeyGuard, **guard))
             app.middleware_stack = None
         return app
 

@@ -15,7 +15,9 @@ Errors are JSON `{"error": {"message": ..., "type": ...}}` with an HTTP 4xx/5xx 
 
 Every request names the job it scores for in the `X-Distillery-Job` header (`namespace/name` in a
 cluster, the job's name in a local run): a shared teacher serves jobs fairly and accounts for each
-(`fair_share`, `job_serving`). A request without it (an external client) counts as job `unknown`.
+(`fair_share`, `job_serving`). A request without it (an external client) counts as job `unknown`. Where
+the server knows its clients' keys (a shared teacher in a cluster), its key check replaces the header with
+the job the key belongs to (`server_auth`): the header is then a claim nobody can make for another job.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
+
+# Re-exported: the runtime's callers name the job the way the teachers' clients file does.
+from distillery.plan.job_access import job_identity as job_identity
 
 MAGIC = b"DSC1"
 MEDIA_TYPE = "application/x-distillery-scores"
@@ -41,11 +46,6 @@ UNKNOWN_JOB = "unknown"
 # A namespace (DNS label) and a job name (DNS subdomain), or a local run's bare name; anything else is
 # refused as an identity, since it becomes a metric label value.
 _JOB = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]{0,62}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
-
-
-def job_identity(name: str, namespace: str | None) -> str:
-    """The value of the job header for a job: `namespace/name` in a cluster, the bare name locally."""
-    return f"{namespace}/{name}" if namespace else name
 
 
 def parse_job_header(value: str | None) -> str:

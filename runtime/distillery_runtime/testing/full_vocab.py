@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from distillery_runtime.losses.chunked import chunk_tokens_for
-from distillery_runtime.losses.divergence import generalized_jsd, kl
+from distillery_runtime.losses.terms.chunked import chunk_tokens_for
+from distillery_runtime.losses.terms.divergence import generalized_jsd, kl
 
 _PerRow = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -1,0 +1,121 @@
+"""What every bench/*.py shares: a folder of the run's own, and a last line of JSON whatever happens.
+
+- `run_folder(base)`: `base/<UTC time>-<pid>`, new for each run, so a second run from the same checkout
+  never finds the first's checkpoints (a job refuses to start over another's without --resume or
+  --overwrite); `base/latest` points at the newest.
+- `json_main(name, main)`: runs the bench's `main` and makes sure its stdout ends with one JSON object:
+  the bench's own summary when it printed one last, else `{"bench": name, "error": ...}` (an exception,
+  a non-zero exit or a run that ended without its summary), so a caller reading the last line always
+  gets a result or the reason there is none.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+
+def run_folder(base: Path) -> Path:
+    """A new folder under `base` for this run (`<UTC time>-<pid>`), with `base/latest` pointing at it."""
+    folder = base / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=False)
+    latest = base / "latest"
+    try:
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(folder.name)
+    except OSError:
+        pass  # a convenience only
+    return folder
+
+
+def is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+class _LastLine(io.TextIOBase):
+    """stdout as written through, remembering its last non-empty line."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.last = ""
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        lines = (self._partial + text).split("\n")
+        self._partial = lines[-1]
+        for line in reversed(lines):
+            if line.strip():
+                self.last = line
+                break
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+
+def error_line(name: str, error: str, **extra: Any) -> str:
+    return json.dumps({"bench": name, "error": error, **extra})
+
+
+def json_main(name: str, main: Callable[[], int | None], *, child_flags: tuple[str, ...] = ()) -> int:
+    """`main()`'s exit code, after making sure stdout's last line is a JSON object (see the module).
+
+    A process the bench started of itself (one of `child_flags` among its arguments) reports to its parent
+    in its own way and runs `main` as it is.
+    """
+    if any(flag in sys.argv[1:] for flag in child_flags):
+        return int(main() or 0)
+    real = sys.stdout
+    tracked = _LastLine(real)
+    sys.stdout = tracked  # type: ignore[assignment]
+    error: str | None = None
+    code = 1
+    try:
+        result = main()
+        code = int(result or 0)
+        if code:
+            error = f"exited {code}"
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if code:
+            error = f"exited {code}" + (f": {exit_.code}" if isinstance(exit_.code, str) else "")
+        elif not is_json_object(tracked.last):  # --help and the like: nothing measured, nothing failed
+            sys.stdout = real
+            return 0
+    except KeyboardInterrupt:
+        code, error = 130, "interrupted"
+    except Exception as exc:
+        traceback.print_exc()
+        code, error = 1, f"{type(exc).__name__}: {exc}"
+    finally:
+        sys.stdout = real
+    if error is not None and is_json_object(tracked.last):
+        # The bench's own summary came last: say that it failed after it, keeping what it measured.
+        summary = json.loads(tracked.last)
+        if "error" not in summary:
+            print(json.dumps({**summary, "error": error}), flush=True)
+    elif error is not None:
+        print(error_line(name, error), flush=True)
+    elif not is_json_object(tracked.last):
+        print(error_line(name, "ended without its JSON summary"), flush=True)
+        code = code or 1
+    sys.stdout.flush()
+    return code
