@@ -22,6 +22,7 @@ from distillery.model_shapes import resolve_shape
 from distillery.plan import resolve
 from distillery.plan.attention import attention_line
 from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.plan.episodes import episode_lines
 from distillery.plan.gpu_placement import plan_gpu_placement
 from distillery.plan.grader import pattern_refusal, resolve_grader
 from distillery.plan.host_memory import host_memory_refusal, plan_host_memory
@@ -115,7 +116,9 @@ def _plan(args: argparse.Namespace) -> int:
         # The memory features the plan chose (student.training: auto) and why, before the table.
         print("\n".join(f"  {line}" for line in resolve_memory_features(job.spec).lines()))
         # A LoRA student's adapter, its weight sync per step and its memory against full fine-tuning.
-        print("\n".join(f"  {line}" for line in lora_lines(job.spec)))
+        # A tool-using student's episodes: turns, their budget, and which tokens the loss counts.
+        for line in [*lora_lines(job.spec), *episode_lines(job.spec)]:
+            print(f"  {line}")
         # The trainer's attention kernel (eager for narrow micro-batches of a bfloat16 CPU student).
         print(f"  {attention_line(job.spec)}")
         # How the trainer's micro-batches are grouped by length (cut further on CPU, where padding costs more).

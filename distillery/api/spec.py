@@ -56,6 +56,7 @@ from distillery.api.data import (
     GraderName,
     OverlongPolicy,
 )
+from distillery.api.environment import Environment, ToolCallFormat
 from distillery.api.loss import (
     TOPK_MODES,
     Loss,
@@ -130,6 +131,7 @@ __all__ = [
     "DataSource",
     "DistillationJob",
     "DistillationJobSpec",
+    "Environment",
     "ExternalAccess",
     "Grader",
     "GraderName",
@@ -164,6 +166,7 @@ __all__ = [
     "TeacherPool",
     "TeacherRef",
     "Toleration",
+    "ToolCallFormat",
     "Training",
     "pvc_rule",
 ]
@@ -233,6 +236,9 @@ class DistillationJobSpec(ApiModel):
     teachers: list[Teacher] = Field(min_length=1, max_length=32)
     """One or more teachers; with several, each sample goes to the teacher of its route."""
     data: Data
+    environment: Environment | None = None
+    """What answers the student's tool calls: each rollout becomes a multi-turn episode
+    (docs/guide/agents.md). Unset: one response per prompt."""
     loss: Loss = Field(default_factory=Loss)
     schedule: Schedule = Field(default_factory=Schedule)
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
@@ -357,6 +363,14 @@ class DistillationJobSpec(ApiModel):
             ),
             cel="self.loss.onPolicyFraction == 1.0 || has(self.data.responseField) || has(self.data.messagesField)",
             message="onPolicyFraction < 1 needs data.responseField or data.messagesField (the off-policy responses)",
+            field="loss.onPolicyFraction",
+        ),
+        Rule(
+            # A dataset response is one text: nothing in it says which tokens a tool wrote, so an off-policy
+            # batch would train the student to write its tools' output.
+            check=lambda s: s.environment is None or s.loss.on_policy_fraction == 1.0,
+            cel="!has(self.environment) || self.loss.onPolicyFraction == 1.0",
+            message="an environment's episodes train on-policy only: onPolicyFraction must be 1 (a dataset response marks no tool output)",
             field="loss.onPolicyFraction",
         ),
         Rule(

@@ -36,6 +36,7 @@ from typing import Any
 
 from distillery.api.spec import RolloutEngine
 from distillery.model_shapes import ModelShape, resolve_shape
+from distillery.plan.episodes import response_tokens
 from distillery.plan.gpu_budget import gpu_budget
 from distillery.plan.lora import adapter_params, resolve_lora
 from distillery.plan.rollout import rollout_engine
@@ -319,9 +320,10 @@ def base_layout(spec: Any) -> TrainingLayout | None:
     shape = resolve_shape(spec.student.model)
     if shape is None:
         return None
-    sequence = spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens
+    # An episode's response is its turns and observations together (plan.episodes), not one turn.
+    sequence = spec.data.max_prompt_tokens + response_tokens(spec)
     tokens = spec.schedule.micro_batch_tokens or spec.schedule.micro_batch_size * sequence
-    response = tokens * spec.student.rollout.max_new_tokens // sequence
+    response = tokens * response_tokens(spec) // sequence
     colocated = [t for t in spec.teachers if t.placement == "colocated"]
     budget = gpu_budget(spec)
     lora = resolve_lora(spec)

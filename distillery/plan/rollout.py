@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from distillery.api.spec import DistillationJobSpec, Objective, Precision, RolloutEngine
 from distillery.model_shapes import ModelShape
 from distillery.plan.attention import decode_attention
+from distillery.plan.episodes import response_tokens
 from distillery.plan.lora import LoraSettings, resolve_lora
 from distillery.plan.sleep import SleepLevel, sleep_level
 
@@ -80,7 +81,7 @@ class RolloutSettings:
 def sequence_length(spec: DistillationJobSpec) -> int:
     """The longest sequence an engine sees: the longest prompt, the longest response and one scoring
     token (a teacher scores the position after the last response token)."""
-    return spec.data.max_prompt_tokens + spec.student.rollout.max_new_tokens + 1
+    return spec.data.max_prompt_tokens + response_tokens(spec) + 1
 
 
 CPU_TRANSFORMERS_MAX_TOKEN_PARAMS = 1_500_000

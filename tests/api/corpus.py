@@ -382,6 +382,49 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.student.lora.modulesToSave",
         AGREE,
     ),
+    # A tool-using student's environment (issue 55).
+    (
+        "environment-module-and-url",
+        {"spec.environment": {"module": "tools.env:Calc", "url": "http://calc:8000"}},
+        "spec.environment.module",
+        AGREE,
+    ),
+    ("environment-neither", {"spec.environment": {"maxTurns": 4}}, "spec.environment.module", AGREE),
+    (
+        "environment-module-not-a-path",
+        {"spec.environment": {"module": "tools env"}},
+        "spec.environment.module",
+        AGREE,
+    ),
+    ("environment-url-not-http", {"spec.environment": {"url": "calc:8000"}}, "spec.environment.url", AGREE),
+    (
+        "environment-stop-sequence-without-stop",
+        {"spec.environment": {"module": "t:C", "toolCallFormat": "stop_sequence"}},
+        "spec.environment.stop",
+        AGREE,
+    ),
+    (
+        "environment-chat-template-with-stop",
+        {"spec.environment": {"module": "t:C", "stop": ["]"]}},
+        "spec.environment.stop",
+        AGREE,
+    ),
+    (
+        "environment-turns-zero",
+        {"spec.environment": {"module": "t:C", "maxTurns": 0}},
+        "spec.environment.maxTurns",
+        AGREE,
+    ),
+    (
+        "environment-off-policy-mix",
+        {
+            "spec.environment": {"module": "t:C"},
+            "spec.loss.onPolicyFraction": 0.5,
+            "spec.data.responseField": "response",
+        },
+        "spec.loss.onPolicyFraction",
+        AGREE,
+    ),
     ("eval-every-without-eval", {"spec.schedule": {"evalEvery": 5}}, "spec.schedule.evalEvery", AGREE),
     ("checkpoint-keep-zero", {"spec.checkpoint": {"keep": 0}}, "spec.checkpoint.keep", AGREE),
     ("checkpoint-uri", {"spec.checkpoint": {"path": "s3://bucket/ckpt"}}, "spec.checkpoint.path", AGREE),
@@ -841,6 +884,20 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ),
     ("standalone-vllm-engine", {"spec.teachers[0].inference": {"engine": "vllm"}}),
     ("lora-defaults", {"spec.student.lora": {}}),
+    ("environment-chat-template", {"spec.environment": {"url": "http://calc.tools.svc:8000/env"}}),
+    (
+        "environment-stop-sequence",
+        {
+            "spec.environment": {
+                "module": "distillery_runtime.tasks.problems.tools:Calculator",
+                "toolCallFormat": "stop_sequence",
+                "stop": ["]"],
+                "maxTurns": 3,
+                "maxTokens": 48,
+                "stepTimeoutSeconds": 2.5,
+            }
+        },
+    ),
     (
         "lora-whole",
         {
@@ -1079,6 +1136,13 @@ _SIBLINGS = {
     "spec.teachers[1].external.caBundle.configMapName": ("spec.teachers[1].endpoint", "https://t:8000"),
     "spec.teachers[1].external.caBundle.key": ("spec.teachers[1].endpoint", "https://t:8000"),
 }
+_STOP_SEQUENCE = [("spec.environment.module", "t:C"), ("spec.environment.toolCallFormat", "stop_sequence")]
+_MORE_SIBLINGS: dict[str, list[tuple[str, Any]]] = {
+    # An environment's stop strings belong to the stop_sequence format, and an environment names its module.
+    "spec.environment.stop": _STOP_SEQUENCE,
+    "spec.environment.stop[0]": _STOP_SEQUENCE,
+}
+"""Paths that need more than one sibling set."""
 
 
 def _schema_nodes(node: dict[str, Any], path: str = "spec") -> list[tuple[str, dict[str, Any]]]:
@@ -1239,6 +1303,8 @@ def boundary_cases() -> list[tuple[str, dict[str, Any], str | None]]:
             _place(doc, schema, path, value)
             if path in _SIBLINGS:
                 set_path(doc, *_SIBLINGS[path])
+            for sibling in _MORE_SIBLINGS.get(path, []):
+                set_path(doc, *sibling)
             _keep_one_of(doc, path)
             _declare_mounted_volumes(doc, path)
             cases.append((f"{name}-{label}:{path}", doc, field))

@@ -30,6 +30,7 @@ UNITLESS_GAUGES = {
     "distillery_runtime_teacher_unavailable",  # a 0/1 state, like `up`
     "distillery_teacher_waiting_sequences",
     "distillery_runtime_total_steps",
+    "distillery_runtime_episode_turns",
     "distillery_runtime_loss",
     "distillery_runtime_kl",
     "distillery_runtime_grad_norm",

@@ -145,6 +145,21 @@ def test_a_malformed_data_file_is_one_line_and_exit_1_before_any_process_starts(
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
 
 
+def test_an_environment_that_does_not_import_is_one_line_and_exit_1_before_the_first_step(
+    job_files, write_manifest, tmp_path
+):
+    doc = manifest(job_files, name="environment")
+    doc["spec"]["environment"] = {"module": "no_such_tools.calc:Calculator"}
+    path = write_manifest(doc)
+    result = run_quick(path, tmp_path / "o")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"{path}: spec.environment.module: cannot import 'no_such_tools.calc:Calculator' in the runtime: "
+        "ModuleNotFoundError: No module named 'no_such_tools'"
+    ]
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
 def test_a_grader_that_does_not_import_is_one_line_and_exit_1_before_the_first_step(
     job_files, write_manifest, tmp_path
 ):

@@ -324,6 +324,17 @@ def _generation_row(layout: Layout, s: str, by: str) -> None:
         12, 8,
     )  # fmt: skip
     layout.add(
+        timeseries("Episodes (tool-using students)", "Turns per episode (spec.environment), and per second the "
+                   "calls the tool answered as a misuse and the environment calls that failed (each ends its "
+                   "episode).", "short",
+                   (f"distillery_runtime_episode_turns{{{s}}}", "{{distillery_job}} turns"),
+                   (f"rate(distillery_runtime_episode_tool_errors_total{{{s}}}[{R}])",
+                    "{{distillery_job}} tool errors/s"),
+                   (f"rate(distillery_runtime_episode_environment_failures_total{{{s}}}[{R}])",
+                    "{{distillery_job}} environment failures/s")),
+        12, 8,
+    )  # fmt: skip
+    layout.add(
         timeseries("Eval KL per teacher", "Per-token KL(student || teacher) of the student's greedy eval "
                    "responses (first samples of each eval), nats/token.", "none",
                    (f"distillery_runtime_eval_kl{{{s}}}", "{{distillery_job}} / {{teacher}}")),

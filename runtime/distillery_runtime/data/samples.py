@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+
+@dataclass
+class EpisodeStats:
+    """What one multi-turn episode did (`agents/episodes.py`)."""
+
+    turns: int = 0
+    """Turns the student wrote."""
+    tool_calls: int = 0
+    """Turns that ended in a tool call."""
+    tool_errors: int = 0
+    """Calls the tool answered as a misuse (the environment's step said `error`)."""
+    environment_failures: int = 0
+    """Environment calls that raised, timed out or answered wrongly (each ends its episode)."""
+    reward: float | None = None
+    """The environment's grade of the episode (its `reward()`), which wins over data.grader; None: none."""
+    segments: list[tuple[bool, int]] = field(default_factory=list)
+    """(written by the student, tokens) of each run of the response, in order: its turns and observations."""
 
 
 @dataclass
@@ -21,6 +39,10 @@ class RolloutSample:
     policy_version: int = 0
     """Optimizer steps the rollout weights had taken; training step - this = staleness."""
     finish_reason: str | None = None
+    student_mask: list[bool] | None = None
+    """An episode's: True where the student wrote the response token, False for an environment's
+    observation (never trained on). None: the student wrote every token."""
+    episode: EpisodeStats | None = None
 
 
 @dataclass

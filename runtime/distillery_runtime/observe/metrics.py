@@ -52,6 +52,9 @@ METRIC_NAMES = (
     "distillery_runtime_logprob_gap",
     "distillery_runtime_eval_kl",
     "distillery_runtime_eval_response_length_tokens",
+    "distillery_runtime_episode_turns",
+    "distillery_runtime_episode_tool_errors_total",
+    "distillery_runtime_episode_environment_failures_total",
 )
 STATS = ("mean", "max")
 """Values of the `stat` label: a step's mean and its largest."""
@@ -186,6 +189,21 @@ class RuntimeMetrics:
             ["teacher"],
             registry=r,
         )
+        self.episode_turns = Gauge(
+            PREFIX + "episode_turns",
+            "Mean turns the student took in the step's episodes (spec.environment).",
+            registry=r,
+        )
+        self.episode_tool_errors = Counter(
+            PREFIX + "episode_tool_errors",
+            "Tool calls the environment answered as a misuse (a malformed call), in training episodes.",
+            registry=r,
+        )
+        self.episode_environment_failures = Counter(
+            PREFIX + "episode_environment_failures",
+            "Environment calls that raised, timed out or answered wrongly (each ended its episode).",
+            registry=r,
+        )
         self.eval_response_length = Gauge(
             PREFIX + "eval_response_length_tokens",
             "Mean length of the student's eval responses in tokens.",
@@ -216,6 +234,9 @@ class RuntimeMetrics:
             _set(self.logprob_gap.labels(stat), record.get(f"logprob_gap_{stat}"))
         _set(self.truncated_responses, record.get("rollout/truncated_fraction"))
         _set(self.entropy, record.get("entropy"))
+        _set(self.episode_turns, record.get("episode/turns_mean"))
+        self.episode_tool_errors.inc(record.get("episode/tool_errors", 0))
+        self.episode_environment_failures.inc(record.get("episode/environment_failures", 0))
         for name, latencies in teacher_seconds.items():
             for seconds in latencies:
                 self.teacher_seconds.labels(name).observe(seconds)

@@ -25,3 +25,21 @@ def response_stats(samples: Sequence[RolloutSample]) -> dict[str, float]:
         "rollout/response_length_max": float(max(lengths, default=0)),
         "rollout/truncated_fraction": cut / len(sampled) if sampled else 0.0,
     }
+
+
+def episode_stats(samples: Sequence[RolloutSample]) -> dict[str, float]:
+    """A tool-using student's episodes (`spec.environment`): turns and tool calls per episode, the calls the
+    tool answered as misuses, the environment calls that failed, and the share of response tokens that are
+    observations (context, never trained on). Nothing for single-turn responses."""
+    episodes = [s.episode for s in samples if s.episode is not None]
+    if not episodes:
+        return {}
+    tokens = sum(n for e in episodes for _by, n in e.segments)
+    observed = sum(n for e in episodes for by_student, n in e.segments if not by_student)
+    return {
+        "episode/turns_mean": sum(e.turns for e in episodes) / len(episodes),
+        "episode/tool_calls_mean": sum(e.tool_calls for e in episodes) / len(episodes),
+        "episode/tool_errors": float(sum(e.tool_errors for e in episodes)),
+        "episode/environment_failures": float(sum(e.environment_failures for e in episodes)),
+        "episode/observation_token_fraction": observed / tokens if tokens else 0.0,
+    }

@@ -81,7 +81,7 @@ class RolloutPool:
     async def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
     ) -> list[RolloutSample]:
-        """All samples, in request order."""
+        """All samples, each replica's in the order they finished (each carries its request's sample_id)."""
         parts = await asyncio.gather(
             *(a.generate.remote(share, sampling) for a, share in self._shares(requests))
         )

@@ -582,6 +582,8 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{args.file}: {refusal}", file=sys.stderr)
             return EXIT_INVALID
     out_dir.mkdir(parents=True, exist_ok=True)
+    from distillery_runtime.agents.environments import EnvironmentLoadError
+    from distillery_runtime.agents.observations import ObservationError
     from distillery_runtime.checkpoints.checkpoint import (
         CheckpointReadError,
         CheckpointWriteError,
@@ -600,7 +602,14 @@ def run_command(args: argparse.Namespace) -> int:
     except DataError as error:
         print(f"data: {error}", file=sys.stderr)
         return EXIT_INVALID
-    except (UnresolvableLocation, PreflightError, ResumeError, GraderError) as error:
+    except (
+        UnresolvableLocation,
+        PreflightError,
+        ResumeError,
+        GraderError,
+        EnvironmentLoadError,
+        ObservationError,
+    ) as error:
         print(f"{args.file}: {error}", file=sys.stderr)
         return EXIT_INVALID
     except ServedLimitsError as error:

@@ -79,18 +79,25 @@ def regex_grader(pattern: str) -> GradeFn:
 # ---------------------------------------------------------------------------------------------- module
 
 
-def import_function(path: str) -> GradeFn:
-    """The function named by `package.module:function` (the part after the colon may be dotted)."""
+def import_object(path: str, field: str, error: type[ValueError] = ValueError) -> object:
+    """The object named by `package.module:attribute` (the attribute may be dotted); what cannot be
+    imported is `error`, one line naming the spec `field` (a grader's function, an environment's class)."""
     module_name, _, attribute = path.partition(":")
     try:
         found: object = importlib.import_module(module_name)
         for part in attribute.split("."):
             found = getattr(found, part)
-    except Exception as error:  # ImportError, AttributeError, or whatever the module raises as it loads
-        reason = (str(error).strip().splitlines() or [""])[0]
-        raise GraderError(
-            f"spec.data.grader.function: cannot import {path!r} in the runtime: {type(error).__name__}: {reason}"
-        ) from error
+    except Exception as caught:  # ImportError, AttributeError, or whatever the module raises as it loads
+        reason = (str(caught).strip().splitlines() or [""])[0]
+        raise error(
+            f"{field}: cannot import {path!r} in the runtime: {type(caught).__name__}: {reason}"
+        ) from caught
+    return found
+
+
+def import_function(path: str) -> GradeFn:
+    """The function named by `package.module:function` (the part after the colon may be dotted)."""
+    found = import_object(path, "spec.data.grader.function", GraderError)
     if not callable(found):
         raise GraderError(f"spec.data.grader.function: {path!r} is a {type(found).__name__}, not a function")
     return found  # type: ignore[return-value]  # a callable of the user's: its signature is checked by use

@@ -9,7 +9,7 @@ from typing import Any
 
 from distillery.plan.generation import EVAL_SAMPLES_LOGGED
 from distillery_runtime.data.samples import RolloutSample
-from distillery_runtime.observe.rollout_stats import response_stats
+from distillery_runtime.observe.rollout_stats import episode_stats, response_stats
 from distillery_runtime.rollout.base import GenerationRequest
 from distillery_runtime.run.loop import plan
 from distillery_runtime.run.loop.components import Components
@@ -36,11 +36,11 @@ class EvaluationPhase(LoopState):
             for r in records
         ]
         started = time.perf_counter()
-        outputs = await c.rollout.generate(requests, self.sampling.for_eval())
-        grades = [
-            None if o.answer is None else self.grader.score(self._text(o.response_ids), o.answer)
-            for o in outputs
-        ]
+        if self.episode_runner is not None:
+            outputs = await self.episode_runner.play(c.rollout.generate, requests, self.sampling.for_eval())
+        else:
+            outputs = await c.rollout.generate(requests, self.sampling.for_eval())
+        grades = [self._grade(o) for o in outputs]
         scored = await self._score_eval_samples(c, outputs[:EVAL_SAMPLES_LOGGED])
         graded = [g for g in grades if g is not None]
         accuracy = sum(graded) / len(graded) if graded else None
@@ -55,6 +55,7 @@ class EvaluationPhase(LoopState):
             "response_length_mean": stats["rollout/response_length_mean"],
             "response_length_max": stats["rollout/response_length_max"],
             "truncated_fraction": stats["rollout/truncated_fraction"],
+            **{key.replace("/", "_"): value for key, value in episode_stats(outputs).items()},
             "kl_per_teacher": kl_per_teacher,
             "kl_samples": len(scored),
             "seconds": time.perf_counter() - started,
@@ -91,7 +92,4 @@ class EvaluationPhase(LoopState):
         await c.scoring.wake_up()  # colocated teachers sleep while the student trains
         requests = [ScoreRequest(o.prompt_ids, o.response_ids, o.sample_id, o.route) for o in outputs]
         results = await asyncio.gather(*(c.scoring.score_one(r) for r in requests))
-        return [
-            (name, plan.sample_kl(o.logprobs, scores))
-            for o, (name, scores) in zip(outputs, results, strict=True)
-        ]
+        return [(name, plan.sample_kl(o, scores)) for o, (name, scores) in zip(outputs, results, strict=True)]

@@ -28,7 +28,7 @@ from collections import Counter
 from typing import Any
 
 from distillery_runtime.data.samples import TrainSample
-from distillery_runtime.observe.rollout_stats import response_stats
+from distillery_runtime.observe.rollout_stats import episode_stats, response_stats
 from distillery_runtime.run.loop import plan
 from distillery_runtime.run.loop.checkpointing import CheckpointPhase
 from distillery_runtime.run.loop.components import Components
@@ -51,6 +51,9 @@ class Loop(SamplingPhase, TrainingPhase, EvaluationPhase, CheckpointPhase):
             if self.step_done > self.saved_step:
                 await self.save(c, self.step_done)
             raise
+        finally:
+            if self.episode_runner is not None:
+                await self.episode_runner.environments.close()  # an HTTP environment's connections
 
     async def _run(self, c: Components) -> RunResult:
         if self.step_done == 0 and self.eval_data is not None:
@@ -141,6 +144,7 @@ class Loop(SamplingPhase, TrainingPhase, EvaluationPhase, CheckpointPhase):
             "sync/bytes": self.sync_bytes,
             "samples_per_teacher": dict(Counter(s.teacher for s in samples)),
             **response_stats(rolled["samples"]),
+            **episode_stats(rolled["samples"]),
             "entropy": train_metrics.get("distill/entropy"),
             # Rollout engine vs trainer log-probs of the same tokens: ~0 unless the two copies differ.
             "logprob_gap_mean": train_metrics.get("distill/logprob_gap_mean"),

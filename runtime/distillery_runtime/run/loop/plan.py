@@ -90,10 +90,21 @@ def train_sample(
         topk_ids=scores.topk_ids[0, :r],
         topk_logprobs=scores.topk_logprobs[0, :r],
         token_logprobs=scores.token_logprobs[0, :r],
-        teacher_mask=scores.mask[0, :r],
+        teacher_mask=counted_mask(sample, scores),
         task_advantage=advantage,
         teacher=teacher,
     )
+
+
+def counted_mask(sample: RolloutSample, scores: TeacherScores) -> np.ndarray:
+    """bool [R]: the response positions a loss or a KL may count: those the teacher scored, less an
+    episode's observations (the environment wrote them; every loss mode, the packing, the trainer's
+    log-prob gap and the k3 metrics read this one mask)."""
+    r = len(sample.response_ids)
+    mask = scores.mask[0, :r]
+    if sample.student_mask is None:
+        return mask
+    return mask & np.asarray(sample.student_mask, bool)
 
 
 def group_advantages(
@@ -139,14 +150,15 @@ def kl_per_teacher(samples: Sequence[TrainSample]) -> dict[str, float]:
     return {name: sums[name] / counts[name] for name in counts}
 
 
-def sample_kl(student_logprobs: Sequence[float] | None, scores: TeacherScores) -> float | None:
+def sample_kl(sample: RolloutSample, scores: TeacherScores) -> float | None:
     """Per-token k3 KL(student || teacher) of one response (a B = 1 scoring of it) from the student's
-    log-probs of its own tokens; None without them or without a scored position."""
-    if student_logprobs is None:
+    log-probs of its own tokens (an episode's: of the tokens the student wrote); None without them or
+    without a scored position."""
+    if sample.logprobs is None:
         return None
-    r = len(student_logprobs)
+    r = len(sample.logprobs)
     total, n = _k3_sum(
-        np.asarray(student_logprobs, np.float32), scores.token_logprobs[0, :r], scores.mask[0, :r]
+        np.asarray(sample.logprobs, np.float32), scores.token_logprobs[0, :r], counted_mask(sample, scores)
     )
     return total / n if n else None
 
@@ -183,9 +195,30 @@ def eval_sample_lines(
                 "tokens": len(out.response_ids),
                 "finish_reason": out.finish_reason,
                 "kl": {teacher: kl} if teacher is not None and kl is not None else {},
+                **({} if out.episode is None else episode_line(out, prompt_text)),
             }
         )
     return lines
+
+
+def episode_line(sample: RolloutSample, text: Callable[[list[int]], str]) -> dict[str, object]:
+    """An episode's part of its samples.jsonl object: each run of its response with who wrote it (the student
+    or the environment, whose tokens no loss counts), as the student read it, and its counts."""
+    assert sample.episode is not None
+    turns: list[dict[str, object]] = []
+    start = 0
+    for by_student, n in sample.episode.segments:
+        ids = sample.response_ids[start : start + n]
+        turns.append({"by": "student" if by_student else "environment", "text": text(ids), "tokens": n})
+        start += n
+    e = sample.episode
+    return {
+        "turns": turns,
+        "tool_calls": e.tool_calls,
+        "tool_errors": e.tool_errors,
+        "environment_failures": e.environment_failures,
+        "reward": e.reward,
+    }
 
 
 def wants_logprobs(step: int, every: int) -> bool:

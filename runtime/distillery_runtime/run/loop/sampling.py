@@ -53,8 +53,13 @@ class SamplingPhase(LoopState):
             sampling = replace(
                 self.sampling, logprobs=plan.wants_logprobs(step, self.plan.rollout.logprobs_every)
             )
-            async for sample in c.rollout.stream(requests, sampling):
-                submit(sample)
+            if self.episode_runner is not None:
+                # Episodes are scored whole, once played: a teacher reads the observations too.
+                for sample in await self.episode_runner.play(c.rollout.generate, requests, sampling):
+                    submit(sample)
+            else:
+                async for sample in c.rollout.stream(requests, sampling):
+                    submit(sample)
         else:
             dataset = plan.dataset_samples(
                 records, step, spec.student.rollout.samples_per_prompt, self.version
@@ -94,6 +99,5 @@ class SamplingPhase(LoopState):
         ]
 
     def _reward(self, sample: RolloutSample) -> float:
-        if sample.answer is None:
-            return 0.0
-        return self.grader.score(self._text(sample.response_ids), sample.answer)
+        grade = self._grade(sample)
+        return 0.0 if grade is None else grade

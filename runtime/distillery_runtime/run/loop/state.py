@@ -16,13 +16,18 @@ from typing import Any
 
 from distillery.model_shapes import resolve_shape
 from distillery.plan import resolve
+from distillery.plan.episodes import resolve_episodes
 from distillery.plan.generation import end_token_ids, resolve_generation
 from distillery.plan.grader import resolve_grader
 from distillery.plan.scoring_overlap import teachers_scoring_after_rollout
 from distillery.runtime_config import RuntimeConfig
+from distillery_runtime.agents.environments import Environments
+from distillery_runtime.agents.episodes import EpisodeRunner
+from distillery_runtime.agents.observations import ObservationEncoder
 from distillery_runtime.checkpoints import checkpoint
 from distillery_runtime.data.data import PreparedData, check_training_rows, prepare
 from distillery_runtime.data.generation_config import declared_end_tokens
+from distillery_runtime.data.samples import RolloutSample
 from distillery_runtime.data.uris import resolve_location
 from distillery_runtime.observe.metrics import JsonlWriter, RuntimeMetrics
 from distillery_runtime.rollout.base import SamplingSettings
@@ -96,6 +101,10 @@ class LoopState:
         """Grades responses against `data.answerField` (eval accuracy, task reward); first, so that a
         grader that cannot be used (its module does not import) stops the job before anything loads (the
         plan's `grader` is the same function's)."""
+        self.episodes = resolve_episodes(spec)
+        """A tool-using student's episodes (spec.environment), or None: one response per prompt."""
+        environments = Environments(self.episodes) if self.episodes is not None else None
+        """Made here, after the grader and for the same reason: a module that does not import stops the job."""
         self.student_dir = resolve_location(spec.student.model)
         self.plan = resolve(
             spec,
@@ -109,6 +118,10 @@ class LoopState:
         self.total = self.plan.trainer.total_steps
         tok_dir = resolve_location(spec.student.tokenizer) if spec.student.tokenizer else self.student_dir
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+        self.episode_runner: EpisodeRunner | None = None
+        if self.episodes is not None and environments is not None:
+            encoder = ObservationEncoder(self.tokenizer, self.episodes.tool_call_format)
+            self.episode_runner = EpisodeRunner(self.episodes, environments, encoder, self._text)
         self.train_data: PreparedData = prepare(spec.data.train, spec.data, self.tokenizer)
         check_training_rows(self.train_data, spec.data.train, spec)
         self.eval_data: PreparedData | None = (
@@ -167,6 +180,15 @@ class LoopState:
         log.info(message)
         if self.options.on_event:
             self.options.on_event(message)
+
+    def _grade(self, sample: RolloutSample) -> float | None:
+        """A sample's grade: its episode's environment reward where it gives one, else the grader's score of
+        the response against the row's answer (None: no answer to grade against)."""
+        if sample.episode is not None and sample.episode.reward is not None:
+            return sample.episode.reward
+        if sample.answer is None:
+            return None
+        return self.grader.score(self._text(sample.response_ids), sample.answer)
 
     def _text(self, ids: list[int]) -> str:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from distillery.api.spec import Placement
+from distillery.plan.episodes import response_tokens
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
 from distillery_runtime.teachers.types import TeacherError
 from distillery_runtime.teachers.wire import INFO_PATH
@@ -46,7 +47,7 @@ def served_limit_problems(config: RuntimeConfig, infos: Mapping[str, Mapping[str
         if int(info["max_model_len"]) < resolved.max_model_len:
             problems.append(
                 f"spec.data.maxPromptTokens: prompts of {config.spec.data.max_prompt_tokens} tokens and responses "
-                f"of {config.spec.student.rollout.max_new_tokens} need a context of {resolved.max_model_len}; "
+                f"of {response_tokens(config.spec)} need a context of {resolved.max_model_len}; "
                 f"{served} serves {info['max_model_len']} (raise its inference.maxModelLen)"
             )
         names = info.get("model") or []
