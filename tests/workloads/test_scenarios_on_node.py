@@ -278,9 +278,22 @@ def test_colocated_teacher_on_a_tainted_gpu_node(workspace: Workspace) -> None:
 
     The job names no checkpoint claim: it writes to the one the operator makes (bound to the volume the
     test pre-binds to its name, as no provisioner runs here), which holds the final model after the job is
-    gone (issue 25)."""
+    gone (issue 25).
+
+    Its rollouts are multi-turn episodes (issue 55): a turn that writes "1" calls a tool of the runtime
+    image (`distillery_runtime.testing.environments:Counter`), whose answer is appended on vLLM's rollout."""
     teacher = {"name": "teacher", "model": "pvc://models/teacher", "placement": "colocated"}
-    job = tiny_job("colocated", teachers=[teacher], checkpoint={"storageClassName": MANUAL_CLASS})
+    job = tiny_job(
+        "colocated",
+        teachers=[teacher],
+        checkpoint={"storageClassName": MANUAL_CLASS},
+        environment={
+            "module": "distillery_runtime.testing.environments:Counter",
+            "toolCallFormat": "stop_sequence",
+            "stop": ["1"],
+            "maxTurns": 3,
+        },
+    )
     toleration = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}
     job["spec"]["student"]["pool"]["tolerations"] = [toleration]
     claim, folder = workspace.add_operator_claim_volume(job)
@@ -314,7 +327,12 @@ def test_colocated_teacher_on_a_tainted_gpu_node(workspace: Workspace) -> None:
         assert "pod untolerated-trainer-" in waits()["message"], waits()
         assert workspace.job("untolerated")["status"]["phase"] == "Pending"
         workspace.delete_job("untolerated")
-        assert_succeeded(workspace, "colocated", checkpoints=folder)
+        records = assert_succeeded(workspace, "colocated", checkpoints=folder)
+    # The episodes' calls were answered and their observations appended, with no environment failing.
+    assert sum(r["episode/tool_calls_mean"] for r in records) > 0, records
+    assert sum(r["episode/observation_token_fraction"] for r in records) > 0, records
+    assert all(r["episode/environment_failures"] == 0 for r in records), records
+    assert max(r["episode/turns_mean"] for r in records) > 1, records
     placed = workspace.installation.admin(
         "get", "pods", "-n", workspace.namespace, "-o", "jsonpath={.items[*].spec.tolerations[*].key}",
     ).stdout  # fmt: skip
