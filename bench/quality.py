@@ -6,6 +6,7 @@ supervised fine-tuning on teacher-generated answers (off-policy distillation), f
     python bench/quality.py                            # every loss mode vs SFT
     python bench/quality.py --task fibonacci --quick   # the long-generation task (74-134-token traces)
     python bench/quality.py --protocol continue --quick  # past the SFT plateau (worked-sum, one seed)
+    python bench/quality.py --task tools --protocol continue --quick  # a tool-using student's episodes
 
 The task is a bundled synthetic one (`synthetic://TASK/*`, prepared and cached on first use):
 addition (5-token answers, the default) or fibonacci (long traces graded on their last number). Each
@@ -26,7 +27,11 @@ loss in each direction (forward and reverse KL) and with a sampled-token one, (c
 (`onPolicyFraction` 0.5) under each top-k loss. Each method runs once per seed (`--seeds`; `--quick`:
 one); the summary is each method's final held-out accuracy (mean and spread over seeds) and the share of
 the plateau-to-teacher gap it closed, with `OUTPUT/accuracy.png` (mean accuracy per step, the teacher and
-the plateau as lines).
+the plateau as lines). `--task tools` plays multi-turn episodes with the task's calculator: accuracy is
+played, the SFT arm trains on the teacher's played episodes with the calculator's answers out of the loss,
+there is no mix (an environment's job trains on-policy only), and `OUTPUT/episodes_turns_mean.png` and
+`episodes_tool_errors.png` show each on-policy method's turns per episode and tool errors over steps (the
+JSON's `episodes`).
 """
 
 from __future__ import annotations
@@ -40,12 +45,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from _common import json_main  # bench/, the script's own folder
 
 ROOT = Path(__file__).resolve().parents[1]
-TASKS = ("addition", "fibonacci", "worked-sum")
+TASKS = ("addition", "fibonacci", "worked-sum", "tools")
+EPISODE_TASKS = ("tools",)
+"""Tasks whose jobs play multi-turn episodes with a tool (`spec.environment`): their accuracy is played with
+the task's environment, their SFT arm trains on the teacher's played episodes with the tool's answers out of
+the loss, and they have no off-policy mix (an environment's job trains on-policy only)."""
 
 
 def example_path(task: str) -> Path:
@@ -184,10 +194,20 @@ def run_sft(
     train = read_jsonl(task_dir / "train.jsonl")
     evals = read_jsonl(task_dir / "eval.jsonl")
     accuracy = functools.partial(evaluate.accuracy, task=GRADED[task], max_new_tokens=max_new_tokens)
-    answers = evaluate.greedy_responses(
-        teacher, tokenizer, [r["prompt"] for r in train], max_new_tokens=max_new_tokens
-    )
-    pairs = [(r["prompt"], a) for r, a in zip(train, answers, strict=True)]
+    pairs: list[tuple[str, Any]]
+    if task in EPISODE_TASKS:
+        # The teacher's played episodes, each turn trained and each tool answer context (as the runtime's
+        # loss treats them): imitation of the teacher's whole episodes.
+        recipe = played_recipe(task)
+        accuracy = recipe.accuracy
+        episodes = recipe.play(teacher, tokenizer, train)
+        answers = [e.response for e in episodes]
+        pairs = episode_pairs(train, episodes)
+    else:
+        answers = evaluate.greedy_responses(
+            teacher, tokenizer, [r["prompt"] for r in train], max_new_tokens=max_new_tokens
+        )
+        pairs = [(r["prompt"], a) for r, a in zip(train, answers, strict=True)]
     student = AutoModelForCausalLM.from_pretrained(task_dir / "student", dtype=torch.float32)
     curve = Curve("sft (teacher answers)")
     correct = sum(GRADED[task].grade(a, r["answer"]) for r, a in zip(train, answers, strict=True))
@@ -225,6 +245,45 @@ def run_sft(
     )
     curve.wall_s = time.monotonic() - started
     return curve
+
+
+def played_recipe(task: str):  # type: ignore[no-untyped-def]
+    """The tools task's recipe: how its episodes are played (the calculator spliced in between turns)."""
+    from distillery_runtime.tasks.prepare import RECIPES
+
+    return RECIPES[task]()
+
+
+def episode_pairs(rows: list[dict], episodes: list[Any]) -> list[tuple[str, list[tuple[str, bool]]]]:
+    """SFT pairs of played episodes: each turn trained, each tool answer context (the runtime's loss reads
+    episodes the same way); the EOS after the last turn is trained (`tasks/sft.py`)."""
+    return [
+        (
+            row["prompt"],
+            [
+                piece
+                for turn, seen in zip(episode.turns, episode.observations, strict=True)
+                for piece in ((turn, True), (seen, False))
+                if piece[0]
+            ],
+        )
+        for row, episode in zip(rows, episodes, strict=True)
+    ]
+
+
+def task_accuracy(task: str, model_dir: Path, rows: list[dict], max_new_tokens: int) -> float:
+    """A saved model's held-out accuracy: greedy answers graded by the task, or, for an episode task, greedy
+    episodes with its environment."""
+    from distillery_runtime.tasks.evaluate import model_accuracy
+    from distillery_runtime.tasks.uri import TASKS as GRADED
+
+    if task not in EPISODE_TASKS:
+        return model_accuracy(model_dir, rows, task=GRADED[task], max_new_tokens=max_new_tokens)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return played_recipe(task).accuracy(model, AutoTokenizer.from_pretrained(model_dir), rows)
 
 
 def sft_accuracy_at(sft: Curve, step: int) -> tuple[int, float]:
@@ -277,25 +336,24 @@ def run_continue(args: argparse.Namespace, output: Path) -> int:
     """The continuation protocol (module docstring): every method from the task's SFT checkpoint."""
     from distillery_runtime.observe.report import plot
     from distillery_runtime.tasks import resolve_uri
-    from distillery_runtime.tasks.evaluate import model_accuracy
-    from distillery_runtime.tasks.uri import TASKS as GRADED
 
     example_file = example_path(args.task)
     example = yaml.safe_load(example_file.read_text())["spec"]
     max_new_tokens = example["student"]["rollout"]["maxNewTokens"]
     task_dir = resolve_uri(f"synthetic://{args.task}/student").parent
     evals = read_jsonl(task_dir / "eval.jsonl")
-    graded = {"task": GRADED[args.task], "max_new_tokens": max_new_tokens}
-    teacher_acc = model_accuracy(task_dir / "teacher", evals, **graded)
-    plateau = model_accuracy(task_dir / "student", evals, **graded)
+    teacher_acc = task_accuracy(args.task, task_dir / "teacher", evals, max_new_tokens)
+    plateau = task_accuracy(args.task, task_dir / "student", evals, max_new_tokens)
     plateau_sft_steps = json.loads((task_dir / "manifest.json").read_text())["student"]["sft_steps"]
     batch = example["schedule"]["promptsPerStep"]
     lr = example["student"]["optimizer"]["lr"]
     warmup = example["student"]["optimizer"].get("warmupSteps", 0)
     seeds = args.seeds[:1] if args.quick else args.seeds
 
-    chosen = args.methods or [SFT, *CONTINUE]
+    chosen = args.methods or [SFT, *continue_methods(args.task)]
     curves: dict[str, list[Curve]] = {method: [] for method in (SFT, *CONTINUE) if method in chosen}
+    episodes: dict[str, list[list[dict]]] = {method: [] for method in CONTINUE if method in chosen}
+    """Each on-policy run's metrics.jsonl (an episode task's report: turns and tool errors over steps)."""
     for seed in seeds:
         for method, loss in CONTINUE.items():
             if method not in chosen:
@@ -308,6 +366,7 @@ def run_continue(args: argparse.Namespace, output: Path) -> int:
                 example_file, loss, steps=args.steps, eval_every=args.eval_every, name=name, seed=seed
             )
             curves[method].append(run_distillery(doc, output / f"seed{seed}" / name, method))
+            episodes[method].append(read_jsonl(output / f"seed{seed}" / name / "run" / "metrics.jsonl"))
         if SFT not in chosen:
             continue
         print(f"seed {seed}, more SFT: {args.steps} steps ...", file=sys.stderr, flush=True)
@@ -342,6 +401,17 @@ def run_continue(args: argparse.Namespace, output: Path) -> int:
         {"teacher": teacher_acc, "SFT plateau": plateau},
     )
 
+    episode_curves = episode_summary(episodes) if args.task in EPISODE_TASKS else {}
+    if episode_curves:
+        for key, label in (("turns_mean", "turns per episode"), ("tool_errors", "tool errors per step")):
+            plot(
+                output / f"episodes_{key}.png",
+                f"{args.task}: {label} (mean over seeds)",
+                label,
+                {m: (c["steps"], c[key]) for m, c in episode_curves.items()},
+                {},
+            )
+
     print(
         f"\nSynthetic {args.task}: {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f}); teacher "
         f"{teacher_acc:.3f}; SFT plateau {plateau:.3f} (the student after {plateau_sft_steps} SFT steps); "
@@ -358,16 +428,51 @@ def run_continue(args: argparse.Namespace, output: Path) -> int:
         "cpu_cores": os.cpu_count(), "load_average_at_end": os.getloadavg(), "steps": args.steps,
         "prompts_per_step": batch, "seeds": seeds, "teacher": teacher_acc, "sft_plateau": plateau,
         "sft_plateau_steps": plateau_sft_steps, "methods": methods,
+        **({"episodes": episode_curves} if episode_curves else {}),
     }))  # fmt: skip
     return 0
+
+
+def continue_methods(task: str) -> list[str]:
+    """The continuation's on-policy methods for `task`: no off-policy mix for an episode task (its job trains
+    on-policy only: a dataset response marks no tool output)."""
+    return [
+        m
+        for m, loss in CONTINUE.items()
+        if task not in EPISODE_TASKS or loss.get("onPolicyFraction", 1.0) == 1.0
+    ]
+
+
+def episode_summary(runs: dict[str, list[list[dict]]]) -> dict[str, dict[str, list[float]]]:
+    """Per on-policy method, the mean over seeds of each step's turns per episode and tool errors (the
+    calculator's `>E;` answers, a step's total)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for method, seeds in runs.items():
+        by_step: dict[int, list[dict]] = {}
+        for records in seeds:
+            for r in records:
+                if "episode/turns_mean" in r:
+                    by_step.setdefault(r["step"], []).append(r)
+        if not by_step:
+            continue
+        steps = sorted(by_step)
+        out[method] = {
+            "steps": steps,
+            "turns_mean": [sum(r["episode/turns_mean"] for r in by_step[s]) / len(by_step[s]) for s in steps],
+            "tool_errors": [
+                sum(r["episode/tool_errors"] for r in by_step[s]) / len(by_step[s]) for s in steps
+            ],
+        }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.protocol == "continue":
         args.task = args.task or "worked-sum"
-        args.steps = args.steps or 400
-        args.eval_every = args.eval_every or 25
+        episode = args.task in EPISODE_TASKS  # the tools example's budget: 80 steps, evaluated every 20
+        args.steps = args.steps or (80 if episode else 400)
+        args.eval_every = args.eval_every or (20 if episode else 25)
         return run_continue(args, args.output or ROOT / "runs" / f"bench-quality-continue-{args.task}")
     args.task = args.task or "addition"
     args.steps = args.steps or 150
@@ -452,10 +557,12 @@ def _parser() -> argparse.ArgumentParser:
         "--quick", action="store_true", help=f"from-start: only {', '.join(QUICK)} vs SFT; continue: one seed"
     )
     parser.add_argument("--modes", nargs="*", choices=sorted(LOSSES), help="loss modes to run (default: all)")
-    parser.add_argument("--steps", type=int, default=None, help="on-policy step budget (150; continue: 400)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="on-policy step budget (150; continue: 400, tools 80)"
+    )
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT step budget (default: 4x on-policy)")
     parser.add_argument(
-        "--eval-every", type=int, default=None, help="steps between evaluations (10; continue: 25)"
+        "--eval-every", type=int, default=None, help="steps between evaluations (10; continue: 25, tools 20)"
     )
     parser.add_argument("--output", type=Path, default=None, help="default: runs/bench-quality[-TASK]")
     return parser

@@ -111,6 +111,14 @@ def write_report(
             ),
         )
     )
+    if any("episode/turns_mean" in r for r in records):
+        # A tool-using student's episodes: how many turns it takes, and how often it misuses its tool.
+        episodes = {
+            "turns per episode": _series(records, "episode/turns_mean"),
+            "tool calls per episode": _series(records, "episode/tool_calls_mean"),
+            "tool errors (step total)": _series(records, "episode/tool_errors"),
+        }
+        plots.append(("Episodes", plot(out_dir / "episodes.png", "Episodes", "per step", episodes)))
     lines = [f"# Distillation report: {job_name}", ""]
     graded = graded_evals(evals)
     if graded:
