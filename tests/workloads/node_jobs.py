@@ -168,6 +168,8 @@ class Workspace:
     observed: list[dict[str, Any]] = field(default_factory=list)
     """Rows printed by `kubectl get dj -w` (NAME PHASE STEP STEPS TEACHERS AGE; STEP empty before step 1)."""
     watchers: list[subprocess.Popen[str]] = field(default_factory=list)
+    closed: bool = False
+    """Set when the test ends: its watchers are not started again."""
 
     @classmethod
     def create(cls, installation: Installation, namespace: str, model_files: Path, tmp: Path) -> Workspace:
@@ -240,34 +242,44 @@ class Workspace:
 
     def watch(self, name: str) -> None:
         """Starts `kubectl get dj NAME -w`, as a user would leave it running: every row it prints (one per
-        change of the job) is kept in `observed`, so no STEP the job showed is missed between polls."""
+        change of the job) is kept in `observed`, so no STEP the job showed is missed between polls. A watch
+        the API server ends (its request timeout, or a dropped connection on a loaded node: in a clean-clone
+        run one ended before the job's first step and its STEP column was never seen) is started again, as a
+        user would; its first row is the job as it is then."""
         command = [str(KUBECTL), f"--kubeconfig={self.installation.plane.admin_kubeconfig}"]
-        watcher = subprocess.Popen(
-            # By field selector: `get dj NAME -w` exits at once when the job does not exist yet.
-            [
-                *command,
-                "get",
-                "dj",
-                "-n",
-                self.namespace,
-                f"--field-selector=metadata.name={name}",
-                "-w",
-                "--no-headers",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        self.watchers.append(watcher)
+        # By field selector: `get dj NAME -w` exits at once when the job does not exist yet.
+        args = [
+            "get",
+            "dj",
+            "-n",
+            self.namespace,
+            f"--field-selector=metadata.name={name}",
+            "-w",
+            "--no-headers",
+        ]
+
+        def start() -> subprocess.Popen[str]:
+            watcher = subprocess.Popen(
+                [*command, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            )
+            self.watchers.append(watcher)
+            return watcher
 
         def read() -> None:
-            assert watcher.stdout is not None
-            for line in watcher.stdout:
-                self.observed.append({"t": time.monotonic(), "row": line.split()})
+            watcher = start()
+            while True:
+                assert watcher.stdout is not None
+                for line in watcher.stdout:
+                    self.observed.append({"t": time.monotonic(), "row": line.split()})
+                time.sleep(1.0)
+                if self.closed:
+                    return
+                watcher = start()
 
         threading.Thread(target=read, daemon=True).start()
 
     def close(self) -> None:
+        self.closed = True
         for watcher in self.watchers:
             watcher.kill()
             watcher.wait()
