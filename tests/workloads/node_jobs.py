@@ -157,6 +157,16 @@ def _host_path_volume(name: str, claim: str, namespace: str, path: Path, mode: s
 
 
 @dataclass
+def step_cell(row: list[str]) -> str:
+    """The STEP cell of a `kubectl get dj` row (NAME PHASE STEP STEPS TEACHERS AGE), where an empty cell
+    leaves a column out: STEP is empty before step 1, TEACHERS (`ready/total`) until the operator counts."""
+    if len(row) >= 6:
+        return row[2]
+    if len(row) == 5 and "/" not in row[3]:  # TEACHERS empty: the STEP is there
+        return row[2]
+    return ""
+
+
 class Workspace:
     """A test's namespace with the `models` claim (tiny models and data, read-only in the pods) and the
     `checkpoints` claim (written by the trainer's uid 1000), both on host folders the test can read."""
@@ -479,7 +489,7 @@ class Workspace:
             row = entry["row"]
             if row[0] != name:
                 continue
-            cell = row[2] if len(row) >= 6 else ""
+            cell = step_cell(row)
             if cell.isdigit() and (not steps or steps[-1] != int(cell)):
                 steps.append(int(cell))
         return steps
