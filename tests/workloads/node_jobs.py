@@ -156,7 +156,6 @@ def _host_path_volume(name: str, claim: str, namespace: str, path: Path, mode: s
     return [_pre_bound_volume(name, claim, namespace, path, mode), pvc]
 
 
-@dataclass
 def step_cell(row: list[str]) -> str:
     """The STEP cell of a `kubectl get dj` row (NAME PHASE STEP STEPS TEACHERS AGE), where an empty cell
     leaves a column out: STEP is empty before step 1, TEACHERS (`ready/total`) until the operator counts."""
@@ -167,6 +166,7 @@ def step_cell(row: list[str]) -> str:
     return ""
 
 
+@dataclass
 class Workspace:
     """A test's namespace with the `models` claim (tiny models and data, read-only in the pods) and the
     `checkpoints` claim (written by the trainer's uid 1000), both on host folders the test can read."""
