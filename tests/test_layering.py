@@ -29,7 +29,8 @@ PACKAGES = {
 TESTING = "distillery_runtime.testing"
 # The runtime's rooms, bottom first: each may import the rooms before it, none after it. The tasks and the
 # losses stand alone; data and weight sync serve everything above; checkpoints serve the trainer; teachers
-# and rollout are the two sides a step scores and samples with; observe reports a step; run drives it all.
+# and rollout are the two sides a step scores and samples with; agents play a tool-using student's episodes
+# on the rollout; observe reports a step; run drives it all.
 RUNTIME_ROOMS = (
     "tasks",
     "losses",
@@ -39,6 +40,7 @@ RUNTIME_ROOMS = (
     "training",
     "teachers",
     "rollout",
+    "agents",
     "observe",
     "run",
 )
