@@ -57,6 +57,8 @@ FIRST_UNITS = (
     "tests/tasks/test_worked_sum_prepared.py",
     "tests/tasks/test_fibonacci_prepared.py",
     "tests/tasks/test_chat_math_prepared.py",
+    # The tools build (~3 minutes on 2 idle cores, one process, one thread; not a local run).
+    "tests/tasks/test_tools_task.py",
     "control-plane",
     "vllm",
     "addition-task",

@@ -4,7 +4,9 @@
 preparing the task once (cached); `synthetic://fibonacci/...` is the long-generation task (74-134-token
 traces graded on their last number), `synthetic://chat-math/...` the chat-format one (GSM8K-style `messages`
 rows, Qwen-like models with Qwen's real vocabulary, graded by gsm8k), `synthetic://worked-sum/...` the
-repairable one (a guess, then its working; the student an SFT checkpoint stuck copying its guess).
+repairable one (a guess, then its working; the student an SFT checkpoint stuck copying its guess),
+`synthetic://tools/...` the tool-use one (a product asked of a calculator in a multi-turn episode; the
+student stopped while it still writes malformed calls).
 `task_for(data_path)` is the task a job trains on (its grader is a field of the task) and `model_accuracy` a
 model directory's held-out accuracy under greedy decoding.
 """

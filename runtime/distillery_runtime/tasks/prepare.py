@@ -1,9 +1,9 @@
 """Prepare a synthetic task: tokenizer, SFT-trained teacher, weak student, datasets.
 
 Run once, cached (see `cache.py`); `resolve_uri("synthetic://TASK/...")` calls it on first use. By
-hand: `python -m distillery_runtime.tasks.prepare [addition|fibonacci|chat-math|worked-sum]` prints the
-directory and the accuracies. A task's recipe (`AdditionRecipe`, `FibonacciRecipe`, `ChatMathRecipe`,
-`WorkedSumRecipe`) holds everything that determines its artefacts and says how to draw its problems and
+hand: `python -m distillery_runtime.tasks.prepare [addition|fibonacci|chat-math|worked-sum|tools]` prints
+the directory and the accuracies. A task's recipe (`AdditionRecipe`, `FibonacciRecipe`, `ChatMathRecipe`,
+`WorkedSumRecipe`, `ToolsRecipe`) holds everything that determines its artefacts and says how to draw its problems and
 make its models (`TaskModels`: the character-level tasks' small Llamas, chat-math's Qwen-like models); the
 build is the same for every task.
 
@@ -24,7 +24,8 @@ teacher must reach `teacher_min_accuracy` or the build fails rather than cache a
 show the student the way. Measured on 2 cores: a 128-wide teacher reaches 100% dev accuracy in 200
 steps (63 s); a 64-wide model in 300 (43 s), with a sharp rise from 0% near step 200, which is why
 the student is checked every 5 steps. Worked-sum (`worked_sum.py`) trains its student to the end of its
-schedule: the SFT checkpoint that `bench/quality.py --protocol continue` continues from.
+schedule: the SFT checkpoint that `bench/quality.py --protocol continue` continues from. Tools (`tools.py`)
+measures its models by playing episodes with the calculator (`episodes.py`) and stops its student in a band.
 """
 
 from __future__ import annotations
@@ -45,10 +46,11 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrai
 
 from distillery_runtime.tasks.base import Task
 from distillery_runtime.tasks.cache import PREPARE_THREADS, build_once, task_dir
+from distillery_runtime.tasks.episodes import Episode, play_many, played_accuracy
 from distillery_runtime.tasks.evaluate import accuracy
-from distillery_runtime.tasks.problems import addition, chat_math, fibonacci, worked_sum
+from distillery_runtime.tasks.problems import addition, chat_math, fibonacci, tools, worked_sum
 from distillery_runtime.tasks.recipes.chat_math_recipe import ChatMathRecipe
-from distillery_runtime.tasks.sft import sft_loss, train_sft
+from distillery_runtime.tasks.sft import Response, sft_loss, train_sft
 from distillery_runtime.tasks.tokenizer import build_char_tokenizer
 
 
@@ -100,11 +102,11 @@ class CharRecipe:
         """The rows as `evaluate.accuracy` reads them (`prompt`, `answer`): these rows already are."""
         return rows
 
-    def training_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, str]:
+    def training_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, Response]:
         """A fresh problem outside the held-out split, as (prompt, response): the student's SFT pair."""
         raise NotImplementedError
 
-    def teacher_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, str]:
+    def teacher_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, Response]:
         """A teacher's SFT pair: the task's training pair unless the task trains its teacher otherwise."""
         return self.training_pair(rng, tokenizer)
 
@@ -309,12 +311,126 @@ class WorkedSumRecipe(CharRecipe):
         return p.prompt, p.response()
 
 
-Recipe = AdditionRecipe | FibonacciRecipe | ChatMathRecipe | WorkedSumRecipe
+@dataclass(frozen=True)
+class ToolsRecipe(CharRecipe):
+    """The tool-use task (`tools.py`); fields as in `AdditionRecipe`. Its accuracy is played: greedy
+    episodes with the calculator's answers spliced in (`episodes.play_many`, at most `max_turns` turns of
+    `max_new_tokens` tokens). `repair_fraction` of the teacher's rows open with a malformed call and its
+    `>E;` (context, not trained); the student sees clean episodes only and stops at its first check in
+    [`student_start`, `student_ceiling`], checked every step: its accuracy jumps by tens of points within
+    a few steps, and goes down again as often (a check above the band goes on)."""
+
+    version: int = 1
+    seed: int = 0
+    train_rows: int = 4096
+    eval_rows: int = 512
+    dev_rows: int = 256
+    teacher: ModelShape = ModelShape(hidden=128, layers=2)
+    teacher_steps: int = 500
+    student: ModelShape = ModelShape(hidden=64, layers=2)
+    student_max_steps: int = 600
+    student_start: float = 0.15
+    student_ceiling: float = 0.35
+    repair_fraction: float = 0.4
+    batch_size: int = 64
+    lr: float = 1e-3
+    max_positions: int = 128
+    teacher_check_every: int = 100
+    student_check_every: int = 1
+    threads: int = 1
+    teacher_max_rounds: int = 3
+    max_turns: int = 3
+    max_new_tokens: int = 16
+    """A turn's budget: a call (11 tokens) or an answer (8 digits and EOS), with room."""
+
+    task: ClassVar[Task] = tools.TASK
+    alphabet: ClassVar[str] = tools.ALPHABET
+    teacher_min_accuracy: ClassVar[float] = 0.95
+    teacher_min_repair: ClassVar[float] = 0.9
+    """The least fraction of dev episodes forced to open with a malformed call that the teacher repairs."""
+
+    def held_out(self, n: int, seed: int) -> list[dict[str, str]]:
+        return [p.row() for p in tools.sample_problems(n, seed=seed, held_out=True)]
+
+    def train(self, n: int, seed: int) -> list[dict[str, str]]:
+        return [p.row() for p in tools.sample_problems(n, seed=seed, held_out=False)]
+
+    def play(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        rows: list[dict[str, str]],
+        openings: list[str] | None = None,
+    ) -> list[Episode]:
+        """Greedy episodes of `rows` with the calculator."""
+        return play_many(
+            model,
+            tokenizer,
+            [r["prompt"] for r in rows],
+            environment=tools.Calculator,
+            stop=tools.TOOL_CALL_END,
+            openings=openings,
+            max_turns=self.max_turns,
+            max_new_tokens=self.max_new_tokens,
+        )
+
+    def accuracy(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, str]]
+    ) -> float:
+        """Played accuracy: the fraction of greedy episodes whose final answer is the product."""
+        return played_accuracy(self.play(model, tokenizer, rows), [r["answer"] for r in rows], self.task)
+
+    def repair_rate(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, str]]
+    ) -> float:
+        """Played accuracy of episodes forced to open with a malformed call (seeded, one per row)."""
+        rng = random.Random(self.seed + 3)
+        openings = [tools.malformed_call(rng, tools.Problem.of_prompt(r["prompt"])) for r in rows]
+        episodes = self.play(model, tokenizer, rows, openings)
+        return played_accuracy(episodes, [r["answer"] for r in rows], self.task)
+
+    def teacher_checks(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, str]]
+    ) -> dict[str, tuple[float, float]]:
+        """The teacher's repair rate on `rows` (`repair_rate`)."""
+        return {"repair_rate": (self.repair_rate(model, tokenizer, rows), self.teacher_min_repair)}
+
+    def student_record(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, str]]
+    ) -> dict[str, float]:
+        """How the student fails on `rows`: its wrong episodes, and how many of them made a malformed call."""
+        episodes = self.play(model, tokenizer, rows)
+        wrong = [
+            e for e, r in zip(episodes, rows, strict=True) if not self.task.grade(e.response, r["answer"])
+        ]
+        return {"eval_wrong": len(wrong), "eval_wrong_malformed": sum(e.errors > 0 for e in wrong)}
+
+    def _fresh(self, rng: random.Random) -> tools.Problem:
+        while True:
+            p = tools.random_problem(rng)
+            if not tools.is_held_out(p):
+                return p
+
+    def training_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, Response]:
+        """The student's SFT pair: a clean episode, the observation out of the loss."""
+        p = self._fresh(rng)
+        return p.prompt, p.segments()
+
+    def teacher_pair(self, rng: random.Random, tokenizer: PreTrainedTokenizerFast) -> tuple[str, Response]:
+        """A clean episode or (`repair_fraction` of rows) one that opens with a malformed call and its `>E;`,
+        both context: the teacher learns the call, the copy, and the repair."""
+        p = self._fresh(rng)
+        opening = tools.malformed_call(rng, p) if rng.random() < self.repair_fraction else None
+        return p.prompt, p.segments(opening)
+
+
+Recipe = AdditionRecipe | FibonacciRecipe | ChatMathRecipe | WorkedSumRecipe | ToolsRecipe
 RECIPES: dict[str, type[Recipe]] = {
     addition.TASK.name: AdditionRecipe,
     fibonacci.TASK.name: FibonacciRecipe,
     chat_math.TASK.name: ChatMathRecipe,
     worked_sum.TASK.name: WorkedSumRecipe,
+    tools.TASK.name: ToolsRecipe,
 }
 
 
@@ -434,8 +550,10 @@ def _train_student(
     seed: int,
     log: Callable[[str], None],
 ) -> tuple[int, float]:
-    """SFT to the end of `student_max_steps`, or until dev accuracy >= `student_start` when the recipe has
-    one. RuntimeError when it has one and the schedule ends below it."""
+    """SFT to the end of `student_max_steps`, or until dev accuracy >= `student_start` (and, tools, <=
+    `student_ceiling`) when the recipe has one. RuntimeError when it has one and the schedule ends without
+    a check there."""
+    ceiling = recipe.student_ceiling if isinstance(recipe, ToolsRecipe) else None
     steps, dev_acc = _sft_round(
         model,
         models,
@@ -445,6 +563,7 @@ def _train_student(
         pair=recipe.training_pair,
         steps=recipe.student_max_steps,
         target=recipe.student_start,
+        ceiling=ceiling,
         check_every=recipe.student_check_every,
         log=log,
         name="student",
@@ -454,6 +573,11 @@ def _train_student(
         raise RuntimeError(
             f"the {recipe.task.name} student's dev accuracy is {dev_acc:.3f} after {steps} SFT steps "
             f"(student_max_steps, the bound), below its student_start {recipe.student_start}"
+        )
+    if ceiling is not None and dev_acc > ceiling:
+        raise RuntimeError(
+            f"the {recipe.task.name} student's dev accuracy is {dev_acc:.3f} after {steps} SFT steps "
+            f"(student_max_steps, the bound), never in its band {recipe.student_start}-{ceiling} at a check"
         )
     return steps, dev_acc
 
@@ -465,21 +589,23 @@ def _sft_round(
     dev: list[dict[str, str]],
     *,
     rng: random.Random,
-    pair: Callable[[random.Random, PreTrainedTokenizerFast], tuple[str, str]],
+    pair: Callable[[random.Random, PreTrainedTokenizerFast], tuple[str, Response]],
     steps: int,
     target: float | None,
     check_every: int,
+    ceiling: float | None = None,
     log: Callable[[str], None],
     name: str,
     offset: int,
 ) -> tuple[int, float]:
-    """One SFT schedule of `steps` on fresh pairs from `rng`, stopped early when dev accuracy >= `target`.
+    """One SFT schedule of `steps` on fresh pairs from `rng`, stopped early when dev accuracy >= `target` (and
+    <= `ceiling`, when given: a check above it goes on).
 
     Returns (steps done, last dev accuracy).
     """
     tokenizer = models.tokenizer
 
-    def batch(_step: int) -> list[tuple[str, str]]:
+    def batch(_step: int) -> list[tuple[str, Response]]:
         return [pair(rng, tokenizer) for _ in range(recipe.batch_size)]
 
     state = {"steps": 0, "acc": 0.0}
@@ -491,7 +617,7 @@ def _sft_round(
         state["acc"] = _accuracy(models.exported(model), tokenizer, dev, recipe)
         model.train()
         log(f"  {name} step {offset + step:5d}  loss {loss:.3f}  dev accuracy {state['acc']:.3f}")
-        return target is not None and state["acc"] >= target
+        return target is not None and target <= state["acc"] <= (1.0 if ceiling is None else ceiling)
 
     train_sft(model, tokenizer, batch, steps=steps, lr=recipe.lr, on_step=on_step, loss_fn=models.loss_fn)
     return int(state["steps"]), state["acc"]
@@ -500,6 +626,9 @@ def _sft_round(
 def _accuracy(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, str]], recipe: Recipe
 ) -> float:
+    """Held-out accuracy: greedy responses graded by the task, or (tools) greedy episodes played."""
+    if isinstance(recipe, ToolsRecipe):
+        return recipe.accuracy(model, tokenizer, rows)
     return accuracy(model, tokenizer, rows, task=recipe.task, max_new_tokens=recipe.max_new_tokens)
 
 
@@ -543,6 +672,8 @@ def _build_task(out: Path, recipe: Recipe, log: Callable[[str], None]) -> dict:
         else:
             steps, dev_acc = _train_student(model, models, recipe, dev_rows, seed=recipe.seed + 11, log=log)
         saved = models.exported(model)
+        if role == "student" and isinstance(recipe, ToolsRecipe):
+            checks = recipe.student_record(saved, tokenizer, eval_rows)
         models.save(saved, out / role)
         manifest[role] = {
             "parameters": sum(p.numel() for p in saved.parameters()),

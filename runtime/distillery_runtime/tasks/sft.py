@@ -2,7 +2,8 @@
 
 Used to train the synthetic task's teacher and the student's weak start, and by the quality benchmark
 as the off-policy baseline (SFT on teacher-generated answers). The loss covers the response tokens and
-EOS only; prompts are context.
+EOS only; prompts are context. A response is a text, or (the tools task's episodes) a sequence of
+segments, each a text and whether the loss covers it: what a tool answered is context like the prompt.
 """
 
 from __future__ import annotations
@@ -15,19 +16,39 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 IGNORE = -100
 
+Segment = tuple[str, bool]
+"""A piece of a response and whether the loss covers it (False: context, as a tool's observation is)."""
+Response = str | Sequence[Segment]
+"""A response: a text, all of it trained, or its segments (each tokenized on its own)."""
+
 
 def encode_batch(
-    tokenizer: PreTrainedTokenizerBase, pairs: Sequence[tuple[str, str]]
+    tokenizer: PreTrainedTokenizerBase, pairs: Sequence[tuple[str, Response]]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded input ids, attention mask and labels (-100 outside response + EOS)."""
+    """Right-padded input ids, attention mask and labels (-100 outside response + EOS, and on a response's
+    segments that are not trained)."""
     seqs, label_seqs = [], []
     # One call per side, not per pair: a task build encodes 64 pairs a step for 1,000+ steps.
     prompts = tokenizer([prompt for prompt, _ in pairs], add_special_tokens=False)["input_ids"]
-    responses = tokenizer([response for _, response in pairs], add_special_tokens=False)["input_ids"]
-    for p, response in zip(prompts, responses, strict=True):
-        r = [*response, tokenizer.eos_token_id]
-        seqs.append(p + r)
-        label_seqs.append([IGNORE] * len(p) + r)
+    texts = [response for _, response in pairs if isinstance(response, str)]
+    pieces = [text for _, response in pairs if not isinstance(response, str) for text, _ in response]
+    encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    encoded_pieces = iter(tokenizer(pieces, add_special_tokens=False)["input_ids"] if pieces else [])
+    for p, (_, response) in zip(prompts, pairs, strict=True):
+        if isinstance(response, str):
+            r = [*next(encoded), tokenizer.eos_token_id]
+            seqs.append(p + r)
+            label_seqs.append([IGNORE] * len(p) + r)
+            continue
+        tokens: list[int] = []
+        targets: list[int] = []
+        for _, trained in response:
+            piece = next(encoded_pieces)
+            tokens.extend(piece)
+            targets.extend(piece if trained else [IGNORE] * len(piece))
+        # EOS is trained: the model ends the episode
+        seqs.append([*p, *tokens, tokenizer.eos_token_id])
+        label_seqs.append([IGNORE] * len(p) + [*targets, tokenizer.eos_token_id])
     width = max(len(s) for s in seqs)
     pad = tokenizer.pad_token_id
     ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
@@ -49,7 +70,7 @@ def sft_loss(
 def train_sft(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    batches: Callable[[int], Sequence[tuple[str, str]]],
+    batches: Callable[[int], Sequence[tuple[str, Response]]],
     *,
     steps: int,
     lr: float,

@@ -3,8 +3,9 @@
 `synthetic://addition/teacher` and `.../student` are model directories (transformers + vLLM),
 `.../train` and `.../eval` are jsonl datasets; `synthetic://fibonacci/...` the same for the
 long-generation task, `synthetic://chat-math/...` for the chat-format one (Qwen-like models, messages
-rows), `synthetic://worked-sum/...` for the repairable one (its student is an SFT checkpoint). The first
-resolution prepares the task (cached).
+rows), `synthetic://worked-sum/...` for the repairable one (its student is an SFT checkpoint),
+`synthetic://tools/...` for the tool-use one (multi-turn episodes with a calculator). The first resolution
+prepares the task (cached).
 `task_for(data_path)` is the task (and so the grader) a job's training data belongs to.
 """
 
@@ -14,11 +15,13 @@ from pathlib import Path
 
 from distillery.plan.grader import SYNTHETIC_SCHEME
 from distillery_runtime.tasks.base import ANSWER_MATCH, Task
-from distillery_runtime.tasks.problems import addition, chat_math, fibonacci, worked_sum
+from distillery_runtime.tasks.problems import addition, chat_math, fibonacci, tools, worked_sum
 
 SCHEME = SYNTHETIC_SCHEME
 ARTEFACTS = {"teacher": "teacher", "student": "student", "train": "train.jsonl", "eval": "eval.jsonl"}
-TASKS = {task.name: task for task in (addition.TASK, fibonacci.TASK, chat_math.TASK, worked_sum.TASK)}
+TASKS = {
+    task.name: task for task in (addition.TASK, fibonacci.TASK, chat_math.TASK, worked_sum.TASK, tools.TASK)
+}
 
 
 def is_synthetic(uri: str) -> bool:

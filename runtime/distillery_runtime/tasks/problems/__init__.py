@@ -1,2 +1,2 @@
 """The bundled synthetic tasks themselves: problems, reference answers and grading of addition, Fibonacci,
-worked-sum and chat-math. Pure, no I/O."""
+worked-sum, chat-math and tools (with its calculator). Pure, no I/O."""
