@@ -56,3 +56,45 @@ def test_the_summary_is_the_mean_and_spread_over_seeds(quality):
         quality.Curve("a", points=[(0, 0.2, 0.0)]),  # a seed that evaluated step 0 only
     ]
     assert quality.mean_curve(curves) == ([0, 25], [pytest.approx(0.1), pytest.approx(0.4)])
+
+
+def test_the_tools_task_runs_its_on_policy_methods_with_its_environment_and_no_mix(quality):
+    methods = quality.continue_methods("tools")
+    assert methods and all(quality.CONTINUE[m].get("onPolicyFraction", 1.0) == 1.0 for m in methods)
+    assert set(quality.continue_methods("worked-sum")) == set(quality.CONTINUE)
+    for method in methods:
+        loss = quality.CONTINUE[method]
+        doc = quality.job_manifest(
+            quality.example_path("tools"), loss, steps=80, eval_every=20, name="c", seed=1
+        )
+        spec = DistillationJobSpec.model_validate(doc["spec"])
+        assert spec.environment is not None and spec.environment.module.endswith("tools:Calculator")
+        assert spec.student.model == "synthetic://tools/student"
+
+
+def test_the_sft_arm_trains_the_teachers_turns_and_not_the_tools_answers(quality):
+    from distillery_runtime.tasks.episodes import Episode
+
+    played = Episode("1234*5678=", turns=["[1234*567]", "[1234*5678]", "7006652"],
+                     observations=[">E;", ">7006652;", ""], errors=1, done=True)  # fmt: skip
+    [(prompt, segments)] = quality.episode_pairs([{"prompt": "1234*5678="}], [played])
+    assert prompt == "1234*5678="
+    assert segments == [
+        ("[1234*567]", True),
+        (">E;", False),
+        ("[1234*5678]", True),
+        (">7006652;", False),
+        ("7006652", True),
+    ]
+
+
+def test_turns_and_tool_errors_are_averaged_over_seeds_per_step(quality):
+    def record(step: int, turns: float, errors: int) -> dict:
+        return {"step": step, "episode/turns_mean": turns, "episode/tool_errors": errors}
+
+    runs = {
+        "opd-k3": [[record(1, 2.0, 4), record(2, 3.0, 0)], [record(1, 4.0, 2), record(2, 1.0, 2)]],
+        "opd-none": [[{"step": 1}]],  # no episodes: left out
+    }
+    summary = quality.episode_summary(runs)
+    assert summary == {"opd-k3": {"steps": [1, 2], "turns_mean": [3.0, 2.0], "tool_errors": [3.0, 1.0]}}
