@@ -9,12 +9,14 @@ import asyncio
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
 from distillery.plan.episodes import EpisodeSettings
 from distillery_runtime.tasks.graders import import_object
+
+T = TypeVar("T")
 
 
 class EnvironmentLoadError(ValueError):
@@ -92,6 +94,14 @@ async def _timed(call: str, timeout_s: float, work: Callable[[], Any]) -> Any:
         raise EnvironmentFailure(call, f"{type(error).__name__}: {reason}") from error
 
 
+def _parsed(call: str, parse: Callable[[Any], T], value: Any) -> T:
+    """An answer as the protocol reads it; one it does not allow is an `EnvironmentFailure` naming `call`."""
+    try:
+        return parse(value)
+    except ValueError as error:
+        raise EnvironmentFailure(call, str(error)) from error
+
+
 class ModuleSession:
     """An instance of the environment class; its calls run in a thread so a slow tool does not hold the
     loop (a call past its timeout is abandoned: its thread may run on, the episode does not wait)."""
@@ -110,20 +120,14 @@ class ModuleSession:
 
     async def step(self, output: str) -> Step:
         value = await _timed("step", self._timeout_s, lambda: asyncio.to_thread(self._instance.step, output))
-        try:
-            return parse_step(value)
-        except ValueError as error:
-            raise EnvironmentFailure("step", str(error)) from error
+        return _parsed("step", parse_step, value)
 
     async def reward(self) -> float | None:
         grade = getattr(self._instance, "reward", None)
         if grade is None:
             return None
         value = await _timed("reward", self._timeout_s, lambda: asyncio.to_thread(grade))
-        try:
-            return parse_reward(value)
-        except ValueError as error:
-            raise EnvironmentFailure("reward", str(error)) from error
+        return _parsed("reward", parse_reward, value)
 
 
 class HttpSession:
@@ -152,18 +156,10 @@ class HttpSession:
         await self._post("reset", {"prompt": prompt, "answer": answer})
 
     async def step(self, output: str) -> Step:
-        value = await self._post("step", {"output": output})
-        try:
-            return parse_step(value)
-        except ValueError as error:
-            raise EnvironmentFailure("step", str(error)) from error
+        return _parsed("step", parse_step, await self._post("step", {"output": output}))
 
     async def reward(self) -> float | None:
-        value = await self._post("reward", {})
-        try:
-            return parse_reward(value)
-        except ValueError as error:
-            raise EnvironmentFailure("reward", str(error)) from error
+        return _parsed("reward", parse_reward, await self._post("reward", {}))
 
 
 def load_environment_class(path: str) -> type:
