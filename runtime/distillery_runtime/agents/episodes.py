@@ -164,12 +164,12 @@ class EpisodeRunner:
         e.append(out.response_ids, True, out.logprobs)
         e.stats.turns += 1
         text = self.decode(out.response_ids)
-        if len(e.response_ids) >= self.settings.max_tokens and not self._called(text):
-            e.end(TRUNCATED)
-        elif not self._called(text):
-            e.end(out.finish_reason)  # an end token (the student answered) or the turn's own length limit
-        else:
+        if self._called(text):
             e.stats.tool_calls += 1
+        elif len(e.response_ids) >= self.settings.max_tokens:
+            e.end(TRUNCATED)
+        else:
+            e.end(out.finish_reason)  # an end token (the student answered) or the turn's own length limit
         return text
 
     def _called(self, text: str) -> bool:
