@@ -4,6 +4,8 @@
   hub here), cached on disk under `.cache/tiny-models/` (or `$DISTILLERY_TEST_CACHE`) keyed by
   their parameters, so later sessions reuse them.
 - `tiny_qwen_factory`: the same for tiny Qwen2.5-like and Qwen3-like models (Qwen's real vocabulary).
+- `quick_bench_runs`: the first run of a quick bench (bench/*.py) in the session, shared by the tests
+  that check it (`support.bench_runs`).
 - `vllm_server`: ONE real vLLM server for the whole session, started with Distillery's
   teacher server (`python -m distillery_runtime.teachers.server`), so it serves both the
   OpenAI API and the compact scoring endpoint. Every test that needs a vLLM server uses this
@@ -27,6 +29,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pytest
+from support.bench_runs import BenchRun, first_runs
 
 # The split of the suite between its xdist workers (hooks found here by name).
 from support.work_groups import (  # noqa: F401
@@ -108,6 +111,12 @@ def tiny_qwen_factory() -> Callable[..., Path]:
 def tiny_model_dir(tiny_model_factory: Callable[..., Path]) -> Path:
     """The default tiny teacher: vocab 1024, hidden 128, 2 layers, 4 heads, seed 0, bf16."""
     return tiny_model_factory(vocab_size=1024, hidden=128, layers=2, heads=4, seed=0)
+
+
+@pytest.fixture(scope="session")
+def quick_bench_runs() -> BenchRun:
+    """`run(bench, args)`: bench/`bench`.py's first run with `args` in this session (`support.bench_runs`)."""
+    return first_runs()
 
 
 @dataclass

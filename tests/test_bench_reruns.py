@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.bench_runs import LOSS_MEMORY_QUICK, BenchRun, run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -94,18 +95,16 @@ def test_each_run_gets_a_folder_of_its_own(common, tmp_path) -> None:
 
 QUICK = {
     # The benches whose --quick run takes under a minute on 2 cores, as run in CI.
-    "loss_memory": ["--quick", "--tokens", "64", "--vocab", "3000", "--topk", "16", "--repeats", "1"],
+    "loss_memory": LOSS_MEMORY_QUICK,
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bench", sorted(QUICK))
-def test_a_quick_bench_runs_twice_in_a_row(bench: str) -> None:
-    for attempt in (1, 2):
-        proc = subprocess.run(
-            [sys.executable, str(BENCH / f"{bench}.py"), *QUICK[bench]],
-            capture_output=True, text=True, timeout=300, cwd=ROOT,
-        )  # fmt: skip
+def test_a_quick_bench_runs_twice_in_a_row(bench: str, quick_bench_runs: BenchRun) -> None:
+    # the first run is the session's (tests/losses/test_losses_bench.py checks it too); the second, here
+    for attempt, run in ((1, quick_bench_runs), (2, run_bench)):
+        proc = run(bench, QUICK[bench])
         summary = last_json(proc.stdout)
         assert proc.returncode == 0 and "error" not in summary, (attempt, summary, proc.stderr[-2000:])
         assert summary["bench"] == bench

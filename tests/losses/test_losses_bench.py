@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "loss_memory.py"
+from support.bench_runs import LOSS_MEMORY_QUICK, BenchRun
 
 
 @pytest.mark.slow
-def test_loss_memory_bench_small_run_agrees() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--tokens", "64", "--vocab", "3000", "--topk", "16", "--repeats", "1"],
-        capture_output=True, text=True, check=True, timeout=300,
-    )  # fmt: skip
+def test_loss_memory_bench_small_run_agrees(quick_bench_runs: BenchRun) -> None:
+    # the session's one run of it, which tests/test_bench_reruns.py runs a second time
+    proc = quick_bench_runs("loss_memory", LOSS_MEMORY_QUICK)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     header = lines[1].split()
     assert header[:2] == ["loss", "impl"] and header[-1] == "equal" and "extra/naive" in header

@@ -46,6 +46,7 @@ SHARED_FIXTURE_UNITS = {
     "control_plane": "control-plane",
     "vllm_server": "vllm",
     "prepared_task": "addition-task",
+    "quick_bench_runs": "quick-benches",
 }
 # The units handed out first, longest first (minutes each in `--durations`). The node's scenarios (~27 minutes)
 # start at once: the other worker meanwhile runs what may run beside them (a local run may not), the
