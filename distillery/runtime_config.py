@@ -176,7 +176,7 @@ def resolve_runtime_config(
     for index, teacher in enumerate(spec.teachers):
         endpoints = local_shared.get(teacher.name) or teacher_endpoints(job, teacher, namespace)
         if (
-            teacher.placement == Placement.COLOCATED
+            teacher.placement in (Placement.COLOCATED, Placement.STUDENT)
             or engines[teacher.name].engine == TeacherEngine.TRANSFORMERS
         ):
             protocol, endpoints = TeacherProtocol.IN_PROCESS, []

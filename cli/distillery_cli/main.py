@@ -34,6 +34,7 @@ from distillery.plan.padding import padding_line
 from distillery.plan.pod_resources import pod_resources
 from distillery.plan.rollout_placement import rollout_line
 from distillery.plan.scoring_engine import scoring_engine_lines
+from distillery.plan.student_base import student_base_lines
 from distillery.plan.sleep import sleep_lines
 from distillery.validation import InvalidManifest, load_jobs, load_manifests
 
@@ -117,7 +118,9 @@ def _plan(args: argparse.Namespace) -> int:
         print("\n".join(f"  {line}" for line in resolve_memory_features(job.spec).lines()))
         # A LoRA student's adapter, its weight sync per step and its memory against full fine-tuning.
         # A tool-using student's episodes: turns, their budget, and which tokens the loss counts.
-        for line in [*lora_lines(job.spec), *episode_lines(job.spec)]:
+        # Teachers of the student's own base (no second copy) and teachers' contexts (context distillation).
+        shape = resolve_shape(job.spec.student.model)
+        for line in [*lora_lines(job.spec), *student_base_lines(job.spec, shape), *episode_lines(job.spec)]:
             print(f"  {line}")
         # The trainer's attention kernel (eager for narrow micro-batches of a bfloat16 CPU student).
         print(f"  {attention_line(job.spec)}")

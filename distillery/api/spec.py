@@ -339,6 +339,34 @@ class DistillationJobSpec(ApiModel):
             field="teachers",
         ),
         Rule(
+            # A fully trained student has no frozen base left to score with once its first step lands.
+            check=lambda s: (
+                s.student.lora is not None or all(t.placement != Placement.STUDENT for t in s.teachers)
+            ),
+            cel="has(self.student.lora) || self.teachers.all(t, t.placement != 'student')",
+            message="placement student scores with the student's frozen base model: it needs student.lora "
+            "(a fully trained student's weights change; use placement colocated to load the base again)",
+            field="teachers",
+        ),
+        Rule(
+            check=lambda s: all(
+                t.model == s.student.model for t in s.teachers if t.placement == Placement.STUDENT
+            ),
+            cel="self.teachers.all(t, t.placement != 'student' || t.model == self.student.model)",
+            message="a teacher of placement student is the student's base model: its model must be student.model",
+            field="teachers",
+        ),
+        Rule(
+            check=lambda s: (
+                s.data.chat_template != ChatTemplateUse.NONE
+                or all(t.system_prompt is None for t in s.teachers)
+            ),
+            cel="self.data.chatTemplate != 'none' || self.teachers.all(t, !has(t.systemPrompt))",
+            message="a teacher's systemPrompt is a system turn, which needs the chat template: leave "
+            "data.chatTemplate auto",
+            field="teachers",
+        ),
+        Rule(
             # A retry is a new head pod: checkpoints anywhere but on a claim went with the old one, and the
             # retry would start again from step 0 while the job said it resumes.
             check=lambda s: s.backoff_limit == 0 or not s.checkpoint.ephemeral,

@@ -20,6 +20,7 @@ from distillery.api.bounds import (
     WHITESPACE,
     Location,
 )
+from distillery.api.data import MAX_SYSTEM_PROMPT
 from distillery.api.pools import TeacherPool
 from distillery.api.student import SecretKeyRef, pvc_rule
 
@@ -29,6 +30,10 @@ class Placement(StrEnum):
     COLOCATED = "colocated"
     EXTERNAL = "external"
     SHARED = "shared"
+    STUDENT = "student"
+    """The LoRA student's own frozen base model, scored by the student's rollout engine with the adapter off:
+    no engine, GPU share or copy of the weights of its own (self-distillation; context distillation with
+    `systemPrompt`)."""
 
 
 SERVED_ELSEWHERE = frozenset({Placement.EXTERNAL, Placement.SHARED})
@@ -119,7 +124,9 @@ class Teacher(ApiModel):
     model name; for shared teachers, the DistillationTeacher's model."""
     placement: Placement = Placement.STANDALONE
     """standalone: own GPU pool run by the operator; colocated: on the student's GPUs; external: a URL;
-    shared: a DistillationTeacher (teacherRef) that serves several jobs."""
+    shared: a DistillationTeacher (teacherRef) that serves several jobs; student: a LoRA student's own base
+    model (`model` is student.model), scored by the student's rollout engine with the adapter off, nothing
+    loaded twice."""
     endpoint: str | None = Field(
         default=None, pattern=f"^https?://[^{WHITESPACE}/]+(/[^{WHITESPACE}]*)?$", max_length=MAX_LOCATION
     )
@@ -142,6 +149,11 @@ class Teacher(ApiModel):
     inference: Inference = Field(default_factory=Inference)
     max_concurrency: int = Field(default=32, ge=1, le=4096)
     """Scoring requests in flight per replica."""
+    system_prompt: str | None = Field(default=None, min_length=1, max_length=MAX_SYSTEM_PROMPT)
+    """Context distillation: a system turn this teacher sees before each prompt and the student does not (put
+    before the prompt's own system turn, if any, with a blank line between). The student learns to answer
+    without it as the teacher answers with it. The teacher's prompt must fit data.maxPromptTokens too
+    (data.overlongPrompts applies to it)."""
 
     rules = (
         Rule(
@@ -176,6 +188,13 @@ class Teacher(ApiModel):
             "|| self.placement == 'colocated'",
             message="transformers is for placement colocated (it runs in the job's own processes); a served "
             "teacher runs vLLM",
+            field="inference.engine",
+        ),
+        Rule(
+            check=lambda t: t.placement != Placement.STUDENT or t.inference.engine == TeacherEngine.AUTO,
+            cel="self.placement != 'student' || !has(self.inference) || !has(self.inference.engine) "
+            "|| self.inference.engine == 'auto'",
+            message="placement student is scored by the student's rollout engine: leave it auto",
             field="inference.engine",
         ),
         Rule(

@@ -114,7 +114,8 @@ def teacher_engine(
     student's precision (each engine resolves `auto` on its own device), eagerly, without tensor parallelism,
     on the student's GPU when the student has one. A transformers forward takes one request at a time: the
     samples that arrive meanwhile join the next (a second one out would only queue behind it)."""
-    colocated = teacher.placement == Placement.COLOCATED
+    # A teacher of the student's base computes where the student's rollout does (`student_base`).
+    colocated = teacher.placement in (Placement.COLOCATED, Placement.STUDENT)
     engine = scoring_engine(spec, teacher, local_gpus=local_gpus)
     in_flight = 2 * (max(1, teacher.replicas) if teacher.placement == Placement.STANDALONE else 1)
     return EngineSettings(

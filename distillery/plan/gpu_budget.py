@@ -83,6 +83,8 @@ def gpu_budget(spec: DistillationJobSpec) -> GpuBudget:
 
 
 def _fraction(teacher: Teacher, colocated_share: float) -> float:
+    if teacher.placement == Placement.STUDENT:  # scored by the rollout engine, in its memory
+        return 0.0
     if teacher.placement == Placement.COLOCATED:
         return teacher_fraction(teacher.inference.memory_fraction, colocated_share)
     if teacher.inference.memory_fraction is not None:

@@ -18,9 +18,15 @@ from distillery.plan.grader import GraderPlan, resolve_grader
 from distillery.plan.loss import LossConfig
 from distillery.plan.prompts import PromptPlan, resolve_prompts
 from distillery.plan.rollout import RolloutSettings, resolve_rollout, rollout_engine, trainer_world_size
-from distillery.plan.rollout_placement import rollout_in_trainer, teachers_in_trainer, trainer_computes_alone
+from distillery.plan.rollout_placement import (
+    rollout_in_trainer,
+    teachers_in_rollout,
+    teachers_in_trainer,
+    trainer_computes_alone,
+)
 from distillery.plan.routes import RouteTable, route_table
 from distillery.plan.scoring_overlap import teachers_scoring_after_rollout
+from distillery.plan.student_base import student_base_engine, student_base_teachers
 from distillery.plan.training import TrainerSettings, resolve_training
 
 
@@ -48,6 +54,11 @@ class JobPlan:
     """What each rollout engine is started with (`rollout.resolve_rollout`)."""
     teachers_in_trainer: frozenset[str]
     """The teachers scored in the trainer's process (`rollout_placement.teachers_in_trainer`)."""
+    teachers_in_rollout: frozenset[str]
+    """The teachers of the student's base scored by rollout replica 0's engine, the adapter off
+    (`rollout_placement.teachers_in_rollout`)."""
+    student_base: frozenset[str]
+    """The teachers that are the student's base model (`student_base.student_base_teachers`)."""
     trainer_alone: bool
     """Whether the trainer's process is the run's one compute process (`trainer_computes_alone`): in a local
     run its OpenMP threads keep libgomp's spin (`host_threads.lone_process_env`)."""
@@ -76,8 +87,11 @@ def resolve(
         t.name: teacher_engine(spec, t, budget.teacher_fractions[t.name], local_gpus=local_gpus)
         for t in spec.teachers
     }
-    in_trainer = rollout_in_trainer(spec, rollout_engine(spec, student), trainer)
-    hosted = teachers_in_trainer(in_trainer, engines)
+    engine = rollout_engine(spec, student)
+    base = student_base_teachers(spec)
+    engines.update({name: student_base_engine(engines[name], engine) for name in base})
+    in_trainer = rollout_in_trainer(spec, engine, trainer)
+    hosted = teachers_in_trainer(in_trainer, engines, base)
     return JobPlan(
         engines=engines,
         top_k=max_logprobs(spec),
@@ -89,10 +103,12 @@ def resolve(
         world_size=trainer_world_size(spec),
         rollout=resolve_rollout(spec, student, in_trainer=in_trainer),
         teachers_in_trainer=hosted,
+        teachers_in_rollout=teachers_in_rollout(in_trainer, base),
+        student_base=base,
         trainer_alone=trainer_computes_alone(
             in_trainer, hosted, teachers_scoring_after_rollout(spec, local=True)
         ),
         grader=resolve_grader(spec.data),
-        prompts=resolve_prompts(spec.data),
+        prompts=resolve_prompts(spec.data, spec.teachers),
         export=resolve_export(spec),
     )

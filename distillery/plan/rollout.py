@@ -14,6 +14,7 @@ from distillery.plan.attention import decode_attention
 from distillery.plan.episodes import response_tokens
 from distillery.plan.lora import LoraSettings, resolve_lora
 from distillery.plan.sleep import SleepLevel, sleep_level
+from distillery.plan.student_base import rollout_scoring_logprobs
 
 LOGPROB_CHECK_EVERY = 10
 """Where the loss has no use for the rollout's own log-probs, they are still asked for on the first step
@@ -62,6 +63,9 @@ class RolloutSettings:
     lora: LoraSettings | None = None
     """A LoRA student's adapter (`plan.lora`): the transformers engine puts it on its model, vLLM loads it as
     a LoRA adapter after each sync, which sends the adapter alone; None: full fine-tuning."""
+    max_logprobs: int = 1
+    """Log-probs a position vLLM may return: the loss's topK where the engine also scores a teacher of the
+    student's base (`student_base.rollout_scoring_logprobs`), else the sampled token's own."""
 
     @property
     def replica_sync_ranks(self) -> int:
@@ -169,6 +173,7 @@ def resolve_rollout(
         decode_attention=decode_attention(spec, engine),
         decode_threads=decode_threads(spec, engine, student),
         lora=resolve_lora(spec),
+        max_logprobs=rollout_scoring_logprobs(spec),
     )
 
 

@@ -49,15 +49,26 @@ def rollout_in_trainer(spec: DistillationJobSpec, engine: RolloutEngine, trainer
     )
 
 
-def teachers_in_trainer(in_trainer: bool, engines: Mapping[str, EngineSettings]) -> frozenset[str]:
+def teachers_in_trainer(
+    in_trainer: bool, engines: Mapping[str, EngineSettings], student_base: frozenset[str] = frozenset()
+) -> frozenset[str]:
     """The teachers scored in the trainer's process too: where the rollout runs there (`in_trainer`), every
-    teacher the plan scores with its transformers forward (`scoring_engine`: on the student's CPU cores).
+    teacher the plan scores with its transformers forward (`scoring_engine`: on the student's CPU cores),
+    those of the student's base (`student_base`: the trainer's model with the adapter off) among them.
     Their scoring already waits for the rollout's end on those cores (`scoring_overlap`), so the phases run
     one after the other in any case; in one process they do so without a process switch, a Ray worker of
     their own or the data crossing between processes."""
     if not in_trainer:
         return frozenset()
-    return frozenset(name for name, engine in engines.items() if engine.engine == TeacherEngine.TRANSFORMERS)
+    return frozenset(
+        name for name, engine in engines.items() if engine.engine == TeacherEngine.TRANSFORMERS
+    ) | frozenset(student_base)
+
+
+def teachers_in_rollout(in_trainer: bool, student_base: frozenset[str]) -> frozenset[str]:
+    """The teachers scored by rollout replica 0's engine, the adapter off: those of the student's base
+    (`student_base`) where the engine has a process of its own."""
+    return frozenset() if in_trainer else frozenset(student_base)
 
 
 def trainer_computes_alone(in_trainer: bool, hosted: frozenset[str], on_this_host: Iterable[str]) -> bool:

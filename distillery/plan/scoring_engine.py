@@ -34,14 +34,14 @@ CPU, bfloat16 on a GPU that has it, decided on the device the forward finds)."""
 
 def _in_job_processes(teacher: Teacher, *, local_gpus: int | None) -> bool:
     """Whether the teacher computes in the job's own processes (a Ray actor of the run), not a server."""
-    if teacher.placement == Placement.COLOCATED:
+    if teacher.placement in (Placement.COLOCATED, Placement.STUDENT):
         return True
     return local_gpus is not None and teacher.placement == Placement.STANDALONE
 
 
 def teacher_on_cpu(spec: DistillationJobSpec, teacher: Teacher, *, local_gpus: int | None) -> bool:
     """Whether the teacher computes on CPUs (`local_gpus`: see `scoring_engine`)."""
-    if teacher.placement == Placement.COLOCATED:
+    if teacher.placement in (Placement.COLOCATED, Placement.STUDENT):
         return spec.student.pool.gpus_per_worker == 0
     # A local run's standalone teacher takes GPUs where the machine has them (`local_gpus`), else the CPU.
     return teacher.pool.gpus_per_replica == 0 or local_gpus == 0
@@ -69,6 +69,9 @@ def scoring_engine_lines(spec: DistillationJobSpec) -> list[str]:
     machine without GPUs where the two differ."""
     lines = []
     for teacher in spec.teachers:
+        if teacher.placement == Placement.STUDENT:
+            lines.append(f"teacher {teacher.name}: the student's rollout engine (placement student)")
+            continue
         cluster = scoring_engine(spec, teacher, local_gpus=None)
         local = scoring_engine(spec, teacher, local_gpus=0)
         if teacher.inference.engine != TeacherEngine.AUTO:

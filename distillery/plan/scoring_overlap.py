@@ -21,5 +21,5 @@ def teachers_scoring_after_rollout(spec: DistillationJobSpec, *, local: bool) ->
     standalone teachers are servers on this host): their samples wait for the rollout to end."""
     if spec.student.pool.gpus_per_worker > 0:  # the rollout decodes on a GPU; the host's cores are free
         return frozenset()
-    on_this_host = {Placement.COLOCATED, *((Placement.STANDALONE,) if local else ())}
+    on_this_host = {Placement.COLOCATED, Placement.STUDENT, *((Placement.STANDALONE,) if local else ())}
     return frozenset(t.name for t in spec.teachers if t.placement in on_this_host)

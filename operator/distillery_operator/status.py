@@ -443,8 +443,8 @@ def derive_phase(
         return Phase.SUSPENDED, "suspended"
     if trainer.state == "queued":
         return Phase.PENDING, trainer.message
-    # Colocated teachers live in the trainer: only the others gate the start.
-    outside = [t for t in teachers if t.placement != Placement.COLOCATED]
+    # Colocated teachers and the student's base live in the trainer: only the others gate the start.
+    outside = [t for t in teachers if t.placement not in (Placement.COLOCATED, Placement.STUDENT)]
     waiting = [t for t in outside if not t.ready]
     if trainer.state == "running":
         if not waiting or previous_phase == Phase.RUNNING:

@@ -382,6 +382,37 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.student.lora.modulesToSave",
         AGREE,
     ),
+    # Teachers of the student's own base, and teachers' contexts (issue 54).
+    (
+        "teacher-student-placement-without-lora",
+        {"spec.teachers[0].placement": "student", "spec.teachers[0].model": "Qwen/Qwen2.5-0.5B"},
+        "spec.teachers",
+        AGREE,
+    ),
+    (
+        "teacher-student-placement-another-model",
+        {"spec.student.lora": {"rank": 8}, "spec.teachers[0].placement": "student"},
+        "spec.teachers",
+        AGREE,
+    ),
+    (
+        "teacher-student-placement-own-engine",
+        {
+            "spec.student.lora": {"rank": 8},
+            "spec.teachers[0].placement": "student",
+            "spec.teachers[0].model": "Qwen/Qwen2.5-0.5B",
+            "spec.teachers[0].inference": {"engine": "vllm"},
+        },
+        "spec.teachers[0].inference.engine",
+        AGREE,
+    ),
+    (
+        "teacher-context-without-template",
+        {"spec.teachers[0].systemPrompt": "Think first.", "spec.data.chatTemplate": "none"},
+        "spec.teachers",
+        AGREE,
+    ),
+    ("teacher-context-empty", {"spec.teachers[0].systemPrompt": ""}, "spec.teachers[0].systemPrompt", AGREE),
     # A tool-using student's environment (issue 55).
     (
         "environment-module-and-url",

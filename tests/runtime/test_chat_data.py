@@ -11,11 +11,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from distillery_runtime.data.data import DataError, check_training_rows, prepare
+from distillery_runtime.data.data import DataError, check_training_rows, prepare, scored_prompt, teacher_views
 from distillery_runtime.data.data_sources import HubDataset, hub_dataset, load_rows
 from transformers import AutoTokenizer
 
 from distillery.api.spec import Data, DataSource, DistillationJobSpec
+from distillery.plan.prompts import resolve_prompts
+from distillery.plan.routes import route_table
 
 HEADER = "<|im_start|>assistant\n"
 ANSWER = "The answer is 42 because six times seven is 42."
@@ -29,13 +31,13 @@ CHAT = [
 
 
 @pytest.fixture(scope="module")
-def qwen25(tiny_qwen_factory):
-    return AutoTokenizer.from_pretrained(tiny_qwen_factory("qwen2.5"))
+def qwen25(qwen_tokenizer):
+    return qwen_tokenizer("qwen2.5")  # the session's
 
 
 @pytest.fixture(scope="module")
-def qwen3(tiny_qwen_factory):
-    return AutoTokenizer.from_pretrained(tiny_qwen_factory("qwen3"))
+def qwen3(qwen_tokenizer):
+    return qwen_tokenizer("qwen3")  # the session's
 
 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -371,3 +373,84 @@ def test_raw_text_truncation_keeps_the_last_tokens(tmp_path, qwen25):
     data = _overlong(tmp_path, "truncate", 16, chatTemplate="none")
     record = prepare(data.train, data, qwen25).records[1]
     assert list(record.prompt_ids) == qwen25(LONG)["input_ids"][-16:]
+
+
+# ---------------------------------------------------------------------------------- teachers' contexts
+
+CONTEXT = "Think step by step, then give the number alone."
+
+
+def _context_plan(data: Data, teachers: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """The prompt plan and route table of a job with these teachers (`plan.prompts`, `plan.routes`)."""
+    doc = {
+        "student": {"model": "s", "pool": {"workers": 1, "gpusPerWorker": 0}},
+        "teachers": [{"model": "t", "placement": "colocated", **t} for t in teachers],
+        "data": data.model_dump(by_alias=True, exclude_none=True),
+    }
+    spec = DistillationJobSpec.model_validate(doc)
+    return resolve_prompts(spec.data, spec.teachers), route_table(spec)
+
+
+def test_a_teachers_context_renders_its_own_prompt_and_the_students_stays_as_it_was(tmp_path, qwen25):
+    rows = [
+        {"prompt": "What is 2+2?", "data_source": "math"},
+        {"messages": CHAT, "prompt": "x", "data_source": "chat"},
+    ]
+    path = _jsonl(tmp_path / "p.jsonl", rows)
+    data = _data(path, systemPrompt="You are terse.")
+    teachers = [
+        {"name": "tutor", "routes": ["math"], "systemPrompt": CONTEXT},
+        {"name": "plain", "default": True},
+    ]
+    prompts, routes = _context_plan(data, teachers)
+    plain = prepare(data.train, data, qwen25).records
+    records = prepare(data.train, data, qwen25, prompts, routes).records
+    assert [r.prompt_ids for r in records] == [r.prompt_ids for r in plain]  # the student's prompt unchanged
+    # The teacher of route "math" sees its context first, then the prompt's own system turn.
+    turns = [
+        {"role": "system", "content": f"{CONTEXT}\n\nYou are terse."},
+        {"role": "user", "content": "What is 2+2?"},
+    ]
+    assert _prompt(qwen25, records[0].teacher_prompt_ids or ()) == qwen25.apply_chat_template(
+        turns, add_generation_prompt=True, tokenize=False
+    )
+    assert records[1].teacher_prompt_ids is None  # routed to a teacher without a context
+    views = teacher_views(prepare(data.train, data, qwen25, prompts, routes))
+    assert scored_prompt(views, "math", records[0].prompt_ids) == records[0].teacher_prompt_ids
+    assert scored_prompt(views, "chat", records[0].prompt_ids) == records[0].prompt_ids  # another route
+    assert scored_prompt(views, "chat", records[1].prompt_ids) == records[1].prompt_ids
+
+
+def test_a_teachers_prompt_must_fit_max_prompt_tokens_too(tmp_path, qwen25):
+    short = "What is 2+2?"
+    path = _jsonl(tmp_path / "p.jsonl", [{"prompt": short}])
+    student = len(prepare(_data(path).train, _data(path), qwen25).records[0].prompt_ids)
+    limit = student + 4  # the student's prompt fits, the teacher's with its context does not
+    # Longer than Qwen2.5's default system turn, which the student's prompt has and the teacher's replaces.
+    context = " ".join([CONTEXT] * 4)
+    data = _data(path, maxPromptTokens=limit)
+    prompts, routes = _context_plan(data, [{"name": "tutor", "systemPrompt": context}])
+    with pytest.raises(DataError, match=rf"longer than data.maxPromptTokens={limit} \(a teacher's prompt"):
+        prepare(data.train, data, qwen25, prompts, routes)
+    turns = [{"role": "system", "content": context}, {"role": "user", "content": short}]
+    text = qwen25.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+    whole = len(qwen25(text, add_special_tokens=False)["input_ids"])
+    limit = whole - 3  # the teacher's prompt loses 3 tokens of the question; the student's fits
+    assert student <= limit
+    cut = _data(path, maxPromptTokens=limit, overlongPrompts="truncate")
+    prompts, routes = _context_plan(cut, [{"name": "tutor", "systemPrompt": context}])
+    prepared = prepare(cut.train, cut, qwen25, prompts, routes)
+    record = prepared.records[0]
+    assert len(record.teacher_prompt_ids or ()) <= limit and prepared.truncated == 1
+    assert len(record.prompt_ids) == student  # the student's prompt whole
+    teacher = _prompt(qwen25, record.teacher_prompt_ids or ())
+    assert teacher.startswith(f"<|im_start|>system\n{context}") and teacher.endswith(f"<|im_end|>\n{HEADER}")
+
+
+def test_a_teachers_context_needs_a_tokenizer_with_a_chat_template(tmp_path, qwen25):
+    data = _data(_jsonl(tmp_path / "p.jsonl", [{"prompt": "1+1?"}]))
+    prompts, routes = _context_plan(data, [{"name": "tutor", "systemPrompt": CONTEXT}])
+    bare = AutoTokenizer.from_pretrained(qwen25.name_or_path)
+    bare.chat_template = None
+    with pytest.raises(DataError, match="the systemPrompt of teacher tutor needs a chat template"):
+        prepare(data.train, data, bare, prompts, routes)

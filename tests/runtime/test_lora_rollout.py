@@ -8,6 +8,7 @@ tensor parallelism), and modules trained whole send `engine: auto` to the transf
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import socket
 from collections.abc import Iterator
@@ -15,10 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from distillery_runtime.rollout import GenerationRequest, SamplingSettings, build_engine
 from distillery_runtime.sync.weight_sync import SyncGroup, tensor_metas
+from distillery_runtime.teachers.in_process.student_base import student_base_teacher
+from distillery_runtime.teachers.in_process.transformers_forward import TransformersTeacher
+from distillery_runtime.teachers.types import ScoreRequest
 from distillery_runtime.training.lora import is_adapter_key
 from distillery_runtime.training.trainer import Trainer, step_normalizer
 
@@ -41,6 +46,10 @@ BUCKET = 4 * 1024
 """Bytes: several buckets for the tiny model's adapter, so that the shared-memory slots are reused."""
 TOLERANCE = 1e-4
 """float32 on both sides, as the full-weight sync's test (test_rollout_sync.py)."""
+TOP_K = 4
+"""The manifest's loss.topK."""
+SCORED = [ScoreRequest(PROMPT, RESPONSE, "a"), ScoreRequest([3, 4], [12, 9, 1, 25, 2], "b")]
+"""Two samples of different lengths for a teacher of the student's base."""
 
 
 def _trainer(job_files: JobFiles) -> Trainer:
@@ -157,7 +166,11 @@ def test_the_transformers_engine_follows_a_lora_trainer(job_files: JobFiles) -> 
 @pytest.fixture(scope="module")
 def vllm_lora_engine(job_files: JobFiles) -> Iterator[Any]:
     """The module's one vLLM engine with LoRA (each start is seconds of CI)."""
-    engine = build_engine("vllm", str(job_files.student), dtype=torch.float32, max_model_len=64, lora=LORA)
+    # top-k log-probs of the base as a teacher (`base_rows`): the plan's max_logprobs where a teacher has
+    # placement student.
+    engine = build_engine(
+        "vllm", str(job_files.student), dtype=torch.float32, max_model_len=64, lora=LORA, max_logprobs=TOP_K
+    )
     yield engine
     root = engine.adapter_root
     engine.close()
@@ -182,6 +195,89 @@ def test_the_vllm_engine_follows_a_lora_trainer(job_files: JobFiles, vllm_lora_e
         _gap(engine.sequence_logprobs(PROMPT, RESPONSE), trainer.sequence_logprobs(PROMPT, RESPONSE))
         < TOLERANCE
     )
+
+
+def _check_base_teacher(trainer: Trainer, engine: Any, job_files: JobFiles) -> None:
+    """The teacher of the student's base on `engine` (whose adapter a train step has moved) scores as a
+    teacher of the base model loaded on its own: the same top-k ids and log-probs, which the adapted
+    student's differ from."""
+    settings = resolve(_spec(job_files, {"rank": 8})).engines["teacher"]
+    base = student_base_teacher(engine, settings)
+    alone = TransformersTeacher(
+        str(job_files.student), settings, dtype=torch.float32, device=torch.device("cpu")
+    )
+    got = asyncio.run(base.score(SCORED, TOP_K))
+    want = asyncio.run(alone.score(SCORED, TOP_K))
+    np.testing.assert_array_equal(got.mask, want.mask)
+    np.testing.assert_array_equal(got.topk_ids[got.mask], want.topk_ids[want.mask])
+    np.testing.assert_allclose(got.topk_logprobs[got.mask], want.topk_logprobs[want.mask], atol=TOLERANCE)
+    np.testing.assert_allclose(got.token_logprobs[got.mask], want.token_logprobs[want.mask], atol=TOLERANCE)
+    adapted = trainer.sequence_logprobs(PROMPT, RESPONSE)
+    assert _gap(adapted, got.token_logprobs[0, : len(RESPONSE)].tolist()) > 0.05  # not the student's
+
+
+def test_a_teacher_of_the_students_base_is_the_trainers_model_with_the_adapter_off(
+    job_files: JobFiles,
+) -> None:
+    """Where the rollout samples with the trainer's own model (`rollout_in_trainer`), the base teacher is that
+    model with the adapter disabled: no copy, its training mode kept."""
+    trainer = _trainer(job_files)
+    _train(trainer)
+    engine = build_engine("transformers", str(job_files.student), dtype=torch.float32, max_model_len=64)
+    engine.model = trainer.model  # as `TrainerWithRollout` builds it
+    trainer.model.train()
+    _check_base_teacher(trainer, engine, job_files)
+    assert trainer.model.training  # the forward's eval mode undone
+    before = trainer.sequence_logprobs(PROMPT, RESPONSE)
+    _train(trainer)  # the adapter still trains after the base scored
+    assert _gap(trainer.sequence_logprobs(PROMPT, RESPONSE), before) > 0.01
+
+
+@pytest.mark.slow
+def test_a_teacher_of_the_students_base_on_vllm_scores_requests_without_the_adapter(
+    job_files: JobFiles, vllm_lora_engine: Any
+) -> None:
+    trainer = _trainer(job_files)
+    _train(trainer)
+    vllm_lora_engine.update_weights(trainer.weights(torch.float32), 7)
+    assert (
+        _gap(
+            vllm_lora_engine.sequence_logprobs(PROMPT, RESPONSE), trainer.sequence_logprobs(PROMPT, RESPONSE)
+        )
+        < TOLERANCE
+    )  # the engine samples the adapted student
+    _check_base_teacher(trainer, vllm_lora_engine, job_files)
+
+
+def test_the_plan_scores_a_teacher_of_the_students_base_where_the_rollout_runs(job_files: JobFiles) -> None:
+    def plan(gpus: int, **rollout: Any) -> Any:
+        doc = manifest(job_files)
+        doc["spec"]["student"].update(
+            lora={"rank": 8},
+            rollout={"maxNewTokens": 6, **rollout},
+            pool={"workers": 1, "gpusPerWorker": gpus},
+        )
+        doc["spec"]["teachers"] = [
+            {"name": "base", "model": doc["spec"]["student"]["model"], "placement": "student"},
+        ]
+        return resolve(parse_job(doc).spec)
+
+    on_gpu = plan(1, engine="vllm")
+    assert on_gpu.teachers_in_rollout == {"base"} and not on_gpu.teachers_in_trainer
+    assert on_gpu.rollout.max_logprobs == on_gpu.top_k  # vLLM returns the teacher's top-k
+    assert on_gpu.engines["base"].memory_fraction == 0.0  # nothing of its own on the GPU
+    assert on_gpu.gpu_budget.student_gpu_taken == on_gpu.rollout.memory_fraction
+    assert on_gpu.gpu_placement is not None
+    assert [a.name for a in on_gpu.gpu_placement.actors if "teacher" in a.name] == []
+    cpu = plan(0, engine="transformers")
+    assert cpu.rollout.in_trainer and cpu.teachers_in_trainer == {"base"} and not cpu.teachers_in_rollout
+    assert cpu.engines["base"].coalesced_in_flight == 1
+    full = manifest(job_files)
+    full["spec"]["teachers"] = [
+        {"name": "base", "model": full["spec"]["student"]["model"], "placement": "student"}
+    ]
+    with pytest.raises(ValueError, match="needs student.lora"):
+        parse_job(full)
 
 
 def _spec(job_files: JobFiles, lora: dict[str, Any] | None, gpus: int = 0, **rollout: Any) -> Any:

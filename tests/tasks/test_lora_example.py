@@ -96,3 +96,37 @@ def test_a_lora_student_learns_and_its_adapter_and_merged_model_agree(prepared_t
         tokenizer.eos_token_id,
     )
     assert alone != with_peft
+
+
+def test_a_teacher_of_the_students_base_with_a_context_is_distilled_into_the_adapter(prepared_task, tmp_path):
+    """Context distillation on the student's own base (`placement: student`, `systemPrompt`): the local-lora
+    job with its teacher replaced by the student's base, which sees a system turn the student does not.
+
+    At step 0 the student is its base (B is zero): a KL above zero is the context alone, so the teacher saw
+    it; the adapter then learns to answer without it as the base does with it, and the KL falls. The base is
+    scored in the trainer's process, on the trainer's model with the adapter off (`plan.student_base`)."""
+    import yaml
+
+    job = yaml.safe_load((Path(__file__).parents[2] / "examples" / "local-lora.yaml").read_text())
+    job["metadata"]["name"] = "local-context"
+    spec = job["spec"]
+    spec["teachers"] = [
+        {
+            "name": "base",
+            "model": spec["student"]["model"],
+            "placement": "student",
+            "systemPrompt": "Add the two numbers.",
+        }
+    ]
+    spec["data"]["maxPromptTokens"] = 32  # the teacher's prompt with its system turn fits too
+    spec["schedule"].update(steps=6, evalEvery=3, promptsPerStep=16, microBatchSize=16)
+    manifest = tmp_path / "local-context.yaml"
+    manifest.write_text(yaml.safe_dump(job))
+    evals = run_example(str(manifest), prepared_task, tmp_path / "run")
+    kl = [e["kl_per_teacher"]["base"] for e in evals]
+    assert [e["step"] for e in evals] == [0, 3, 6]
+    assert kl[0] > 0.3, kl  # the student is the base at step 0: the context alone makes the gap
+    assert kl[-1] < 0.5 * kl[0], kl
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["samples_per_teacher"] == {"base": 16} for m in metrics if "samples_per_teacher" in m)
+    assert all(m["sync/bytes"] == 0 for m in metrics if "sync/bytes" in m)  # sampled with the trainer's model

@@ -10,6 +10,7 @@ or truncated as the spec says; dropped and truncated ones are counted and named,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -21,7 +22,15 @@ from typing import Any
 
 from distillery.api.spec import Data, DataSource, DistillationJobSpec, OverlongPolicy
 from distillery.plan import resolve
-from distillery.plan.prompts import PromptPlan, PromptSource, TemplateRequired, resolve_prompts, uses_template
+from distillery.plan.prompts import (
+    PromptPlan,
+    PromptSource,
+    TemplateRequired,
+    resolve_prompts,
+    uses_template,
+    with_context,
+)
+from distillery.plan.routes import RouteTable
 from distillery_runtime.data.chat import ChatRowError, Turn, fit, render, split_conversation, with_system
 from distillery_runtime.data.data_sources import DataError, detect_format, load_rows
 
@@ -39,6 +48,30 @@ class PromptRecord:
     answer: str | None = None
     response_ids: tuple[int, ...] | None = None
     """Reference response (data.responseField) plus EOS, for the off-policy share."""
+    teacher_prompt_ids: tuple[int, ...] | None = None
+    """The prompt as its teacher sees it, where that teacher has a context of its own (`systemPrompt`: context
+    distillation); None: the student's prompt."""
+
+
+TeacherViews = dict[tuple[str | None, tuple[int, ...]], tuple[int, ...]]
+"""(route, the student's prompt ids) -> the prompt ids its teacher scores the response after."""
+
+
+def teacher_views(*prepared: PreparedData | None) -> TeacherViews:
+    """The teachers' own prompts of the records that have one, by what a sample carries (`scored_prompt`)."""
+    return {
+        (r.route, r.prompt_ids): r.teacher_prompt_ids
+        for data in prepared
+        if data is not None
+        for r in data.records
+        if r.teacher_prompt_ids is not None
+    }
+
+
+def scored_prompt(views: TeacherViews, route: str | None, prompt_ids: Sequence[int]) -> Sequence[int]:
+    """The prompt a sample's teacher scores its response after: its own view of the record, else the
+    student's prompt."""
+    return views.get((route, tuple(prompt_ids)), prompt_ids) if views else prompt_ids
 
 
 @dataclass
@@ -117,10 +150,27 @@ def shorten(rendered: Rendered, limit: int, tokenizer: Any, plan: PromptPlan) ->
     )
 
 
-def prepare(source: DataSource, data: Data, tokenizer: Any) -> PreparedData:
+def with_teacher_context(rendered: Rendered, context: str) -> list[Turn]:
+    """A templated prompt's turns as a teacher with `context` sees them (`prompts.with_context`)."""
+    assert rendered.turns is not None  # a context needs the template (`uses_template`)
+    turns = rendered.turns
+    own = turns[0]["content"] if turns and turns[0]["role"] == "system" else None
+    rest = turns[1:] if own is not None else turns
+    return [{"role": "system", "content": with_context(own, context)}, *rest]
+
+
+def prepare(
+    source: DataSource,
+    data: Data,
+    tokenizer: Any,
+    prompts: PromptPlan | None = None,
+    routes: RouteTable | None = None,
+) -> PreparedData:
     """Tokenize every row of a source; overlong prompts are rejected (all named), dropped or truncated
-    (counted)."""
-    plan = resolve_prompts(data)
+    (counted). `prompts`: the plan's (default: `data`'s alone, no teacher contexts); `routes`: which teacher
+    scores each row, whose context (`PromptPlan.teacher_contexts`) then renders its teacher's own prompt. That
+    prompt must fit `data.maxPromptTokens` too: an overlong one is rejected, dropped or cut as the student's."""
+    plan = prompts or resolve_prompts(data)
     try:
         templated = uses_template(plan, bool(getattr(tokenizer, "chat_template", None)))
     except TemplateRequired as error:
@@ -134,29 +184,44 @@ def prepare(source: DataSource, data: Data, tokenizer: Any) -> PreparedData:
     for index, row in enumerate(rows):
         where = f"{source.path} row {index}"
         rendered = render_prompt(row, plan, templated, tokenizer, where)
-        ids = rendered.ids
-        if len(ids) > limit:
+        views = [rendered]
+        context = _context(row, data, plan, routes)
+        if context is not None:
+            turns = with_teacher_context(rendered, context)
+            views.append(Rendered(render(tokenizer, turns, plan.template_kwargs), turns=turns))
+        fitted: list[list[int]] = []
+        for view in views:
+            ids = view.ids
+            if len(ids) > limit and plan.overlong == OverlongPolicy.TRUNCATE:
+                cut = shorten(view, limit, tokenizer, plan)
+                if cut is None:
+                    raise DataError(
+                        f"{where}: the chat template with the system turn alone is longer than "
+                        f"data.maxPromptTokens={limit}; raise maxPromptTokens or shorten "
+                        + ("data.systemPrompt" if view is rendered else "the teacher's systemPrompt")
+                    )
+                ids = cut
+            fitted.append(ids)
+        longest = max(len(ids) for ids in (rendered.ids, *(v.ids for v in views)))
+        if longest > limit:
             if plan.overlong == OverlongPolicy.REJECT:
-                overlong.append((index, len(ids)))
+                overlong.append((index, longest))
                 continue
             if plan.overlong == OverlongPolicy.DROP:
                 dropped.append(PromptRecord(index=index, prompt_ids=()))
                 continue
-            cut = shorten(rendered, limit, tokenizer, plan)
-            if cut is None:
-                raise DataError(
-                    f"{where}: the chat template with the system turn alone is longer than "
-                    f"data.maxPromptTokens={limit}; raise maxPromptTokens or shorten data.systemPrompt"
-                )
-            ids = cut
             truncated += 1
-        records.append(_record(index, row, ids, rendered.response, data, tokenizer))
+        record = _record(index, row, fitted[0], rendered.response, data, tokenizer)
+        if context is not None:
+            record = dataclasses.replace(record, teacher_prompt_ids=tuple(fitted[1]))
+        records.append(record)
     if overlong:
         shown = ", ".join(f"row {i} ({n} tokens)" for i, n in overlong[:10])
         more = f" and {len(overlong) - 10} more" if len(overlong) > 10 else ""
+        counted = " (a teacher's prompt with its systemPrompt counted)" if plan.teacher_contexts else ""
         raise DataError(
-            f"{source.path}: {len(overlong)} prompt(s) longer than data.maxPromptTokens={limit}: {shown}{more}; "
-            "raise maxPromptTokens or set data.overlongPrompts: drop or truncate"
+            f"{source.path}: {len(overlong)} prompt(s) longer than data.maxPromptTokens={limit}{counted}: "
+            f"{shown}{more}; raise maxPromptTokens or set data.overlongPrompts: drop or truncate"
         )
     if not records:
         raise DataError(
@@ -172,6 +237,15 @@ def prepare(source: DataSource, data: Data, tokenizer: Any) -> PreparedData:
             f"{len(dropped)} prompt(s) longer than data.maxPromptTokens={limit} dropped ({_rows(dropped)})"
         )
     return prepared
+
+
+def _context(row: dict[str, Any], data: Data, plan: PromptPlan, routes: RouteTable | None) -> str | None:
+    """The context of the teacher that scores `row` (None: it sees the student's prompt)."""
+    if not plan.teacher_contexts or routes is None:
+        return None
+    route = row.get(data.route_field)
+    teacher = routes.teacher_for(None if route is None else str(route))
+    return None if teacher is None else plan.teacher_contexts.get(teacher)
 
 
 def _record(

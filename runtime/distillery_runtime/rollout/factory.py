@@ -28,11 +28,13 @@ def build_engine(
     decode_threads: int | None = None,
     sleep_level: SleepLevel = SleepLevel.NONE,
     lora: LoraSettings | None = None,
+    max_logprobs: int = 1,
 ) -> RolloutEngine:
     """The engine named by `student.rollout.engine` (vllm or transformers). `decode_attention` and
     `decode_threads`: the transformers engine's in its decode steps; `sleep_level`: the vLLM engine's
     (`RolloutSettings`; the transformers engine never sleeps); `lora`: a LoRA student's adapter, which
-    every weight sync then carries alone."""
+    every weight sync then carries alone; `max_logprobs`: vLLM's, where it scores the student's base as a
+    teacher too (`RolloutSettings.max_logprobs`)."""
     if kind == EngineKind.VLLM:
         from distillery_runtime.rollout.vllm_engine import VllmRolloutEngine
 
@@ -46,6 +48,7 @@ def build_engine(
             tensor_parallel=tensor_parallel,
             sleep_level=sleep_level,
             lora=lora,
+            max_logprobs=max_logprobs,
         )
     if tensor_parallel != 1:  # the spec refuses it; a direct caller gets the same reason
         raise ValueError("tensor_parallel needs the vllm engine (the transformers engine runs on one device)")

@@ -64,9 +64,12 @@ class VllmRolloutEngine:
         tensor_parallel: int = 1,
         sleep_level: SleepLevel = SleepLevel.NONE,
         lora: LoraSettings | None = None,
+        max_logprobs: int = 1,
     ) -> None:
         """`sleep_level`: the plan's (`RolloutSettings.sleep_level`); taken on a GPU only, as vLLM's CPU
-        build has no sleep mode. `lora`: a LoRA student's adapter, which each sync then carries alone."""
+        build has no sleep mode. `lora`: a LoRA student's adapter, which each sync then carries alone.
+        `max_logprobs`: the plan's (`RolloutSettings.max_logprobs`): the loss's topK where the engine also
+        scores the student's base as a teacher (`base_rows`)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         for name, value in vllm_env(os.environ).items():
             os.environ.setdefault(name, value)
@@ -124,7 +127,7 @@ class VllmRolloutEngine:
                 tensor_parallel_size=tensor_parallel,
                 distributed_executor_backend=rollout_executor(tensor_parallel, on_gpu=_on_gpu()),
                 weight_transfer_config={"backend": vllm_transfer.NAME},
-                max_logprobs=1,
+                max_logprobs=max_logprobs,
                 **kwargs,
             )
         finally:
@@ -317,6 +320,30 @@ class VllmRolloutEngine:
                 raise RuntimeError("vLLM returned no prompt log-probs for a response position")
             result.append(row[token].logprob)
         return result
+
+    def base_rows(self, seqs: Sequence[Any], top_k: int) -> list[tuple[Any, Any, Any]]:
+        """A LoRA student's base model as a teacher (`teachers.in_process.student_base`): each sequence's
+        (top-k ids, top-k log-probs, token log-prob) at its response positions, from requests that name no
+        adapter, through the compact path of a teacher's own engine (`engine_scoring`)."""
+        from vllm.inputs import TokensPrompt
+
+        from distillery_runtime.teachers.in_process.engine_scoring import (
+            install_tensor_logprobs,
+            response_rows,
+            scoring_params,
+        )
+
+        self.sleep_mode.check_ready()
+        install_tensor_logprobs()
+        params = scoring_params(top_k)
+        rows = []
+        # One request a call: with LoRA enabled, vLLM 0.32's logits of several requests' prompt log-probs in one
+        # batch do not match its LoRA mapping (an einsum's batch of requests against one request's positions).
+        for seq in seqs:
+            prompt = TokensPrompt(prompt_token_ids=list(seq.token_ids))
+            (out,) = self.llm.generate([prompt], params, use_tqdm=False, lora_request=None)
+            rows.append(response_rows(out, seq))
+        return rows
 
     def close(self) -> None:
         """A LoRA engine's sync group closed and its adapter folders removed (also when it is collected)."""

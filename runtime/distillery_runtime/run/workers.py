@@ -237,10 +237,48 @@ class EngineCalls:
         self.engine.wake_up()
 
 
-class RolloutWorker(EngineCalls):
-    """The student's rollout engine (vLLM or transformers) in its own process."""
+class HostedTeachers:
+    """Teachers scored in a process that exists for something else (the trainer's, a rollout engine's),
+    answering `teacher_*` calls by name (`scoring.RayTeacher` with `hosted`). Their calls are coroutines (the
+    interface every teacher shares) that never wait on I/O here: one loop of this actor's own runs them, the
+    actor's other calls staying synchronous."""
 
-    def __init__(self, model_dir: str, settings: RolloutSettings) -> None:
+    teachers: dict[str, Any]
+    event_loop: asyncio.AbstractEventLoop
+
+    def host_teachers(self, teachers: dict[str, Any]) -> None:
+        self.teachers = teachers
+        self.event_loop = asyncio.new_event_loop()
+
+    def teacher_score(self, name: str, samples: Sequence[Any], top_k: int) -> Any:
+        return self.event_loop.run_until_complete(self.teachers[name].score(samples, top_k))
+
+    def teacher_score_each(self, name: str, samples: Sequence[Any], top_k: int) -> list[Any]:
+        """Each sample's scores (B = 1), in order, by teacher `name`: one call for the samples a client
+        gathered (`InProcessTeacherWorker.score_each`)."""
+        return self.event_loop.run_until_complete(self.teachers[name].score_each(samples, top_k))
+
+    def teacher_vocabulary(self, name: str) -> dict[int, str]:
+        vocabulary: dict[int, str] = self.teachers[name].vocabulary()
+        return vocabulary
+
+
+def student_base_teachers(engine: Any, base: dict[str, EngineSettings] | None) -> dict[str, Any]:
+    """The teachers of the student's base (`plan.student_base`: name -> the plan's engine settings) on a LoRA
+    student's rollout engine, the adapter off."""
+    from distillery_runtime.teachers.in_process.student_base import student_base_teacher
+
+    return {name: student_base_teacher(engine, settings) for name, settings in (base or {}).items()}
+
+
+class RolloutWorker(EngineCalls, HostedTeachers):
+    """The student's rollout engine (vLLM or transformers) in its own process; replica 0 also scores the
+    teachers of the student's base (`plan.teachers_in_rollout`)."""
+
+    def __init__(
+        self, model_dir: str, settings: RolloutSettings, base: dict[str, EngineSettings] | None = None
+    ) -> None:
+        """`base`: name -> the plan's engine settings of the teachers of the student's base scored here."""
         from distillery_runtime.rollout import build_engine
 
         self.dtype_name = compute_dtype_here(settings.precision)
@@ -257,7 +295,9 @@ class RolloutWorker(EngineCalls):
             decode_threads=settings.decode_threads,
             sleep_level=settings.sleep_level,
             lora=settings.lora,
+            max_logprobs=settings.max_logprobs,
         )
+        self.host_teachers(student_base_teachers(self.engine, base))
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> int:
         self.engine.update_weights(weights, version)
@@ -291,13 +331,14 @@ def transformers_teacher(model_dir: str, engine: EngineSettings) -> Any:
     return TransformersTeacher(model_dir, engine, dtype=getattr(torch, dtype), device=device)
 
 
-class TrainerWithRollout(TrainerWorker, EngineCalls):
+class TrainerWithRollout(TrainerWorker, EngineCalls, HostedTeachers):
     """The one trainer rank, whose process also hosts the rollout engine, sampling with the trainer's own
     model (`plan.rollout_in_trainer`). It answers the rollout engine's calls (`EngineCalls`: `RolloutPool`
     drives it as its one replica; the engine's sleep and wake-up do nothing) besides the trainer's: the
     engine is always at the trainer's version, so no weight sync group is formed and a step's sync is
-    nothing. The teachers the plan scores here too (`plan.teachers_in_trainer`: transformers forwards)
-    answer `teacher_*` calls by name (`RayTeacher`)."""
+    nothing. The teachers the plan scores here too (`plan.teachers_in_trainer`: transformers forwards, and the
+    student's base on the trainer's own model with the adapter off) answer `teacher_*` calls by name
+    (`HostedTeachers`)."""
 
     def __init__(
         self,
@@ -305,8 +346,10 @@ class TrainerWithRollout(TrainerWorker, EngineCalls):
         settings: Any,
         rollout: RolloutSettings,
         teachers: dict[str, tuple[str, EngineSettings]] | None = None,
+        base: dict[str, EngineSettings] | None = None,
     ) -> None:
-        """`teachers`: name -> (model folder, the plan's engine settings) of the teachers scored here."""
+        """`teachers`: name -> (model folder, the plan's engine settings) of the teachers scored here; `base`:
+        name -> the plan's engine settings of the teachers of the student's base, scored here too."""
         from distillery_runtime.rollout.hf_engine import TransformersRolloutEngine
 
         super().__init__(model_dir, settings, 0, 1)
@@ -318,12 +361,15 @@ class TrainerWithRollout(TrainerWorker, EngineCalls):
             decode_threads=rollout.decode_threads,
         )
         self.dtype_name = compute_dtype_here(rollout.precision)
-        self.teachers = {
-            name: transformers_teacher(folder, engine) for name, (folder, engine) in (teachers or {}).items()
-        }
-        # The teachers' calls are coroutines (the interface every teacher shares) that never wait on I/O
-        # here: one loop of this actor's own runs them, the actor's other calls staying synchronous.
-        self.event_loop = asyncio.new_event_loop()
+        self.host_teachers(
+            {
+                **{
+                    name: transformers_teacher(folder, engine)
+                    for name, (folder, engine) in (teachers or {}).items()
+                },
+                **student_base_teachers(self.engine, base),
+            }
+        )
 
     def train_step(self, samples: Sequence[TrainSample], normalizer: float) -> dict[str, float]:
         metrics = super().train_step(samples, normalizer)
@@ -333,18 +379,6 @@ class TrainerWithRollout(TrainerWorker, EngineCalls):
     def load_state(self, checkpoint_path: str) -> int:
         self.engine.policy_version = super().load_state(checkpoint_path)
         return self.engine.policy_version
-
-    def teacher_score(self, name: str, samples: Sequence[Any], top_k: int) -> Any:
-        return self.event_loop.run_until_complete(self.teachers[name].score(samples, top_k))
-
-    def teacher_score_each(self, name: str, samples: Sequence[Any], top_k: int) -> list[Any]:
-        """Each sample's scores (B = 1), in order, by teacher `name`: one call for the samples a client
-        gathered (`InProcessTeacherWorker.score_each`)."""
-        return self.event_loop.run_until_complete(self.teachers[name].score_each(samples, top_k))
-
-    def teacher_vocabulary(self, name: str) -> dict[int, str]:
-        vocabulary: dict[int, str] = self.teachers[name].vocabulary()
-        return vocabulary
 
 
 class InProcessTeacherWorker:

@@ -82,9 +82,10 @@ async def _start_student(
         scored_here = {
             t.name: (resolve_location(t.model), plan.engines[t.name])
             for t in spec.teachers
-            if t.name in plan.teachers_in_trainer
+            if t.name in plan.teachers_in_trainer and t.name not in plan.student_base
         }
-        trainers = [hosting_cls.remote(loop.model_dir, settings, plan.rollout, scored_here)]
+        base = {name: plan.engines[name] for name in plan.teachers_in_trainer & plan.student_base}
+        trainers = [hosting_cls.remote(loop.model_dir, settings, plan.rollout, scored_here, base)]
         return trainers, RolloutPool(trainers)
     trainer_cls = ray.remote(workers.TrainerWorker)
     trainers = [
@@ -95,8 +96,12 @@ async def _start_student(
         address = await trainers[0].rendezvous.remote()
         await asyncio.gather(*(t.init_group.remote(address) for t in trainers))
     rollout_cls = ray.remote(workers.RolloutWorker)
+    # Replica 0 scores the teachers of the student's base too (`plan.teachers_in_rollout`).
+    base = {name: plan.engines[name] for name in plan.teachers_in_rollout}
     engines = [
-        rollout_cls.options(**placement.rollout(replica)).remote(loop.model_dir, plan.rollout)
+        rollout_cls.options(**placement.rollout(replica)).remote(
+            loop.model_dir, plan.rollout, base if replica == 0 else None
+        )
         for replica in range(plan.rollout.replicas)
     ]
     return trainers, RolloutPool(engines, replica_ranks=plan.rollout.replica_sync_ranks)
@@ -122,7 +127,7 @@ async def start_components(loop: LoopState, config: RuntimeConfig) -> Components
     trainers, rollout = await _start_student(loop, config, placement)
     teacher_actors: dict[str, Any] = {}
     for index, teacher in enumerate(spec.teachers):
-        if teacher.name not in in_process or teacher.name in hosted:
+        if teacher.name not in in_process or teacher.name in hosted or teacher.name in plan.student_base:
             continue
         # A colocated teacher shares the student's GPU the plan names; a local run's CPU standalone takes none.
         options = placement.teacher(index, colocated=teacher.placement == Placement.COLOCATED)
@@ -133,9 +138,12 @@ async def start_components(loop: LoopState, config: RuntimeConfig) -> Components
         )
         teacher_actors[teacher.name] = actor
     await asyncio.gather(*(a.start.remote() for a in teacher_actors.values()))
-    # The vocabulary of a teacher in the run as its engine loaded it (a hub id has no files here to read first).
+    # The vocabulary of a teacher in the run as its engine loaded it (a hub id has no files here to read first);
+    # the student's base is the student's own model and tokenizer.
     student_vocabulary = tokenizer_vocabulary(loop.tokenizer)
     for index, teacher in enumerate(spec.teachers):
+        if teacher.name in plan.student_base:
+            continue
         if teacher.name in teacher_actors or teacher.name in hosted:
             vocabulary = (
                 await trainers[0].teacher_vocabulary.remote(teacher.name)
@@ -148,14 +156,19 @@ async def start_components(loop: LoopState, config: RuntimeConfig) -> Components
     # Past a client's own retries a teacher counts as down: scoring waits for it, up to the job's budget.
     retry = client_retry(spec.teacher_outage_timeout_seconds)
     job = job_identity(config.job_name, config.namespace)
+    # The actor whose process scores each teacher computed there besides its own work (`HostedTeachers`).
+    hosts = {
+        **{name: trainers[0] for name in hosted},
+        **{name: rollout.actors[0] for name in plan.teachers_in_rollout},
+    }
     clients = {
         t.name: build_client(
             t,
             plan.engines[t.name],
-            trainers[0] if t.name in hosted else teacher_actors.get(t.name),
+            hosts.get(t.name, teacher_actors.get(t.name)),
             retry,
             job,
-            hosted=t.name in hosted,
+            hosted=t.name in hosts,
         )
         for t in config.teachers
     }

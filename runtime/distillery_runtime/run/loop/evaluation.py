@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from distillery.plan.generation import EVAL_SAMPLES_LOGGED
+from distillery_runtime.data.data import scored_prompt
 from distillery_runtime.data.samples import RolloutSample
 from distillery_runtime.observe.rollout_stats import episode_stats, response_stats
 from distillery_runtime.rollout.base import GenerationRequest
@@ -90,6 +91,11 @@ class EvaluationPhase(LoopState):
         if not outputs:
             return []
         await c.scoring.wake_up()  # colocated teachers sleep while the student trains
-        requests = [ScoreRequest(o.prompt_ids, o.response_ids, o.sample_id, o.route) for o in outputs]
+        requests = [
+            ScoreRequest(
+                scored_prompt(self.teacher_views, o.route, o.prompt_ids), o.response_ids, o.sample_id, o.route
+            )
+            for o in outputs
+        ]
         results = await asyncio.gather(*(c.scoring.score_one(r) for r in requests))
         return [(name, plan.sample_kl(o, scores)) for o, (name, scores) in zip(outputs, results, strict=True)]

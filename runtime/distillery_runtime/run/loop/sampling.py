@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from distillery_runtime.data.data import PromptRecord, take
+from distillery_runtime.data.data import PromptRecord, scored_prompt, take
 from distillery_runtime.data.samples import RolloutSample, TrainSample
 from distillery_runtime.run.loop import plan
 from distillery_runtime.run.loop.components import Components
@@ -39,7 +39,9 @@ class SamplingPhase(LoopState):
         def submit(sample: RolloutSample) -> None:
             index = len(samples)
             samples.append(sample)
-            request = ScoreRequest(sample.prompt_ids, sample.response_ids, sample.sample_id, sample.route)
+            # A teacher with a context of its own scores the same response after its own prompt.
+            prompt = scored_prompt(self.teacher_views, sample.route, sample.prompt_ids)
+            request = ScoreRequest(prompt, sample.response_ids, sample.sample_id, sample.route)
             if self.scored_after_rollout and c.scoring.teacher_name(request) in self.scored_after_rollout:
                 held[index] = request
             else:

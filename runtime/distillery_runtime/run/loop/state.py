@@ -25,7 +25,7 @@ from distillery_runtime.agents.environments import Environments
 from distillery_runtime.agents.episodes import EpisodeRunner
 from distillery_runtime.agents.observations import ObservationEncoder
 from distillery_runtime.checkpoints import checkpoint
-from distillery_runtime.data.data import PreparedData, check_training_rows, prepare
+from distillery_runtime.data.data import PreparedData, check_training_rows, prepare, teacher_views
 from distillery_runtime.data.generation_config import declared_end_tokens
 from distillery_runtime.data.samples import RolloutSample
 from distillery_runtime.data.uris import resolve_location
@@ -122,11 +122,14 @@ class LoopState:
         if self.episodes is not None and environments is not None:
             encoder = ObservationEncoder(self.tokenizer, self.episodes.tool_call_format)
             self.episode_runner = EpisodeRunner(self.episodes, environments, encoder, self._text)
-        self.train_data: PreparedData = prepare(spec.data.train, spec.data, self.tokenizer)
+        prompts, routes = self.plan.prompts, self.plan.routes
+        self.train_data: PreparedData = prepare(spec.data.train, spec.data, self.tokenizer, prompts, routes)
         check_training_rows(self.train_data, spec.data.train, spec)
         self.eval_data: PreparedData | None = (
-            prepare(spec.data.eval, spec.data, self.tokenizer) if spec.data.eval else None
+            prepare(spec.data.eval, spec.data, self.tokenizer, prompts, routes) if spec.data.eval else None
         )
+        self.teacher_views = teacher_views(self.train_data, self.eval_data)
+        """The prompts teachers with a context of their own score after (`data.scored_prompt`)."""
         end_ids = end_token_ids(*declared_end_tokens(self.student_dir), self.tokenizer.eos_token_id)
         self.generation = resolve_generation(spec, end_ids)
         """How responses are sampled and where they end (every end token of the student, the stop strings)."""

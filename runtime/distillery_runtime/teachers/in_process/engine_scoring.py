@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from vllm import SamplingParams
@@ -114,7 +115,13 @@ async def score_one_sequence(
         TokensPrompt(prompt_token_ids=list(seq.token_ids)), params, request_id=f"dscore-{uuid.uuid4().hex}"
     ):
         final = out
-    holder = None if final is None else final.prompt_logprobs
+    return response_rows(final, seq)
+
+
+def response_rows(output: Any, seq: WireSequence) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A finished request's (top-k ids [T, K], top-k log-probs [T, K], token log-probs [T]) at the response
+    positions of `seq`, from its tensor prompt log-probs."""
+    holder = None if output is None else output.prompt_logprobs
     if not isinstance(holder, TensorPromptLogprobs):
         raise TeacherError(
             "engine returned no tensor prompt log-probs (is install_tensor_logprobs() in effect?)"

@@ -12,9 +12,12 @@ past its crossover).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,14 +62,43 @@ class TransformersTeacher(BatchTeacher):
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        self._take(
+            model.to(device).eval(),  # type: ignore[arg-type]  # transformers' decorated `to`
+            AutoTokenizer.from_pretrained(model_dir),
+            engine,
+        )
+
+    @classmethod
+    def of_model(
+        cls,
+        model: Any,
+        tokenizer: Any,
+        engine: EngineSettings,
+        forward_context: Callable[[], AbstractContextManager[Any]],
+    ) -> TransformersTeacher:
+        """A teacher on a model another part of this process holds (the student's, `student_base`), each
+        forward inside `forward_context()` (the adapter off), on the model's own device."""
+        teacher = cls.__new__(cls)
+        teacher._take(model, tokenizer, engine, forward_context)
+        return teacher
+
+    def _take(
+        self,
+        model: Any,
+        tokenizer: Any,
+        engine: EngineSettings,
+        forward_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    ) -> None:
         self.name = engine.served_model_name
         self.engine_settings = engine
-        self.device = device
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-        self.model = model.to(device).eval()  # type: ignore[arg-type]  # transformers' decorated `to`
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.vocabulary_size = int(self.model.get_output_embeddings().weight.shape[0])
-        self.keeps_logits = "logits_to_keep" in inspect.signature(type(self.model).forward).parameters
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.tokenizer = tokenizer
+        self.forward_context = forward_context
+        self.vocabulary_size = int(model.get_output_embeddings().weight.shape[0])
+        forward = getattr(model, "get_base_model", lambda: model)().forward  # a peft model's is generic
+        self.keeps_logits = "logits_to_keep" in inspect.signature(forward).parameters
 
     async def start(self) -> TransformersTeacher:
         """Nothing to start: the model loaded with the object (the same call as a vLLM teacher's)."""
@@ -100,7 +132,8 @@ class TransformersTeacher(BatchTeacher):
         first = min(len(s.prompt_ids) for s in samples) - 1
         keep = torch.arange(first, width - 1)
         extra = {"logits_to_keep": keep.to(self.device)} if self.keeps_logits else {}
-        logits = self.model(input_ids=ids.to(self.device), use_cache=False, **extra).logits
+        with self.forward_context():
+            logits = self.model(input_ids=ids.to(self.device), use_cache=False, **extra).logits
         if not self.keeps_logits:
             logits = logits[:, keep.to(self.device)]
         logp = torch.log_softmax(logits.float(), dim=-1).cpu()

@@ -1,0 +1,71 @@
+"""Teachers that are the LoRA student's own base model (`placement: student`): where they are scored and what
+`distillery plan` says of them (pure).
+
+A LoRA student trains an adapter on a frozen base, and its rollout engine already holds that base: vLLM
+serves it beside the adapter (a request without the adapter is scored by the base alone), and the
+transformers engine's peft model computes it with the adapter disabled. Such a teacher is scored there, with
+the adapter off: no engine, GPU share or second copy of the weights of its own. The engine that hosts it is
+the rollout engine's process: the trainer's where the rollout samples with the trainer's model
+(`rollout_placement.rollout_in_trainer`), else rollout replica 0. With a `systemPrompt` the same teacher is a
+context distiller: it sees a system turn the student does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from distillery.api.spec import DistillationJobSpec, Placement, Precision, RolloutEngine, TeacherEngine
+from distillery.model_shapes import ModelShape
+
+if TYPE_CHECKING:  # engines.py reads the rollout's plan, which reads this module
+    from distillery.plan.engines import EngineSettings
+
+
+def student_base_teachers(spec: DistillationJobSpec) -> frozenset[str]:
+    """The teachers scored by the student's rollout engine with the adapter off."""
+    return frozenset(t.name for t in spec.teachers if t.placement == Placement.STUDENT)
+
+
+def student_base_engine(settings: EngineSettings, rollout: RolloutEngine) -> EngineSettings:
+    """Such a teacher's engine settings: the rollout engine's kind (vLLM batches what is in flight; the
+    transformers forward takes one request at a time, the rest joining the next), no memory of its own and
+    no sleep of its own (the rollout engine's is its)."""
+    engine = TeacherEngine.VLLM if rollout == RolloutEngine.VLLM else TeacherEngine.TRANSFORMERS
+    return dataclasses.replace(
+        settings,
+        engine=engine,
+        memory_fraction=0.0,
+        coalesced_in_flight=1 if engine == TeacherEngine.TRANSFORMERS else settings.coalesced_in_flight,
+        forward_cost_tokens=settings.forward_cost_tokens if engine == TeacherEngine.TRANSFORMERS else None,
+    )
+
+
+def rollout_scoring_logprobs(spec: DistillationJobSpec) -> int:
+    """The log-probs a position the rollout engine must return: the loss's topK where it scores a teacher of
+    the student's base (vLLM refuses more prompt log-probs than its max_logprobs), else 1, the sampled
+    token's own."""
+    from distillery.plan.engines import max_logprobs  # engines.py reads the rollout's plan, which reads this
+
+    return max_logprobs(spec) if student_base_teachers(spec) else 1
+
+
+def student_base_lines(spec: DistillationJobSpec, student: ModelShape | None = None) -> list[str]:
+    """What `distillery plan` says of each such teacher (`student`: the student's shape, where known: the
+    weights it does not load again), and of each teacher's context."""
+    lines = []
+    for teacher in spec.teachers:
+        if teacher.placement == Placement.STUDENT:
+            # The engine holds the base in the student's compute precision (auto: bfloat16 on a GPU).
+            width = 4 if spec.student.precision == Precision.FLOAT32 else 2
+            saved = f": {student.params * width / 1e9:.2f} GB of weights not loaded again" if student else ""
+            lines.append(
+                f"teacher {teacher.name}: the student's base model, scored by the rollout engine with the "
+                f"adapter off (placement student: no engine, GPU share or copy of the weights of its own{saved})"
+            )
+        if teacher.system_prompt is not None:
+            lines.append(
+                f"teacher {teacher.name}: sees a system turn of {len(teacher.system_prompt)} characters that "
+                "the student does not (context distillation)"
+            )
+    return lines
