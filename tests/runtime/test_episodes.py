@@ -249,10 +249,10 @@ def test_an_http_environment_names_each_episode(engine, tokenizer, stop) -> None
 
 
 @pytest.mark.parametrize("flavour", ["qwen2.5", "qwen3"])
-def test_the_chat_templates_tool_message_is_what_the_template_renders(tiny_qwen_factory, flavour) -> None:
+def test_the_chat_templates_tool_message_is_what_the_template_renders(qwen_tokenizer, flavour) -> None:
     """prompt + the student's turn + the appended observation = the template's own rendering of the
     conversation with that tool message, token for token."""
-    tok = AutoTokenizer.from_pretrained(tiny_qwen_factory(flavour))
+    tok = qwen_tokenizer(flavour)
     user = [{"role": "user", "content": "What is 1234*5678?"}]
     call = '<tool_call>\n{"name": "calc", "arguments": {"expr": "1234*5678"}}\n</tool_call>'
     prompt = tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)

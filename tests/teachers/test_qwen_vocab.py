@@ -10,19 +10,18 @@ from distillery_runtime.teachers.checks.tokenizer_compat import (
     tokenize_answer_vocabulary,
     tokenizer_vocabulary,
 )
-from transformers import AutoTokenizer
 
 USER = [{"role": "user", "content": "What is 2+2?"}]
 
 
 @pytest.fixture(scope="module")
-def qwen25(tiny_qwen_factory):
-    return AutoTokenizer.from_pretrained(tiny_qwen_factory("qwen2.5"))
+def qwen25(qwen_tokenizer):
+    return qwen_tokenizer("qwen2.5")  # the session's
 
 
 @pytest.fixture(scope="module")
-def qwen3(tiny_qwen_factory):
-    return AutoTokenizer.from_pretrained(tiny_qwen_factory("qwen3"))
+def qwen3(qwen_tokenizer):
+    return qwen_tokenizer("qwen3")  # the session's
 
 
 def test_special_token_ids_are_qwens(qwen25, qwen3) -> None:
