@@ -34,8 +34,8 @@ from distillery.plan.padding import padding_line
 from distillery.plan.pod_resources import pod_resources
 from distillery.plan.rollout_placement import rollout_line
 from distillery.plan.scoring_engine import scoring_engine_lines
-from distillery.plan.student_base import student_base_lines
 from distillery.plan.sleep import sleep_lines
+from distillery.plan.student_base import student_base_lines
 from distillery.validation import InvalidManifest, load_jobs, load_manifests
 
 

@@ -8,10 +8,12 @@ the keyword arguments of an in-process engine (colocated teachers), and scoring 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from distillery.api.spec import DistillationJobSpec, Placement, Teacher, TeacherEngine
+from distillery.api.spec import DistillationJobSpec, Placement, RolloutEngine, Teacher, TeacherEngine
+from distillery.plan.loss import max_logprobs
 from distillery.plan.padding import forward_cost_tokens
 from distillery.plan.rollout import sequence_length
 from distillery.plan.scoring_engine import scoring_engine, teacher_on_cpu
@@ -86,11 +88,6 @@ class EngineSettings:
         return kwargs
 
 
-def max_logprobs(spec: DistillationJobSpec) -> int:
-    """The teachers' max log-probs: the loss's topK, at least 1 (the sampled token's log-prob)."""
-    return max(spec.loss.top_k, 1)
-
-
 def max_model_len(spec: DistillationJobSpec, teacher: Teacher) -> int:
     """The context a teacher needs: the longest prompt, the longest response and one scoring token."""
     return max(teacher.inference.max_model_len or 0, sequence_length(spec))
@@ -137,6 +134,20 @@ def teacher_engine(
             else None
         ),
         sleep_level=teacher_sleep_level(spec, teacher, engine),
+    )
+
+
+def student_base_engine(settings: EngineSettings, rollout: RolloutEngine) -> EngineSettings:
+    """The engine settings of a teacher of the student's base (`student_base`): the rollout engine's kind (vLLM batches what is in flight; the
+    transformers forward takes one request at a time, the rest joining the next), no memory of its own and
+    no sleep of its own (the rollout engine's is its)."""
+    engine = TeacherEngine.VLLM if rollout == RolloutEngine.VLLM else TeacherEngine.TRANSFORMERS
+    return dataclasses.replace(
+        settings,
+        engine=engine,
+        memory_fraction=0.0,
+        coalesced_in_flight=1 if engine == TeacherEngine.TRANSFORMERS else settings.coalesced_in_flight,
+        forward_cost_tokens=settings.forward_cost_tokens if engine == TeacherEngine.TRANSFORMERS else None,
     )
 
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 from distillery.api.spec import DistillationJobSpec
 from distillery.model_shapes import ModelShape
-from distillery.plan.engines import EngineSettings, max_logprobs, teacher_engine
+from distillery.plan.engines import EngineSettings, student_base_engine, teacher_engine
 from distillery.plan.export import ExportSettings, resolve_export
 from distillery.plan.gpu_budget import GpuBudget, gpu_budget
 from distillery.plan.gpu_placement import GpuPlacement, plan_gpu_placement
 from distillery.plan.grader import GraderPlan, resolve_grader
-from distillery.plan.loss import LossConfig
+from distillery.plan.loss import LossConfig, max_logprobs
 from distillery.plan.prompts import PromptPlan, resolve_prompts
 from distillery.plan.rollout import RolloutSettings, resolve_rollout, rollout_engine, trainer_world_size
 from distillery.plan.rollout_placement import (
@@ -26,7 +26,7 @@ from distillery.plan.rollout_placement import (
 )
 from distillery.plan.routes import RouteTable, route_table
 from distillery.plan.scoring_overlap import teachers_scoring_after_rollout
-from distillery.plan.student_base import student_base_engine, student_base_teachers
+from distillery.plan.student_base import student_base_teachers
 from distillery.plan.training import TrainerSettings, resolve_training
 
 
@@ -37,7 +37,7 @@ class JobPlan:
     engines: dict[str, EngineSettings]
     """Each teacher's engine settings, by teacher name (`engines.teacher_engine`)."""
     top_k: int
-    """Log-probs scored per position, what every teacher's engine allows (`engines.max_logprobs`)."""
+    """Log-probs scored per position, what every teacher's engine allows (`loss.max_logprobs`)."""
     routes: RouteTable
     """Route value -> teacher name (`routes.route_table`)."""
     gpu_budget: GpuBudget

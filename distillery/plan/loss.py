@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distillery.api.spec import TOPK_MODES, Loss, LossMode, Objective, Reduction
+from distillery.api.spec import TOPK_MODES, DistillationJobSpec, Loss, LossMode, Objective, Reduction
 
 
 def default_loss_max_clamp(mode: LossMode) -> float | None:
@@ -104,3 +104,8 @@ def resolve_loss(loss: Loss) -> LossConfig:
         add_tail=loss.add_tail,
         task_reward_coef=loss.task_reward_coef,
     )
+
+
+def max_logprobs(spec: DistillationJobSpec) -> int:
+    """The teachers' max log-probs: the loss's topK, at least 1 (the sampled token's log-prob)."""
+    return max(spec.loss.top_k, 1)

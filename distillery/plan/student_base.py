@@ -1,5 +1,6 @@
-"""Teachers that are the LoRA student's own base model (`placement: student`): where they are scored and what
-`distillery plan` says of them (pure).
+"""Teachers that are the LoRA student's own base model (`placement: student`): which they are, the log-probs
+the rollout engine returns for them and what `distillery plan` says of them (pure; their engine settings are
+`engines.student_base_engine`).
 
 A LoRA student trains an adapter on a frozen base, and its rollout engine already holds that base: vLLM
 serves it beside the adapter (a request without the adapter is scored by the base alone), and the
@@ -12,14 +13,9 @@ context distiller: it sees a system turn the student does not.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING
-
-from distillery.api.spec import DistillationJobSpec, Placement, Precision, RolloutEngine, TeacherEngine
+from distillery.api.spec import DistillationJobSpec, Placement, Precision
 from distillery.model_shapes import ModelShape
-
-if TYPE_CHECKING:  # engines.py reads the rollout's plan, which reads this module
-    from distillery.plan.engines import EngineSettings
+from distillery.plan.loss import max_logprobs
 
 
 def student_base_teachers(spec: DistillationJobSpec) -> frozenset[str]:
@@ -27,26 +23,10 @@ def student_base_teachers(spec: DistillationJobSpec) -> frozenset[str]:
     return frozenset(t.name for t in spec.teachers if t.placement == Placement.STUDENT)
 
 
-def student_base_engine(settings: EngineSettings, rollout: RolloutEngine) -> EngineSettings:
-    """Such a teacher's engine settings: the rollout engine's kind (vLLM batches what is in flight; the
-    transformers forward takes one request at a time, the rest joining the next), no memory of its own and
-    no sleep of its own (the rollout engine's is its)."""
-    engine = TeacherEngine.VLLM if rollout == RolloutEngine.VLLM else TeacherEngine.TRANSFORMERS
-    return dataclasses.replace(
-        settings,
-        engine=engine,
-        memory_fraction=0.0,
-        coalesced_in_flight=1 if engine == TeacherEngine.TRANSFORMERS else settings.coalesced_in_flight,
-        forward_cost_tokens=settings.forward_cost_tokens if engine == TeacherEngine.TRANSFORMERS else None,
-    )
-
-
 def rollout_scoring_logprobs(spec: DistillationJobSpec) -> int:
     """The log-probs a position the rollout engine must return: the loss's topK where it scores a teacher of
     the student's base (vLLM refuses more prompt log-probs than its max_logprobs), else 1, the sampled
     token's own."""
-    from distillery.plan.engines import max_logprobs  # engines.py reads the rollout's plan, which reads this
-
     return max_logprobs(spec) if student_base_teachers(spec) else 1
 
 

@@ -276,7 +276,7 @@ def test_the_plan_scores_a_teacher_of_the_students_base_where_the_rollout_runs(j
     full["spec"]["teachers"] = [
         {"name": "base", "model": full["spec"]["student"]["model"], "placement": "student"}
     ]
-    with pytest.raises(ValueError, match="needs student.lora"):
+    with pytest.raises(ValueError, match=r"needs student\.lora"):
         parse_job(full)
 
 
