@@ -188,7 +188,11 @@ def _teacher_status(
         name=teacher.name,
         placement=teacher.placement,
         ready=trainer.state == "running",
-        message="runs inside the trainer on the student's GPUs",
+        message=(
+            "the student's base, scored by its rollout engine with the adapter off"
+            if teacher.placement == Placement.STUDENT
+            else "runs inside the trainer on the student's GPUs"
+        ),
     )
     return status, False
 

@@ -250,23 +250,33 @@ def test_external_teacher_readiness_follows_its_health() -> None:
     assert world.events[-1].type == "Warning"
 
 
-def test_colocated_teacher_is_ready_when_the_trainer_runs() -> None:
-    world = World(job_body("colocated-teacher.yaml"))
+@pytest.mark.parametrize(
+    ("example", "trainer", "teacher", "message"),
+    [
+        ("colocated-teacher.yaml", "colocated-teacher-trainer", "teacher", "runs inside the trainer on the student's GPUs"),
+        ("context-distillation.yaml", "qwen-7b-context-trainer", "self", "the student's base, scored by its rollout engine with the adapter off"),
+    ],
+)  # fmt: skip
+def test_a_teacher_in_the_trainer_is_ready_when_the_trainer_runs(
+    example: str, trainer: str, teacher: str, message: str
+) -> None:
+    """A colocated teacher and the student's own base (placement student) have nothing outside the trainer."""
+    world = World(job_body(example))
     world.settle()
     assert world.body["status"]["phase"] == "Pending"  # nothing outside the trainer to wait for
     assert world.body["status"]["teachers"][0]["ready"] is False
-    world.play(
-        "RayJob", "colocated-teacher-trainer", {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}
-    )
+    assert not [o for o in world.objects if o[0] == "Deployment"]
+    world.play("RayJob", trainer, {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"})
     world.settle()
     assert world.body["status"]["phase"] == "Running"
+    placement = world.body["status"]["teachers"][0].pop("placement")
+    assert placement == job_body(example)["spec"]["teachers"][0]["placement"]
     assert world.body["status"]["teachers"][0] == {
-        "name": "teacher",
-        "placement": "colocated",
+        "name": teacher,
         "ready": True,
         "replicas": 0,
         "readyReplicas": 0,
-        "message": "runs inside the trainer on the student's GPUs",
+        "message": message,
     }  # fmt: skip; replicas: the CRD's defaults, written as the server would fill them in
 
 
