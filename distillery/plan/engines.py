@@ -138,9 +138,9 @@ def teacher_engine(
 
 
 def student_base_engine(settings: EngineSettings, rollout: RolloutEngine) -> EngineSettings:
-    """The engine settings of a teacher of the student's base (`student_base`): the rollout engine's kind (vLLM batches what is in flight; the
-    transformers forward takes one request at a time, the rest joining the next), no memory of its own and
-    no sleep of its own (the rollout engine's is its)."""
+    """The engine settings of a teacher of the student's base (`student_base`): the rollout engine's kind
+    (vLLM batches what is in flight; the transformers forward takes one request at a time, the rest joining
+    the next), no memory of its own and no sleep of its own (the rollout engine's is its)."""
     engine = TeacherEngine.VLLM if rollout == RolloutEngine.VLLM else TeacherEngine.TRANSFORMERS
     return dataclasses.replace(
         settings,

@@ -37,7 +37,11 @@ def student_base_lines(spec: DistillationJobSpec, student: ModelShape | None = N
     for teacher in spec.teachers:
         if teacher.placement == Placement.STUDENT:
             # The engine holds the base in the student's compute precision (auto: bfloat16 on a GPU).
-            width = 4 if spec.student.precision == Precision.FLOAT32 else 2
+            on_gpu = spec.student.pool.gpus_per_worker > 0
+            bf16 = spec.student.precision == Precision.BFLOAT16 or (
+                spec.student.precision == Precision.AUTO and on_gpu
+            )
+            width = 2 if bf16 else 4
             saved = f": {student.params * width / 1e9:.2f} GB of weights not loaded again" if student else ""
             lines.append(
                 f"teacher {teacher.name}: the student's base model, scored by the rollout engine with the "

@@ -202,7 +202,7 @@ def prepare(
                     )
                 ids = cut
             fitted.append(ids)
-        longest = max(len(ids) for ids in (rendered.ids, *(v.ids for v in views)))
+        longest = max(len(view.ids) for view in views)
         if longest > limit:
             if plan.overlong == OverlongPolicy.REJECT:
                 overlong.append((index, longest))
