@@ -125,3 +125,13 @@ async def test_routes_samples_to_their_teacher(
     )
     with pytest.raises(UnknownRouteError, match=r"'other'.*\['code', 'math'\]"):
         await strict.score(routed, 4)
+
+
+def test_the_wake_up_probe_stays_inside_a_tiny_vocabulary() -> None:
+    """vLLM refuses an id past its vocabulary: a 16-token model (the bundled addition task's) must still
+    start a colocated teacher."""
+    from distillery_runtime.teachers.in_process.colocated import probe
+
+    assert probe(151_643).token_ids == list(range(1, 17))
+    tiny = probe(16)
+    assert max(tiny.token_ids) < 16 and len(tiny.token_ids) == 16 and tiny.prompt_len == 1

@@ -337,8 +337,8 @@ class VllmRolloutEngine:
         install_tensor_logprobs()
         params = scoring_params(top_k)
         rows = []
-        # One request a call: with LoRA enabled, vLLM 0.32's logits of several requests' prompt log-probs in one
-        # batch do not match its LoRA mapping (an einsum's batch of requests against one request's positions).
+        # One request a call: with LoRA enabled, vLLM 0.32 maps prompt log-probs' logits to adapters per
+        # request, not per token (vllm-project/vllm#16668): several requests in one batch fail; one broadcasts.
         for seq in seqs:
             prompt = TokensPrompt(prompt_token_ids=list(seq.token_ids))
             (out,) = self.llm.generate([prompt], params, use_tqdm=False, lora_request=None)

@@ -28,7 +28,11 @@ from distillery_runtime.teachers.checks.consistency import check_after_wake
 from distillery_runtime.teachers.types import ScoreRequest, TeacherError
 from distillery_runtime.teachers.wire import WireSequence
 
-_PROBE = WireSequence(list(range(1, 17)), 1, "probe")
+
+def probe(vocabulary: int) -> WireSequence:
+    """The fixed sequence scored at start and after each wake-up: ids 1..16, folded into a vocabulary smaller
+    than that (a tiny model's: vLLM refuses an id past its vocabulary)."""
+    return WireSequence([i % vocabulary for i in range(1, 17)], 1, "probe")
 
 
 class ColocatedTeacher(BatchTeacher):
@@ -71,7 +75,8 @@ class ColocatedTeacher(BatchTeacher):
         kwargs = self.engine_options(on_gpu=bool(current_platform.is_cuda_alike()))
         args = AsyncEngineArgs(model=self.model, enable_sleep_mode=self.sleeps, **kwargs)
         self.engine = AsyncLLM.from_engine_args(args)
-        self._probe = (await self._rows([_PROBE], 1))[0][2]
+        self._probe_sequence = probe(self.engine.model_config.get_vocab_size())
+        self._probe = (await self._rows([self._probe_sequence], 1))[0][2]
         return self
 
     def engine_options(self, *, on_gpu: bool) -> dict[str, Any]:
@@ -112,9 +117,9 @@ class ColocatedTeacher(BatchTeacher):
         self.asleep = False
         # Every wake, not a schedule: a wake that loses the weights scores -ln V from then on, and one
         # 16-token prefill is nothing beside a step's scoring (`teachers.consistency`).
-        probe = (await self._rows([_PROBE], 1))[0][2]
+        woken = (await self._rows([self._probe_sequence], 1))[0][2]
         if self._probe is not None:
-            check_after_wake(self.name, self._probe.tolist(), probe.tolist())
+            check_after_wake(self.name, self._probe.tolist(), woken.tolist())
 
     def vocabulary(self) -> dict[int, str]:
         """The id -> token map of the tokenizer the engine loaded (`tokenizer_compat`)."""
