@@ -3,6 +3,9 @@
 - `run_folder(base)`: `base/<UTC time>-<pid>`, new for each run, so a second run from the same checkout
   never finds the first's checkpoints (a job refuses to start over another's without --resume or
   --overwrite); `base/latest` points at the newest.
+- `distillery_run(doc, folder)`: the manifest written as `folder/job.yaml` and the command of a
+  `distillery run` of it into `folder/run`, in this Python.
+- `tree_memory(pid, kind)`: the summed RSS or PSS of a process and every process under it.
 - `json_main(name, main)`: runs the bench's `main` and makes sure its stdout ends with one JSON object:
   the bench's own summary when it printed one last, else `{"bench": name, "error": ...}` (an exception,
   a non-zero exit or a run that ended without its summary), so a caller reading the last line always
@@ -34,6 +37,37 @@ def run_folder(base: Path) -> Path:
     except OSError:
         pass  # a convenience only
     return folder
+
+
+def distillery_run(doc: dict[str, Any], folder: Path, *flags: str) -> list[str]:
+    """The command of `distillery run` of the manifest `doc`, written here as `folder/job.yaml`, into
+    `folder/run`, without the progress bar (`flags`: more of its arguments)."""
+    import yaml
+
+    manifest = folder / "job.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    run = [sys.executable, "-m", "distillery_cli", "run", str(manifest), "-o", str(folder / "run")]
+    return [*run, "--no-progress", *flags]
+
+
+def tree_memory(pid: int, kind: str = "rss") -> int:
+    """The summed `kind` (rss, or pss: shared pages split among the processes that map them) of process
+    `pid` and every process under it; 0 once it has exited."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for process in processes:
+        try:
+            info = process.memory_full_info() if kind == "pss" else process.memory_info()
+        except psutil.Error:
+            continue
+        total += int(getattr(info, kind))
+    return total
 
 
 def is_json_object(line: str) -> bool:

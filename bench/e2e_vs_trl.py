@@ -39,7 +39,6 @@ the spread. Each system runs in its own process tree, measured the same way (RSS
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -52,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import json_main  # bench/, the script's own folder
+from _common import distillery_run, json_main, tree_memory  # bench/, the script's own folder
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ("distillery", "trl-gkd", "trl-distill")
@@ -93,21 +92,6 @@ class Setting:
 # ------------------------------------------------------------------------------------------ measuring
 
 
-def tree_rss(pid: int) -> int:
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            total += p.memory_info().rss
-    return total
-
-
 def matmul_gflops(dtype: str = "float32", n: int = 1024, seconds: float = 1.0) -> float:
     """This machine's matmul throughput right now: shared machines vary by 1.5x between runs, so the
     summary records it at the start and the end (compare runs by ratio, not by seconds). Timed for about
@@ -138,7 +122,7 @@ def run_measured(
         def sample() -> None:
             nonlocal peak
             while not stop.is_set():
-                peak = max(peak, tree_rss(proc.pid))
+                peak = max(peak, tree_memory(proc.pid))
                 stop.wait(0.2)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -203,18 +187,9 @@ def distillery_manifest(s: Setting) -> dict:
 
 def run_distillery(s: Setting, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "job.yaml").write_text(yaml.safe_dump(distillery_manifest(s)))
-    command = [
-        sys.executable,
-        "-m",
-        "distillery_cli",
-        "run",
-        str(out / "job.yaml"),
-        "-o",
-        str(out / "run"),
-        "--no-progress",
-        "--overwrite",  # a bench run starts fresh in its folder
-    ]
+    command = distillery_run(
+        distillery_manifest(s), out, "--overwrite"
+    )  # a bench run starts fresh in its folder
     code, wall, peak, started_at = run_measured(command, out / "log.txt")
     if code != 0:
         raise RuntimeError(f"distillery run failed ({code}); see {out / 'log.txt'}")

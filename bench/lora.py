@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import json_main, run_folder  # bench/, the script's own folder
+from _common import distillery_run, json_main, run_folder  # bench/, the script's own folder
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {"lora": ROOT / "examples/local-lora.yaml", "full": ROOT / "examples/local-addition.yaml"}
@@ -61,11 +61,9 @@ def run_job(kind: str, steps: int, folder: Path) -> dict[str, Any]:
     doc["spec"]["schedule"]["steps"] = steps
     doc["spec"]["schedule"]["evalEvery"] = max(1, steps // 4)
     folder.mkdir(parents=True)
-    manifest = folder / "job.yaml"
-    manifest.write_text(yaml.safe_dump(doc))
-    command = [sys.executable, "-m", "distillery_cli", "run", str(manifest), "-o", str(folder / "run")]
+    command = distillery_run(doc, folder)
     started = time.monotonic()
-    result = subprocess.run([*command, "--no-progress"], capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     (folder / "run.log").write_text(result.stdout + result.stderr)
     if result.returncode != 0:
         raise RuntimeError(f"{kind}: distillery run exited {result.returncode}: {result.stderr[-2000:]}")

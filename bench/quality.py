@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import json_main  # bench/, the script's own folder
+from _common import distillery_run, json_main  # bench/, the script's own folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("addition", "fibonacci", "worked-sum", "tools")
@@ -136,19 +136,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def run_distillery(doc: dict, out_dir: Path, method: str) -> Curve:
     """`distillery run` on `doc` in a subprocess; the curve from its eval.jsonl and metrics.jsonl."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    manifest = out_dir / "job.yaml"
-    manifest.write_text(yaml.safe_dump(doc))
-    command = [
-        sys.executable,
-        "-m",
-        "distillery_cli",
-        "run",
-        str(manifest),
-        "-o",
-        str(out_dir / "run"),
-        "--no-progress",
-        "--overwrite",  # a bench run starts fresh in its folder
-    ]
+    command = distillery_run(doc, out_dir, "--overwrite")  # a bench run starts fresh in its folder
     started = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     wall = time.monotonic() - started

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 import psutil
 import yaml
-from _common import json_main, run_folder  # bench/, the script's own folder
+from _common import distillery_run, json_main, run_folder, tree_memory  # bench/, the script's own folder
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples/local-lora.yaml"
@@ -74,17 +73,7 @@ class TreeMemory:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            total = 0
-            try:
-                processes = [self.root, *self.root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                return
-            for process in processes:
-                try:
-                    total += process.memory_full_info().pss
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
-            self.peak = max(self.peak, total)
+            self.peak = max(self.peak, tree_memory(self.root.pid, "pss"))
             self._stop.wait(self.every)
 
     def stop(self) -> int:
@@ -96,18 +85,7 @@ class TreeMemory:
 def run_job(placement: str, steps: int, folder: Path) -> dict[str, Any]:
     """One `distillery run` of the job, its memory sampled throughout."""
     folder.mkdir(parents=True)
-    manifest = folder / "job.yaml"
-    manifest.write_text(yaml.safe_dump(job(placement, steps)))
-    command = [
-        sys.executable,
-        "-m",
-        "distillery_cli",
-        "run",
-        str(manifest),
-        "-o",
-        str(folder / "run"),
-        "--no-progress",
-    ]
+    command = distillery_run(job(placement, steps), folder)
     log = (folder / "run.log").open("w")
     started = time.monotonic()
     process = psutil.Popen(command, stdout=log, stderr=log, cwd=ROOT)
