@@ -263,7 +263,7 @@ class HostedTeachers:
         return vocabulary
 
 
-def student_base_teachers(engine: Any, base: dict[str, EngineSettings] | None) -> dict[str, Any]:
+def base_teachers_on(engine: Any, base: dict[str, EngineSettings] | None) -> dict[str, Any]:
     """The teachers of the student's base (`plan.student_base`: name -> the plan's engine settings) on a LoRA
     student's rollout engine, the adapter off."""
     from distillery_runtime.teachers.in_process.student_base import student_base_teacher
@@ -297,7 +297,7 @@ class RolloutWorker(EngineCalls, HostedTeachers):
             lora=settings.lora,
             max_logprobs=settings.max_logprobs,
         )
-        self.host_teachers(student_base_teachers(self.engine, base))
+        self.host_teachers(base_teachers_on(self.engine, base))
 
     def update_weights(self, weights: Sequence[tuple[str, torch.Tensor]], version: int) -> int:
         self.engine.update_weights(weights, version)
@@ -367,7 +367,7 @@ class TrainerWithRollout(TrainerWorker, EngineCalls, HostedTeachers):
                     name: transformers_teacher(folder, engine)
                     for name, (folder, engine) in (teachers or {}).items()
                 },
-                **student_base_teachers(self.engine, base),
+                **base_teachers_on(self.engine, base),
             }
         )
 
