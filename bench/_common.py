@@ -6,6 +6,9 @@
 - `distillery_run(doc, folder)`: the manifest written as `folder/job.yaml` and the command of a
   `distillery run` of it into `folder/run`, in this Python.
 - `tree_memory(pid, kind)`: the summed RSS or PSS of a process and every process under it.
+- `machine()` and `provenance(argv)`: what a results file records of where and how it was measured: the
+  CPU (model, cores, the vector flags that choose torch's kernels), the kernel path torch runs, the commit
+  and the command.
 - `json_main(name, main)`: runs the bench's `main` and makes sure its stdout ends with one JSON object:
   the bench's own summary when it printed one last, else `{"bench": name, "error": ...}` (an exception,
   a non-zero exit or a run that ended without its summary), so a caller reading the last line always
@@ -68,6 +71,63 @@ def tree_memory(pid: int, kind: str = "rss") -> int:
             continue
         total += int(getattr(info, kind))
     return total
+
+
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "avx_vnni")
+"""The CPU flags that decide which kernels torch and oneDNN pick: a float32 reduction's order, and so a
+learning curve, can differ between two machines that differ here."""
+
+
+def machine() -> dict[str, Any]:
+    """The CPU this process runs on: its model, cores, the vector flags it has of `VECTOR_FLAGS`, and the
+    kernel path torch chose (`ATEN_CPU_CAPABILITY` narrows it; `torch.backends.cpu.get_cpu_capability`)."""
+    import platform
+
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    try:
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+    except ImportError:
+        capability = None
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "flags": [f for f in VECTOR_FLAGS if f in flags],
+        "torch_cpu_capability": capability,
+        "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"),
+    }
+
+
+def commit() -> str | None:
+    """The checkout's HEAD commit (with `+dirty` when it has uncommitted changes), None outside git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def provenance(argv: list[str] | None = None) -> dict[str, Any]:
+    """What a results file records of its run: the machine, the commit and the command."""
+    command = " ".join(["python", *(argv if argv is not None else sys.argv)])
+    return {"machine": machine(), "commit": commit(), "command": command}
 
 
 def is_json_object(line: str) -> bool:
