@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import distillery_run, json_main  # bench/, the script's own folder
+from _common import distillery_run, json_main, provenance  # bench/, the script's own folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("addition", "fibonacci", "worked-sum", "tools")
@@ -91,6 +91,15 @@ CONTINUE: dict[str, dict] = {
 }
 SFT = "sft"
 """The continuation's SFT arm: more SFT on the teacher's greedy answers."""
+QUICK_CONTINUE = (SFT, "opd-forward-kl-topk", "opd-reverse-kl-topk")
+"""The continuation's methods in quick mode: the claim (more SFT against on-policy forward KL) and the
+other direction, every seed and kernel path still run."""
+KERNEL_PATHS = ("default", "avx2")
+"""The CPU kernel paths a continuation runs under by default: torch's own choice for this CPU, and AVX2
+(`ATEN_CPU_CAPABILITY=avx2`), a machine without AVX-512 emulated on this one. A kernel path changes the
+summation order of every float32 reduction, and so the prepared task's trained models and every curve:
+a result is a distribution over seeds and kernel paths, not one run (a worked-sum recipe that reached 97%
+here reached 26% on an AMX machine, issue 62)."""
 
 
 @dataclass
@@ -320,8 +329,127 @@ def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
     return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
 
 
+def kernel_cache(kernels: str, root: Path) -> Path:
+    """The task cache a kernel path prepares into: the usual one for torch's own kernels, a folder of its own
+    for another path (its models are another machine's: the same recipe trained with other reductions)."""
+    return root if kernels == "default" else root / f"kernels-{kernels}"
+
+
+def kernel_env(kernels: str, root: Path) -> dict[str, str]:
+    """This process's environment for a child that runs on `kernels` with that path's task cache."""
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    if kernels != "default":
+        env["ATEN_CPU_CAPABILITY"] = kernels
+    env["DISTILLERY_CACHE"] = str(kernel_cache(kernels, root))
+    return env
+
+
 def run_continue(args: argparse.Namespace, output: Path) -> int:
-    """The continuation protocol (module docstring): every method from the task's SFT checkpoint."""
+    """The continuation protocol over seeds and kernel paths: one child per kernel path (torch reads its
+    kernel path once, at import), each running every method and seed from that path's own prepared task;
+    the summary is each method's distribution over all of them."""
+    from distillery_runtime.tasks.cache import cache_root
+
+    if args.one_kernel_path:
+        return run_continue_here(args, output)
+    root = cache_root()
+    children: dict[str, dict] = {}
+    for kernels in args.kernels:
+        command = [sys.executable, str(Path(__file__).resolve()), "--protocol", "continue", "--task", args.task,
+                   "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--seeds", *map(str, args.seeds),
+                   "--methods", *args.methods, "--output", str(output / f"kernels-{kernels}"), "--one-kernel-path"]  # fmt: skip
+        print(f"kernel path {kernels}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+        result = subprocess.run(
+            command, env=kernel_env(kernels, root), cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
+        last = (result.stdout.strip().splitlines() or ["{}"])[-1]
+        summary = json.loads(last)
+        if result.returncode != 0 or "methods" not in summary:
+            raise RuntimeError(f"kernel path {kernels}: the continuation failed: {last[-3000:]}")
+        children[kernels] = summary
+    return _print_continue(args, output, children)
+
+
+def merged_methods(children: dict[str, dict]) -> dict[str, dict]:
+    """Each method's runs over every kernel path and seed: the spread of their final accuracies (`mean`,
+    `std`, `min`, `max`), each path's own spread (`by_kernels`), the share of the plateau-to-teacher gap
+    closed (each path's gap, averaged), and every run's seed, kernel path, final accuracy and curve."""
+    methods: dict[str, dict] = {}
+    names = [m for child in children.values() for m in child["methods"] if m]
+    for method in dict.fromkeys(names):
+        runs, closed, by_kernels = [], [], {}
+        for kernels, child in children.items():
+            if method not in child["methods"]:
+                continue
+            result = child["methods"][method]
+            by_kernels[kernels] = spread(result["per_seed"])
+            gap = child["teacher"] - child["sft_plateau"]
+            closed.extend((final - child["sft_plateau"]) / gap for final in result["per_seed"] if gap > 0)
+            for seed, final, curve, wall in zip(
+                child["seeds"], result["per_seed"], result["curves"], result["wall_seconds"], strict=True
+            ):
+                runs.append(
+                    {"seed": seed, "kernels": kernels, "final": final, "wall_s": wall, "curve": curve}
+                )
+        merged = spread([run["final"] for run in runs])
+        del merged["per_seed"]
+        methods[method] = {
+            **merged,
+            "gap_closed": sum(closed) / len(closed) if closed else None,
+            "seeds": sorted({run["seed"] for run in runs}),
+            "kernels": list(by_kernels),
+            "by_kernels": by_kernels,
+            "runs": runs,
+        }
+    return methods
+
+
+def _print_continue(args: argparse.Namespace, output: Path, children: dict[str, dict]) -> int:
+    """The continuation's table (each method over every seed and kernel path), its plot and its JSON line."""
+    from distillery_runtime.observe.report import plot
+
+    methods = merged_methods(children)
+    curves = {
+        method: mean_curve([Curve(method, points=[tuple(p) for p in run["curve"]]) for run in r["runs"]])
+        for method, r in methods.items()
+    }
+    first = next(iter(children.values()))
+    figure = plot(
+        output / "accuracy.png",
+        f"{args.task}: from the SFT plateau, {args.steps} steps of {first['prompts_per_step']} prompts "
+        f"(seeds {args.seeds} x kernel paths {args.kernels})",
+        "held-out accuracy (mean over seeds and kernel paths)",
+        curves,
+        {f"teacher ({k})": c["teacher"] for k, c in children.items()}
+        | {f"SFT plateau ({k})": c["sft_plateau"] for k, c in children.items()},
+    )
+    print(f"\nSynthetic {args.task}, {args.steps} steps, seeds {args.seeds}, kernel paths {args.kernels}")
+    for kernels, child in children.items():
+        print(f"  {kernels} ({child['cpu_capability']}): teacher {child['teacher']:.3f}, SFT plateau "
+              f"{child['sft_plateau']:.3f}")  # fmt: skip
+    print(f"{'method':<26} {'mean':>6} {'min':>6} {'max':>6} {'gap closed':>10}  per kernel path (min-max)")
+    for method, r in methods.items():
+        closed = f"{r['gap_closed']:.0%}" if r["gap_closed"] is not None else "-"
+        paths = ", ".join(f"{k} {v['min']:.2f}-{v['max']:.2f}" for k, v in r["by_kernels"].items())
+        print(f"{method:<26} {r['mean']:>6.3f} {r['min']:>6.3f} {r['max']:>6.3f} {closed:>10}  {paths}")
+    if figure:
+        print(f"plot: {figure}")
+    print(json.dumps({
+        "bench": "quality", "protocol": "continue", "task": f"synthetic://{args.task}", **provenance(),
+        "steps": args.steps, "prompts_per_step": first["prompts_per_step"], "seeds": args.seeds,
+        "kernels": args.kernels,
+        "by_kernels": {k: {key: c[key] for key in ("cpu_capability", "teacher", "sft_plateau", "sft_plateau_steps",
+                                                  "task_dir", "load_average_at_end")}
+                       for k, c in children.items()},
+        "methods": methods,
+        **({"episodes": {k: c["episodes"] for k, c in children.items() if "episodes" in c}}),
+    }))  # fmt: skip
+    return 0
+
+
+def run_continue_here(args: argparse.Namespace, output: Path) -> int:
+    """The continuation protocol (module docstring) on this process's kernel path: every method and seed
+    from the task's SFT checkpoint, prepared on this path (and cached) first if needed."""
     from distillery_runtime.observe.report import plot
     from distillery_runtime.tasks import resolve_uri
 
@@ -336,9 +464,8 @@ def run_continue(args: argparse.Namespace, output: Path) -> int:
     batch = example["schedule"]["promptsPerStep"]
     lr = example["student"]["optimizer"]["lr"]
     warmup = example["student"]["optimizer"].get("warmupSteps", 0)
-    seeds = args.seeds[:1] if args.quick else args.seeds
-
-    chosen = args.methods or [SFT, *continue_methods(args.task)]
+    seeds = args.seeds
+    chosen = args.methods
     curves: dict[str, list[Curve]] = {method: [] for method in (SFT, *CONTINUE) if method in chosen}
     episodes: dict[str, list[list[dict]]] = {method: [] for method in CONTINUE if method in chosen}
     """Each on-policy run's metrics.jsonl (an episode task's report: turns and tool errors over steps)."""
@@ -381,7 +508,7 @@ def run_continue(args: argparse.Namespace, output: Path) -> int:
         result["wall_seconds"] = [round(run.wall_s, 1) for run in runs]
         result["curves"] = [run.points for run in runs]
         methods[method] = result
-    figure = plot(
+    plot(  # this kernel path's own plot; the parent draws every path's mean
         output / "accuracy.png",
         f"{args.task}: from the SFT plateau, {args.steps} steps of {batch} prompts ({len(seeds)} seed(s))",
         "held-out accuracy (mean over seeds)",
@@ -400,19 +527,18 @@ def run_continue(args: argparse.Namespace, output: Path) -> int:
                 {},
             )
 
+    import torch
+
     print(
-        f"\nSynthetic {args.task}: {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f}); teacher "
-        f"{teacher_acc:.3f}; SFT plateau {plateau:.3f} (the student after {plateau_sft_steps} SFT steps); "
-        f"then {args.steps} steps of {batch} prompts, lr {lr}, seeds {seeds}"
+        f"\nSynthetic {args.task}: {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f}), kernels "
+        f"{torch.backends.cpu.get_cpu_capability()}; teacher {teacher_acc:.3f}; SFT plateau {plateau:.3f} (the "
+        f"student after {plateau_sft_steps} SFT steps); then {args.steps} steps of {batch} prompts, lr {lr}, "
+        f"seeds {seeds}",
+        file=sys.stderr,
     )
-    print(f"{'method':<26} {'final acc mean':>14} {'spread (min-max)':>17} {'gap closed':>10}")
-    for method, r in methods.items():
-        closed = f"{r['gap_closed']:.0%}" if r["gap_closed"] is not None else "-"
-        print(f"{method:<26} {r['mean']:>14.3f} {r['min']:>8.3f}-{r['max']:<8.3f} {closed:>10}")
-    if figure:
-        print(f"plot: {figure}")
     print(json.dumps({
         "bench": "quality", "protocol": "continue", "task": f"synthetic://{args.task}",
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "task_dir": str(task_dir),
         "cpu_cores": os.cpu_count(), "load_average_at_end": os.getloadavg(), "steps": args.steps,
         "prompts_per_step": batch, "seeds": seeds, "teacher": teacher_acc, "sft_plateau": plateau,
         "sft_plateau_steps": plateau_sft_steps, "methods": methods,
@@ -461,6 +587,10 @@ def main(argv: list[str] | None = None) -> int:
         episode = args.task in EPISODE_TASKS  # the tools example's budget: 80 steps, evaluated every 20
         args.steps = args.steps or (80 if episode else 400)
         args.eval_every = args.eval_every or (20 if episode else 25)
+        args.methods = args.methods or list(
+            QUICK_CONTINUE if args.quick else [SFT, *continue_methods(args.task)]
+        )
+        args.kernels = args.kernels or list(KERNEL_PATHS)
         return run_continue(args, args.output or ROOT / "runs" / f"bench-quality-continue-{args.task}")
     args.task = args.task or "addition"
     args.steps = args.steps or 150
@@ -542,8 +672,17 @@ def _parser() -> argparse.ArgumentParser:
         "--methods", nargs="*", choices=[SFT, *CONTINUE], help="continue: the methods to run (default: all)"
     )
     parser.add_argument(
-        "--quick", action="store_true", help=f"from-start: only {', '.join(QUICK)} vs SFT; continue: one seed"
+        "--quick",
+        action="store_true",
+        help=f"from-start: only {', '.join(QUICK)} vs SFT; continue: only {', '.join(QUICK_CONTINUE)}",
     )
+    parser.add_argument(
+        "--kernels",
+        nargs="*",
+        choices=("default", "avx2", "avx512"),
+        help=f"continue: the CPU kernel paths to run under (ATEN_CPU_CAPABILITY; default: {' '.join(KERNEL_PATHS)})",
+    )
+    parser.add_argument("--one-kernel-path", action="store_true", help=argparse.SUPPRESS)  # a child's own run
     parser.add_argument("--modes", nargs="*", choices=sorted(LOSSES), help="loss modes to run (default: all)")
     parser.add_argument(
         "--steps", type=int, default=None, help="on-policy step budget (150; continue: 400, tools 80)"

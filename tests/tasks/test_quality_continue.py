@@ -98,3 +98,35 @@ def test_turns_and_tool_errors_are_averaged_over_seeds_per_step(quality):
     }
     summary = quality.episode_summary(runs)
     assert summary == {"opd-k3": {"steps": [1, 2], "turns_mean": [3.0, 2.0], "tool_errors": [3.0, 1.0]}}
+
+
+def test_a_method_is_summarised_over_every_seed_and_kernel_path(quality):
+    def child(finals: list[float], teacher: float = 1.0, plateau: float = 0.0) -> dict:
+        curves = [[[0, 0.0, 0.0], [400, final, 9.0]] for final in finals]
+        result = {"per_seed": finals, "curves": curves, "wall_seconds": [9.0] * len(finals)}
+        return {"seeds": [0, 1, 2][: len(finals)], "teacher": teacher, "sft_plateau": plateau,
+                "methods": {"opd-forward-kl-topk": result}}  # fmt: skip
+
+    merged = quality.merged_methods({"default": child([0.9, 1.0, 0.8]), "avx2": child([0.2, 0.3, 0.4], 0.5)})
+    summary = merged["opd-forward-kl-topk"]
+    # The spread is over all six runs, not one path's: a path that stays low pulls the minimum down.
+    assert (summary["min"], summary["max"]) == (0.2, 1.0) and summary["mean"] == pytest.approx(0.6)
+    assert summary["kernels"] == ["default", "avx2"] and summary["seeds"] == [0, 1, 2]
+    assert summary["by_kernels"]["avx2"]["max"] == 0.4 and summary["by_kernels"]["default"]["min"] == 0.8
+    # Each path's gap is its own teacher's: avx2 closed (0.2 + 0.3 + 0.4) / 3 / 0.5 of it.
+    assert summary["gap_closed"] == pytest.approx((0.9 + 0.6) / 2)
+    assert [(r["seed"], r["kernels"]) for r in summary["runs"]][:4] == [
+        (0, "default"),
+        (1, "default"),
+        (2, "default"),
+        (0, "avx2"),
+    ]
+
+
+def test_a_kernel_path_runs_with_its_own_capability_and_task_cache(quality, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")  # this shell's own choice must not leak to a child
+    default, avx2 = quality.kernel_env("default", tmp_path), quality.kernel_env("avx2", tmp_path)
+    assert "ATEN_CPU_CAPABILITY" not in default and default["DISTILLERY_CACHE"] == str(tmp_path)
+    assert avx2["ATEN_CPU_CAPABILITY"] == "avx2" and avx2["DISTILLERY_CACHE"] == str(
+        tmp_path / "kernels-avx2"
+    )

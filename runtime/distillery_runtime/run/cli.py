@@ -490,6 +490,9 @@ def _report(
         "loss mode": config.spec.loss.mode.value,
         "teachers": ", ".join(f"{t.name} ({t.placement.value})" for t in config.spec.teachers),
         "rollout engine": loop.plan.rollout.engine.value,
+        # A float32 curve depends on the kernels' summation order: a report says which path computed it
+        # (this process's, which the run's actors inherit; ATEN_CPU_CAPABILITY narrows it).
+        "CPU kernels": torch.backends.cpu.get_cpu_capability(),
         "last checkpoint": result.last_checkpoint,
         **({"failed": str(root_cause(failure))} if failure is not None else {}),
         "prompts": f"{len(loop.train_data.records)} train"
