@@ -1,6 +1,6 @@
 """A step's teacher scoring on CPU: the vLLM teacher server against the transformers forward, one run.
 
-What `distillery.plan.scoring_engine` decides for a teacher on the student's CPU cores, measured: the e2e
+What `distillery.plan.teachers.scoring_engine` decides for a teacher on the student's CPU cores, measured: the e2e
 bench's teachers (`e2e_vs_trl.SPEED_MODELS`: tiny 1.6M and small 37M parameter Llamas, vocabulary 1031,
 float32), one step's samples as a local run scores them once its rollout is done (32 samples, 8-token
 prompts, 128-token responses, top-16):
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "runtime")]
 
-from distillery.plan.host_threads import turn_taking_threads_env  # noqa: E402
+from distillery.plan.env.threads import turn_taking_threads_env  # noqa: E402
 
 # Before torch loads libgomp: the spin a local run's processes get.
 os.environ.update(turn_taking_threads_env(os.environ))
@@ -46,7 +46,7 @@ from distillery_runtime.testing.teacher_server import cpu_env, start_teacher_ser
 from distillery_runtime.testing.tiny import build_tokenizer, save_tiny_model  # noqa: E402
 
 from distillery.api.spec import TeacherEngine  # noqa: E402
-from distillery.plan.engines import EngineSettings  # noqa: E402
+from distillery.plan.teachers.engines import EngineSettings  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from _common import json_main  # noqa: E402  (bench/, the script's own folder)

@@ -11,7 +11,7 @@ state), then takes a few optimizer steps of Distillery's own training step on 4 
 (256 prompt + 768 response; reverse_kl_topk over a random teacher top-16, one micro-batch), with and
 without activation checkpointing and CPU offload. Per case: torch's peak allocated and reserved GPU memory
 (after the model is built: the steps' peak), the process's peak host memory, the median step time, and
-the memory plan's prediction for the same layout (`distillery.plan.memory`, the trainer's own share).
+the memory plan's prediction for the same layout (`distillery.plan.memory.gpu`, the trainer's own share).
 
 Cases run one per subprocess (a fresh CUDA allocator, an out-of-memory failure is a result, not a crash),
 largest host-memory case last; each appends a line to `--output`/results.jsonl as it finishes; the
@@ -38,7 +38,7 @@ for path in (ROOT, ROOT / "runtime"):
 from _common import json_main  # noqa: E402  (bench/, the script's own folder)
 
 from distillery.model_shapes import KNOWN_SHAPES, ModelShape  # noqa: E402
-from distillery.plan.memory import GIB, TrainingLayout, plan_memory  # noqa: E402
+from distillery.plan.memory.gpu import GIB, TrainingLayout, plan_memory  # noqa: E402
 
 TINY = ModelShape(hidden=256, layers=4, intermediate=512, vocab=4096, heads=4, kv_heads=2, qkv_bias=True)
 PINNED_OVERHEAD = 1.3

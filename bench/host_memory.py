@@ -122,7 +122,7 @@ def _rank(rank: int, world: int, init: str, model_dir: str, sharded: bool, out: 
     from torch.distributed.tensor import DTensor
 
     from distillery.api.spec import LossMode, ModelDtype, Precision, Sharding
-    from distillery.plan.export import ExportSettings
+    from distillery.plan.checkpoints.export import ExportSettings
     from distillery.plan.loss import LossConfig
     from distillery.plan.training import TrainerSettings
 
@@ -209,7 +209,7 @@ def _resume_rank(rank: int, world: int, init: str, phase: str, model_dir: str, o
     from distillery_runtime.run.workers import TrainerWorker
 
     from distillery.api.spec import ModelDtype
-    from distillery.plan.export import ExportSettings
+    from distillery.plan.checkpoints.export import ExportSettings
 
     torch.set_num_threads(1)
     dist.init_process_group(

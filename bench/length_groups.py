@@ -1,4 +1,4 @@
-"""Padded forwards grouped by length (`plan/padding.py`): the trainer's step and the teacher's forward on one
+"""Padded forwards grouped by length (`plan/data/padding.py`): the trainer's step and the teacher's forward on one
 step's samples, in the fewest forwards against the plan's cuts, alternating in one process.
 
 The models are the e2e bench's (`bench/e2e_vs_trl.py`, `--scale small`: an 11.5M student, a 37M teacher, a
@@ -30,8 +30,8 @@ from distillery_runtime.training.trainer import Trainer, micro_batches, sample_t
 
 from distillery.api.spec import LossMode, Precision, TeacherEngine
 from distillery.plan.attention import CPU_BF16_EAGER_MAX_WIDTH
-from distillery.plan.engines import EngineSettings
 from distillery.plan.loss import LossConfig
+from distillery.plan.teachers.engines import EngineSettings
 from distillery.plan.training import TrainerSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

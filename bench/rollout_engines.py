@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "runtime")]
 
-from distillery.plan.host_threads import turn_taking_threads_env  # noqa: E402
+from distillery.plan.env.threads import turn_taking_threads_env  # noqa: E402
 
 # as a local run's rollout actor: OpenMP threads that keep libgomp's spin (set before torch starts them)
 os.environ.update(turn_taking_threads_env(os.environ))

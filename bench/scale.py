@@ -13,7 +13,7 @@
    sender's copy returned as an ObjectRef, the receiver's ray.get). Seconds from the sender's first byte
    to the receiver holding every tensor (the receiver copies each out, as the rollout worker does),
    GB/s, and `sync_speedup_vs_object_store` (shared memory) at the largest size.
-3. The memory plan (distillery/plan/memory.py) of 1.5B, 7B and 32B Qwen2.5 students on 8 x 80 GB
+3. The memory plan (distillery/plan/memory/gpu.py) of 1.5B, 7B and 32B Qwen2.5 students on 8 x 80 GB
    (FSDP2, checkpointing, 4 x 1,024-token micro-batches, rollout memoryFraction 0.5), with and without
    cpuOffload, beside the peaks bench/gpu_scale.py measured on one GPU.
 
@@ -218,7 +218,7 @@ def object_store_seconds(totals: list[int]) -> dict[int, float]:
 
 def plan_part() -> dict:
     from distillery.model_shapes import KNOWN_SHAPES
-    from distillery.plan.memory import GIB, TrainingLayout, plan_memory
+    from distillery.plan.memory.gpu import GIB, TrainingLayout, plan_memory
 
     out = {}
     # A 32B student's bf16 weights (61 GiB) fill a 0.5 share of one 80 GB GPU: its rollout engine needs
@@ -254,7 +254,7 @@ def plan_part() -> dict:
 def measured_points() -> dict:
     """bench/gpu_scale.py's measured peaks beside today's plan of the same case. That run's trainer used
     foreach AdamW (the fused kernel since), so the plan is made for foreach."""
-    from distillery.plan.memory import GIB
+    from distillery.plan.memory.gpu import GIB
 
     sys.path.insert(0, str(ROOT / "bench"))
     import gpu_scale

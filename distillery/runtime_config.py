@@ -14,8 +14,8 @@ from pydantic import Field
 
 from distillery.api import ApiModel, DistillationJob, DistillationJobSpec, Placement, Teacher, TeacherEngine
 from distillery.plan import resolve
-from distillery.plan.checkpoint_storage import checkpoint_storage
-from distillery.plan.teacher_client import LocalAccess, TeacherClient, check_local_access, teacher_client
+from distillery.plan.checkpoints.storage import checkpoint_storage
+from distillery.plan.teachers.client import LocalAccess, TeacherClient, check_local_access, teacher_client
 
 CONFIG_KEY = "runtime-config.json"
 """The ConfigMap key (and file name in the trainer pods) of the resolved config."""

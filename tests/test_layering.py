@@ -8,7 +8,10 @@ also runs `a/__init__.py`, but that implicit edge is not counted: Python finishe
 before it loads the package's modules, so it never closes a circle.
 
 Inside the runtime, its rooms (the subpackages of `distillery_runtime`) are layered too: a room imports only
-the rooms below it in `RUNTIME_ROOMS`, so every arrow between two rooms points one way.
+the rooms below it in `RUNTIME_ROOMS`, so every arrow between two rooms points one way. So are the rooms of
+the plan (`distillery.plan`'s subpackages, `PLAN_ROOMS`: the decisions). A module at a package's top level
+(`distillery.plan.job`, the runtime's `prestop`) is in no room: it may import any room, and any room
+may import it, but the circle test still holds for it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,30 @@ RUNTIME_ROOMS = (
     "observe",
     "run",
 )
+
+# The plan's rooms, bottom first. Its order is not the runtime's: the plan derives the trainer's settings from
+# the memory plan, which counts the rollout engines, so the rollout's decisions sit below the memory's and the
+# trainer's (`distillery.plan.training`, at the top with the loss and the LoRA adapter that every room
+# reads). The teachers' engines read the padding and the rollout's context; the pods' resources read the
+# teachers' engines (a worker pod's host memory holds the sleeping colocated teachers); placement reads all.
+PLAN = "distillery.plan"
+PLAN_ROOMS = (
+    "agents",
+    "env",
+    "access",
+    "checkpoints",
+    "rollout",
+    "memory",
+    "data",
+    "teachers",
+    "pods",
+    "placement",
+)
+ROOMS = {"distillery_runtime": RUNTIME_ROOMS, PLAN: PLAN_ROOMS}
+PACKAGE_DIRS = {
+    "distillery_runtime": PACKAGES["distillery_runtime"],
+    PLAN: PACKAGES["distillery"] / "plan",
+}
 
 Graph = Mapping[str, set[str]]
 
@@ -200,37 +227,46 @@ def test_only_tests_and_benchmarks_import_the_testing_scaffolding(graph):
     assert users == []
 
 
-def room_of(module: str) -> str | None:
-    """The runtime room a runtime module is in (None: a module of the package's top level, or not the runtime)."""
-    parts = module.split(".")
-    return parts[1] if parts[0] == "distillery_runtime" and len(parts) > 2 else None
+def room_of(module: str, package: str = "distillery_runtime") -> str | None:
+    """The room of `package` (a subpackage of it) that `module` is in (None: a module of the package's top
+    level, or not in the package)."""
+    if not module.startswith(package + "."):
+        return None
+    parts = module.removeprefix(package + ".").split(".")
+    return parts[0] if len(parts) > 1 else None
 
 
-def room_violations(graph: Graph, rooms: tuple[str, ...]) -> list[str]:
-    """Imports from a room to a room at or above it in `rooms` (bottom first), between different rooms."""
+def room_violations(graph: Graph, rooms: tuple[str, ...], package: str = "distillery_runtime") -> list[str]:
+    """Imports from a room of `package` to a room above it in `rooms` (bottom first)."""
     rank = {room: i for i, room in enumerate(rooms)}
+
+    def rank_of(module: str) -> int | None:
+        room = room_of(module, package)
+        return None if room is None else rank.get(room)
+
     return sorted(
         f"{module} imports {target}"
         for module, targets in graph.items()
-        if room_of(module) in rank
+        if (low := rank_of(module)) is not None
         for target in targets
-        if room_of(target) in rank
-        and room_of(target) != room_of(module)
-        and rank[room_of(target)] >= rank[room_of(module)]
+        # Each room has its own rank, so an equal rank is an import inside one room.
+        if (high := rank_of(target)) is not None and high > low
     )
 
 
-def test_every_runtime_room_has_a_place_in_the_order():
+@pytest.mark.parametrize("package", sorted(ROOMS))
+def test_every_room_has_a_place_in_the_order(package):
     rooms = {
         path.parent.name
-        for path in PACKAGES["distillery_runtime"].glob("*/__init__.py")
-        if path.parent.name != TESTING.rpartition(".")[2]
+        for path in PACKAGE_DIRS[package].glob("*/__init__.py")
+        if f"{package}.{path.parent.name}" != TESTING
     }
-    assert rooms == set(RUNTIME_ROOMS)
+    assert rooms == set(ROOMS[package])
 
 
-def test_the_runtime_rooms_import_only_the_rooms_below_them(graph):
-    assert room_violations(graph, RUNTIME_ROOMS) == []
+@pytest.mark.parametrize("package", sorted(ROOMS))
+def test_the_rooms_import_only_the_rooms_below_them(graph, package):
+    assert room_violations(graph, ROOMS[package], package) == []
 
 
 def test_no_import_circle(graph):
@@ -266,6 +302,20 @@ def test_a_planted_upward_room_import_is_found():
     }
     assert room_violations(graph, ("tasks", "data", "run")) == [
         "distillery_runtime.data.samples imports distillery_runtime.run.loop.plan"
+    ]
+
+
+def test_a_planted_upward_import_between_the_plans_rooms_is_found_and_the_top_level_is_in_none():
+    graph = {
+        "distillery.plan.rollout.settings": {"distillery.plan.teachers.engines", "distillery.plan.lora"},
+        "distillery.plan.teachers.engines": {"distillery.plan.rollout.settings", "distillery.plan.job"},
+        "distillery.plan.job": {"distillery.plan.teachers.engines", "distillery.plan.rollout.settings"},
+        "distillery_runtime.rollout.base": {"distillery_runtime.teachers.base"},
+    }
+    assert room_of("distillery.plan.job", PLAN) is None
+    assert room_of("distillery.planner.x.y", PLAN) is None
+    assert room_violations(graph, ("rollout", "teachers"), PLAN) == [
+        "distillery.plan.rollout.settings imports distillery.plan.teachers.engines"
     ]
 
 

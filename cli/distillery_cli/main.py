@@ -20,22 +20,22 @@ from distillery.api.shared_teacher import DistillationTeacherSpec
 from distillery.api.spec import DistillationJobSpec
 from distillery.model_shapes import resolve_shape
 from distillery.plan import resolve
+from distillery.plan.agents.episodes import episode_lines
 from distillery.plan.attention import attention_line
-from distillery.plan.checkpoint_storage import checkpoint_storage
-from distillery.plan.episodes import episode_lines
-from distillery.plan.gpu_placement import plan_gpu_placement
+from distillery.plan.checkpoints.storage import checkpoint_storage
+from distillery.plan.data.padding import padding_line
 from distillery.plan.grader import pattern_refusal, resolve_grader
-from distillery.plan.host_memory import host_memory_refusal, plan_host_memory
-from distillery.plan.lora_report import lora_lines
-from distillery.plan.memory import refusal
-from distillery.plan.memory_features import job_memory_plan, resolve_memory_features
-from distillery.plan.model_cache import cache_lines
-from distillery.plan.padding import padding_line
-from distillery.plan.pod_resources import pod_resources
-from distillery.plan.rollout_placement import rollout_line
-from distillery.plan.scoring_engine import scoring_engine_lines
-from distillery.plan.sleep import sleep_lines
-from distillery.plan.student_base import student_base_lines
+from distillery.plan.memory.features import job_memory_plan, resolve_memory_features
+from distillery.plan.memory.gpu import refusal
+from distillery.plan.memory.lora_report import lora_lines
+from distillery.plan.placement.gpus import plan_gpu_placement
+from distillery.plan.placement.rollout import rollout_line
+from distillery.plan.pods.host_memory import host_memory_refusal, plan_host_memory
+from distillery.plan.pods.model_cache import cache_lines
+from distillery.plan.pods.resources import pod_resources
+from distillery.plan.rollout.sleep import sleep_lines
+from distillery.plan.rollout.student_base import student_base_lines
+from distillery.plan.teachers.scoring_engine import scoring_engine_lines
 from distillery.validation import InvalidManifest, load_jobs, load_manifests
 
 
@@ -153,7 +153,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _sleep_lines(spec: DistillationJobSpec) -> list[str]:
-    """The plan's sleep levels (`distillery.plan.sleep`), the rollout engine's and the colocated teachers'."""
+    """The plan's sleep levels (`distillery.plan.rollout.sleep`), the rollout engine's and the colocated teachers'."""
     plan = resolve(spec, student=resolve_shape(spec.student.model))
     teachers = {name: engine.sleep_level for name, engine in plan.engines.items()}
     return sleep_lines(plan.rollout.sleep_level, teachers, one_step_off=spec.schedule.one_step_off)

@@ -81,13 +81,13 @@ OPERATOR_ENV = (
 pods against this list): a second one of the same name would silently win or lose."""
 OPERATOR_ENV_PREFIX = "DISTILLERY_TEACHER_"
 """The prefix of the head pod's teacher key variables (`DISTILLERY_TEACHER_<NAME>_API_KEY`,
-`distillery.plan.teacher_client.api_key_env_name`): a user's variable of that name could replace a key."""
+`distillery.plan.teachers.client.api_key_env_name`): a user's variable of that name could replace a key."""
 OPERATOR_VOLUMES = ("distillery-config", "checkpoints", "dshm", "model-cache")
 OPERATOR_VOLUME_PREFIX = "pvc-"
 """The claims of pvc:// locations are mounted as volumes `pvc-CLAIM` (`distillery.pvc.volume_name`)."""
 OPERATOR_MOUNT_PATHS = ("/dev/shm", "/etc/distillery", "/mnt/distillery", "/var/cache/huggingface")
 """Where the operator mounts /dev/shm, the runtime config, the pvc:// claims and the model cache
-(`distillery.plan.model_cache.HF_HOME`), and anything under them."""
+(`distillery.plan.pods.model_cache.HF_HOME`), and anything under them."""
 OPERATOR_LABEL_PREFIXES = ("app.kubernetes.io/", "distillery.io/", "kueue.x-k8s.io/")
 """Label prefixes of the operator's own labels (the Services and the PodMonitor select by them; a queue
 label belongs on the job, where the operator passes it to Kueue)."""

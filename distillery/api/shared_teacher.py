@@ -2,7 +2,7 @@
 
 A job uses it with `teachers[].placement: shared` and `teacherRef`. Its pool and vLLM settings are the
 job's standalone-teacher models (one renderer serves both); `scaling` bounds the replicas that the
-operator chooses from the replicas' queues (`distillery.plan.teacher_scaling`). The CRD is generated
+operator chooses from the replicas' queues (`distillery.plan.teachers.scaling`). The CRD is generated
 from these models as the DistillationJob's is (`distillery.crd`).
 """
 

@@ -102,7 +102,7 @@ class Training(ApiModel):
     """How the student's weights, gradients and optimizer state are laid out over its trainer ranks.
 
     Each memory feature costs time: leave it unset (or `auto`) and the memory plan turns it on only where
-    the job needs it (`distillery.plan.memory_features`; `distillery plan` prints each choice and why).
+    the job needs it (`distillery.plan.memory.features`; `distillery plan` prints each choice and why).
     A value given here is used as is."""
 
     sharding: Sharding = Sharding.AUTO

@@ -10,23 +10,28 @@ from dataclasses import dataclass
 
 from distillery.api.spec import DistillationJobSpec
 from distillery.model_shapes import ModelShape
-from distillery.plan.engines import EngineSettings, student_base_engine, teacher_engine
-from distillery.plan.export import ExportSettings, resolve_export
-from distillery.plan.gpu_budget import GpuBudget, gpu_budget
-from distillery.plan.gpu_placement import GpuPlacement, plan_gpu_placement
+from distillery.plan.checkpoints.export import ExportSettings, resolve_export
+from distillery.plan.data.prompts import PromptPlan, resolve_prompts
 from distillery.plan.grader import GraderPlan, resolve_grader
 from distillery.plan.loss import LossConfig, max_logprobs
-from distillery.plan.prompts import PromptPlan, resolve_prompts
-from distillery.plan.rollout import RolloutSettings, resolve_rollout, rollout_engine, trainer_world_size
-from distillery.plan.rollout_placement import (
+from distillery.plan.memory.budget import GpuBudget, gpu_budget
+from distillery.plan.placement.gpus import GpuPlacement, plan_gpu_placement
+from distillery.plan.placement.rollout import (
     rollout_in_trainer,
     teachers_in_rollout,
     teachers_in_trainer,
     trainer_computes_alone,
 )
-from distillery.plan.routes import RouteTable, route_table
-from distillery.plan.scoring_overlap import teachers_scoring_after_rollout
-from distillery.plan.student_base import student_base_teachers
+from distillery.plan.rollout.settings import (
+    RolloutSettings,
+    resolve_rollout,
+    rollout_engine,
+    trainer_world_size,
+)
+from distillery.plan.rollout.student_base import student_base_teachers
+from distillery.plan.teachers.engines import EngineSettings, student_base_engine, teacher_engine
+from distillery.plan.teachers.routes import RouteTable, route_table
+from distillery.plan.teachers.scoring_overlap import teachers_scoring_after_rollout
 from distillery.plan.training import TrainerSettings, resolve_training
 
 
@@ -35,39 +40,39 @@ class JobPlan:
     """The resolved plan of one job."""
 
     engines: dict[str, EngineSettings]
-    """Each teacher's engine settings, by teacher name (`engines.teacher_engine`)."""
+    """Each teacher's engine settings, by teacher name (`teachers.engines.teacher_engine`)."""
     top_k: int
     """Log-probs scored per position, what every teacher's engine allows (`loss.max_logprobs`)."""
     routes: RouteTable
-    """Route value -> teacher name (`routes.route_table`)."""
+    """Route value -> teacher name (`teachers.routes.route_table`)."""
     gpu_budget: GpuBudget
-    """Memory fractions and Ray GPU shares (`gpu_budget.gpu_budget`)."""
+    """Memory fractions and Ray GPU shares (`memory.budget.gpu_budget`)."""
     gpu_placement: GpuPlacement | None
-    """Which GPU of which worker each actor sits on; None on CPU (`gpu_placement.plan_gpu_placement`)."""
+    """Which GPU of which worker each actor sits on; None on CPU (`placement.gpus.plan_gpu_placement`)."""
     loss: LossConfig
     """The loss, keyed by the API's enums (`loss.resolve_loss`)."""
     trainer: TrainerSettings
     """What each trainer rank reads, over the run's steps (`training.resolve_training`)."""
     world_size: int
-    """Trainer ranks (`rollout.trainer_world_size`)."""
+    """Trainer ranks (`rollout.settings.trainer_world_size`)."""
     rollout: RolloutSettings
-    """What each rollout engine is started with (`rollout.resolve_rollout`)."""
+    """What each rollout engine is started with (`rollout.settings.resolve_rollout`)."""
     teachers_in_trainer: frozenset[str]
-    """The teachers scored in the trainer's process (`rollout_placement.teachers_in_trainer`)."""
+    """The teachers scored in the trainer's process (`placement.rollout.teachers_in_trainer`)."""
     teachers_in_rollout: frozenset[str]
     """The teachers of the student's base scored by rollout replica 0's engine, the adapter off
-    (`rollout_placement.teachers_in_rollout`)."""
+    (`placement.rollout.teachers_in_rollout`)."""
     student_base: frozenset[str]
-    """The teachers that are the student's base model (`student_base.student_base_teachers`)."""
+    """The teachers that are the student's base model (`rollout.student_base.student_base_teachers`)."""
     trainer_alone: bool
     """Whether the trainer's process is the run's one compute process (`trainer_computes_alone`): in a local
-    run its OpenMP threads keep libgomp's spin (`host_threads.lone_process_env`)."""
+    run its OpenMP threads keep libgomp's spin (`env.threads.lone_process_env`)."""
     grader: GraderPlan
     """What grades a response against its answer: eval accuracy and the task reward (`grader.resolve_grader`)."""
     prompts: PromptPlan
-    """How rows become prompts: field, chat template, system prompt, overlong policy (`prompts.resolve_prompts`)."""
+    """How rows become prompts: field, chat template, system prompt, overlong policy (`data.prompts.resolve_prompts`)."""
     export: ExportSettings
-    """What each checkpoint's `model/` folder holds: dtype, tokenizer (`export.resolve_export`)."""
+    """What each checkpoint's `model/` folder holds: dtype, tokenizer (`checkpoints.export.resolve_export`)."""
 
 
 def resolve(
@@ -80,7 +85,7 @@ def resolve(
     """The plan of a validated spec, for a run of `steps` optimizer steps (default: the schedule's; a local
     run may be told to stop earlier, and its learning-rate schedule then spans the steps it takes).
     `local_gpus`: None in a cluster; in `distillery run`, the GPUs this machine shows it (`scoring_engine`).
-    `student`: the student's shape, read from its files where the caller has them (`rollout.rollout_engine`)."""
+    `student`: the student's shape, read from its files where the caller has them (`rollout.settings.rollout_engine`)."""
     budget = gpu_budget(spec)
     trainer = resolve_training(spec, steps or spec.schedule.steps)
     engines = {

@@ -25,11 +25,11 @@ from distillery.api.spec import (
     TeacherPool,
 )
 from distillery.plan import resolve
-from distillery.plan.engines import EngineSettings
-from distillery.plan.model_cache import CacheVolume, model_cache, server_cache
-from distillery.plan.pod_resources import ContainerResources, pod_resources, teacher_resources
-from distillery.plan.pod_scheduling import PodScheduling, pod_scheduling, teacher_scheduling
-from distillery.plan.rollout import sequence_length
+from distillery.plan.pods.model_cache import CacheVolume, model_cache, server_cache
+from distillery.plan.pods.resources import ContainerResources, pod_resources, teacher_resources
+from distillery.plan.pods.scheduling import PodScheduling, pod_scheduling, teacher_scheduling
+from distillery.plan.rollout.settings import sequence_length
+from distillery.plan.teachers.engines import EngineSettings
 
 SHARED_MAX_MODEL_LEN = 4096
 """The context of a DistillationTeacher that sets no inference.maxModelLen. Unlike a job's teacher it

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 from distillery.api.spec import DistillationJobSpec, Precision, Sharding
 from distillery.plan.attention import eager_attention_width
+from distillery.plan.data.padding import trainer_forward_cost
 from distillery.plan.lora import LoraSettings, resolve_lora
 from distillery.plan.loss import LossConfig, resolve_loss
-from distillery.plan.memory_features import resolve_memory_features
-from distillery.plan.padding import trainer_forward_cost
-from distillery.plan.rollout import trainer_world_size
+from distillery.plan.memory.features import resolve_memory_features
+from distillery.plan.rollout.settings import trainer_world_size
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class TrainerSettings:
     """Train a LoRA adapter on the frozen student (`plan.lora`); None: every weight."""
     forward_cost_tokens: int | None = None
     """Padded micro-batches: at most micro_batch_size samples each, sorted by length and cut where a cut saves
-    more padded tokens than this (`padding.trainer_forward_cost`); None: the fewest micro-batches."""
+    more padded tokens than this (`data.padding.trainer_forward_cost`); None: the fewest micro-batches."""
 
 
 def resolve_training(spec: DistillationJobSpec, total_steps: int) -> TrainerSettings:

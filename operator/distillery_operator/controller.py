@@ -24,7 +24,7 @@ from typing import Any, cast
 import kopf
 
 from distillery.api import DistillationJobStatus, Phase, RayAuth
-from distillery.plan.network import DEFAULT_NETWORK_POLICY, NetworkPolicySettings, Outside, Peer
+from distillery.plan.access.network import DEFAULT_NETWORK_POLICY, NetworkPolicySettings, Outside, Peer
 from distillery_operator import metrics, naming
 from distillery_operator.controller_inputs import ControllerInputs
 from distillery_operator.decide import Action, Decision, decide
@@ -74,7 +74,7 @@ def cluster_settings(environ: Mapping[str, str] | None = None) -> ClusterSetting
 
 def cluster_network_policy(environ: Mapping[str, str]) -> NetworkPolicySettings | None:
     """Where the callers from outside a job run, from NETWORK_POLICY_ENV; None where it says `off`. Each
-    caller the value leaves out keeps its default (`distillery.plan.network.DEFAULT_NETWORK_POLICY`)."""
+    caller the value leaves out keeps its default (`distillery.plan.access.network.DEFAULT_NETWORK_POLICY`)."""
     value = environ.get(NETWORK_POLICY_ENV, "").strip()
     if value == "off":
         return None

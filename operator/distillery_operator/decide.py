@@ -28,8 +28,8 @@ from distillery.api import (
     Teacher,
     TeacherStatus,
 )
-from distillery.plan.checkpoint_storage import checkpoint_storage
-from distillery.plan.teacher_client import teacher_client
+from distillery.plan.checkpoints.storage import checkpoint_storage
+from distillery.plan.teachers.client import teacher_client
 from distillery.runtime_config import teacher_endpoints
 from distillery.validation import InvalidManifest, parse_spec
 from distillery_operator import naming

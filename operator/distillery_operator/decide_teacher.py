@@ -3,7 +3,7 @@
 The inputs are what the watches and the scaling loop saw: the teacher's body, its Deployment, Service and
 NetworkPolicy (as summaries), the jobs of its namespace that reference it (with the digests of the active
 ones' keys, which its clients Secret holds), the replicas' queues (`teacher_metrics`) and how long it has
-been idle. The replica count is `plan.teacher_scaling.decide_replicas`; an Event names each
+been idle. The replica count is `plan.teachers.scaling.decide_replicas`; an Event names each
 change and its reason. While an active job references the teacher, the finalizer `FINALIZER` is on it, so
 that deleting it waits until the jobs end (or the user removes the finalizer); the jobs say so in their
 teacher status (`teacher_refs`).
@@ -21,7 +21,7 @@ from distillery.api import (
     ObjectMeta,
     TeacherConditionType,
 )
-from distillery.plan.teacher_scaling import (
+from distillery.plan.teachers.scaling import (
     ReplicaLoad,
     ScalingDecision,
     ScalingPolicy,

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 
 from distillery.names import child_name, dns1035, shorten
-from distillery.plan.checkpoint_storage import checkpoint_claim_name
+from distillery.plan.checkpoints.storage import checkpoint_claim_name
 from distillery.runtime_config import teacher_service_name
 
 MAX_RAYJOB_NAME = 47
@@ -53,7 +53,7 @@ def trainer_identity_name(job_name: str) -> str:
 
 
 def network_policy_name(job_name: str, pods: str = "") -> str:
-    """The job's NetworkPolicy for one group of its pods (`distillery.plan.network.Pods`). The Ray pods' has
+    """The job's NetworkPolicy for one group of its pods (`distillery.plan.access.network.Pods`). The Ray pods' has
     the bare name a job's one policy had before there were several: an upgraded operator rewrites that
     policy instead of leaving it, wider than the new ones, beside them."""
     return child_name(job_name, "network", *((pods,) if pods else ()))
@@ -73,7 +73,7 @@ def teacher_client_label(teacher: str) -> str:
 
 def checkpoint_claim(job_name: str) -> str:
     """The PersistentVolumeClaim the operator makes for a job's checkpoints (the plan names it:
-    `distillery.plan.checkpoint_storage`), the same for every job of that name."""
+    `distillery.plan.checkpoints.storage`), the same for every job of that name."""
     return checkpoint_claim_name(job_name)
 
 

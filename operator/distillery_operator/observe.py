@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from distillery.api import API_VERSION, KIND, TEACHER_KIND, DistillationTeacherSpec
-from distillery.plan.teacher_client import TeacherClient
+from distillery.plan.teachers.client import TeacherClient
 from distillery.runtime_config import CONFIG_KEY
 from distillery_operator import drift, naming
 
@@ -75,7 +75,7 @@ class Health:
 @dataclass(frozen=True)
 class ProbeTarget:
     """A teacher served elsewhere as the operator health-checks it: its URL, and the client settings the
-    trainer talks to it with (`distillery.plan.teacher_client`), so the check goes as scoring will."""
+    trainer talks to it with (`distillery.plan.teachers.client`), so the check goes as scoring will."""
 
     endpoint: str
     client: TeacherClient

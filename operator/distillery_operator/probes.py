@@ -4,7 +4,7 @@ An external teacher is a server someone else runs, so the operator asks it direc
 vLLM server's endpoint, or `GET /v1/models` where /health does not exist). Only changes wake the job's
 reconcile: a healthy teacher costs one HTTP request per interval and no Kubernetes API traffic.
 
-It asks as the trainer will score: the same client settings (`distillery.plan.teacher_client`), turned into
+It asks as the trainer will score: the same client settings (`distillery.plan.teachers.client`), turned into
 a TLS context and the Authorization header by the same translation (`distillery.teacher_tls`), from the
 CA bundle and API key the operator reads out of the job's Secret or ConfigMap before each check (a rotated
 key is used at the next one). Neither is kept, logged, or put in the status.
@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 
-from distillery.plan.teacher_client import TeacherClient
+from distillery.plan.teachers.client import TeacherClient
 from distillery.teacher_tls import AccessMaterialError, authorization, tls_context
 from distillery_operator import metrics
 from distillery_operator.observe import Health, JobKey, ProbeTarget

@@ -23,8 +23,8 @@ from typing import Any
 import aiohttp
 
 from distillery.api import TERMINAL_PHASES, DistillationTeacherStatus, Phase
-from distillery.plan.job_access import TEACHER_KEY, job_identity, key_digest, teacher_key_secret_name
-from distillery.plan.teacher_scaling import ReplicaLoad
+from distillery.plan.access.auth import TEACHER_KEY, job_identity, key_digest, teacher_key_secret_name
+from distillery.plan.teachers.scaling import ReplicaLoad
 from distillery.runtime_config import TEACHER_PORT
 from distillery_operator.controller import Controller, now_iso, replacing
 from distillery_operator.decide_teacher import TeacherUse, decide_teacher

@@ -27,7 +27,7 @@ from distillery.api import (
     TeacherOutage,
     TeacherStatus,
 )
-from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.plan.checkpoints.storage import checkpoint_storage
 from distillery.runtime_config import teacher_endpoints, teacher_url
 from distillery_operator import naming
 from distillery_operator.observe import Child, Observed, Unscheduled

@@ -1,7 +1,7 @@
 """Whether the PersistentVolumeClaims a job's pods mount can be mounted the way those pods need (pure).
 
 Before the operator makes the trainer (the RayJob) and the standalone teachers, it reads every claim their
-pods will mount: the checkpoint claim (`distillery.plan.checkpoint_storage`) and each claim of a
+pods will mount: the checkpoint claim (`distillery.plan.checkpoints.storage`) and each claim of a
 `pvc://CLAIM/PATH` model, tokenizer or dataset location (`distillery.pvc`). A claim's access modes say
 how many nodes or pods may mount it at once:
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from distillery import pvc
 from distillery.api import ConditionType, DistillationJob, Placement
-from distillery.plan.checkpoint_storage import READ_WRITE_MANY, READ_WRITE_ONCE, checkpoint_storage
-from distillery.plan.model_cache import TRAINER, model_cache
+from distillery.plan.checkpoints.storage import READ_WRITE_MANY, READ_WRITE_ONCE, checkpoint_storage
+from distillery.plan.pods.model_cache import TRAINER, model_cache
 from distillery_operator.observe import ClaimFacts
 from distillery_operator.render.rayjob import trainer_locations
 from distillery_operator.status import Cond

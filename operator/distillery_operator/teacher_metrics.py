@@ -9,7 +9,7 @@ what waits, waits in its queue, not vLLM's. A gauge of that queue, read every fe
 miss a burst of scoring that lasts a fraction of a second; so the queue is read as its mean length since the
 previous read instead: the growth of the total time requests waited
 (`distillery_teacher_queue_wait_seconds_sum`, over jobs) divided by the time between the reads (Little's
-law). What waits is vLLM's queue now plus that mean. The numbers feed `distillery.plan.teacher_scaling`.
+law). What waits is vLLM's queue now plus that mean. The numbers feed `distillery.plan.teachers.scaling`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from distillery.plan.teacher_scaling import ReplicaLoad
+from distillery.plan.teachers.scaling import ReplicaLoad
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"

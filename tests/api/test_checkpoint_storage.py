@@ -1,4 +1,4 @@
-"""Where a job's checkpoints, metrics and final model live in a cluster (distillery/plan/checkpoint_storage.py):
+"""Where a job's checkpoints, metrics and final model live in a cluster (distillery/plan/checkpoints/storage.py):
 the user's claim, the operator's claim (its name, size, access mode, class and life), or an emptyDir, and
 `distillery plan` saying which and why."""
 
@@ -16,7 +16,7 @@ from distillery_cli.main import main as cli_main
 
 from distillery.api.spec import DistillationJobSpec
 from distillery.model_shapes import known_shape
-from distillery.plan.checkpoint_storage import (
+from distillery.plan.checkpoints.storage import (
     FALLBACK_SIZE,
     GIB,
     READ_WRITE_MANY,

@@ -1,4 +1,4 @@
-"""A tool-using student's plan (`distillery/plan/episodes.py`): the turn's end strings, the episode's token
+"""A tool-using student's plan (`distillery/plan/agents/episodes.py`): the turn's end strings, the episode's token
 budget, and the context and memory it sizes, decided once; `distillery plan` prints them."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import yaml
 from distillery_cli.main import main as cli_main
 
 from distillery.api.environment import ToolCallFormat
-from distillery.plan.engines import max_model_len
-from distillery.plan.episodes import CHAT_TEMPLATE_CALL_END, resolve_episodes, response_tokens
-from distillery.plan.memory import base_layout
-from distillery.plan.rollout import sequence_length
+from distillery.plan.agents.episodes import CHAT_TEMPLATE_CALL_END, resolve_episodes, response_tokens
+from distillery.plan.memory.gpu import base_layout
+from distillery.plan.rollout.settings import sequence_length
+from distillery.plan.teachers.engines import max_model_len
 from distillery.validation import parse_job
 
 

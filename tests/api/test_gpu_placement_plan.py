@@ -10,7 +10,7 @@ import pytest
 from distillery_cli.main import main as cli_main
 
 from distillery.api import DistillationJobSpec
-from distillery.plan.gpu_placement import GpuSlot, Role, plan_gpu_placement
+from distillery.plan.placement.gpus import GpuSlot, Role, plan_gpu_placement
 from distillery.validation import load_jobs, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The host-memory plan of a student worker pod (distillery/plan/host_memory.py): its phases, the worker's
+"""The host-memory plan of a student worker pod (distillery/plan/pods/host_memory.py): its phases, the worker's
 default memory, and `distillery validate`/`plan` refusing a pool memory that cannot hold it."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import yaml
 from distillery_cli.main import main as cli_main
 
 from distillery.model_shapes import known_shape
-from distillery.plan.host_memory import GIB, HEADROOM, RUNTIME_GIB_PER_GPU, plan_host_memory
-from distillery.plan.pod_resources import pod_resources
+from distillery.plan.pods.host_memory import GIB, HEADROOM, RUNTIME_GIB_PER_GPU, plan_host_memory
+from distillery.plan.pods.resources import pod_resources
 from distillery.validation import parse_job
 
 REPO = Path(__file__).resolve().parents[2]

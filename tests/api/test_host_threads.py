@@ -1,10 +1,10 @@
-"""The OpenMP wait settings of processes sharing a host's cores (`distillery.plan.host_threads`)."""
+"""The OpenMP wait settings of processes sharing a host's cores (`distillery.plan.env.threads`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from distillery.plan.host_threads import (
+from distillery.plan.env.threads import (
     LIBGOMP_SPIN,
     lone_process_env,
     shared_host_env,
@@ -38,7 +38,7 @@ def test_the_callers_wait_setting_wins_alone(callers: dict[str, str]) -> None:
 
 
 def test_a_local_run_keeps_its_freed_heap_unless_the_caller_sets_glibc_s_own() -> None:
-    from distillery.plan.host_heap import GLIBC_MAX_MMAP_THRESHOLD, kept_heap_env
+    from distillery.plan.env.heap import GLIBC_MAX_MMAP_THRESHOLD, kept_heap_env
 
     env = kept_heap_env({})
     assert env["MALLOC_ARENA_MAX"] == "1"

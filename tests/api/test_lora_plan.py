@@ -23,8 +23,8 @@ from distillery.plan.lora import (
     resolve_lora,
     vllm_max_lora_rank,
 )
-from distillery.plan.memory import GIB, plan_memory
-from distillery.plan.memory_features import job_memory_plan, resolve_memory_features
+from distillery.plan.memory.features import job_memory_plan, resolve_memory_features
+from distillery.plan.memory.gpu import GIB, plan_memory
 from distillery.validation import parse_job
 
 
@@ -131,7 +131,7 @@ def test_distillery_plan_prints_the_adapter_and_its_savings(
 def test_host_memory_of_a_lora_student(base_manifest: dict[str, Any]) -> None:
     """Each rank loads the student in its compute dtype (not float32), and a checkpoint gathers the
     adapter's optimizer state, not the model's."""
-    from distillery.plan.host_memory import plan_host_memory
+    from distillery.plan.pods.host_memory import plan_host_memory
 
     pool = {"workers": 1, "gpusPerWorker": 2, "gpuMemoryGiB": 80}
     lora = plan_host_memory(_job(base_manifest, {"rank": 32}, model="Qwen/Qwen2.5-7B-Instruct", pool=pool))
@@ -140,7 +140,7 @@ def test_host_memory_of_a_lora_student(base_manifest: dict[str, Any]) -> None:
     assert shape is not None
     load = dict(lora.parts["load"])
     assert load["the whole student in its compute dtype a rank (LoRA)"] == 2 * 2 * shape.params
-    from distillery.plan.host_memory import OPTIMIZER_GATHER_BYTES
+    from distillery.plan.pods.host_memory import OPTIMIZER_GATHER_BYTES
 
     gathered = dict(lora.parts["checkpoint"])["the whole optimizer state (rank 0)"]
     assert gathered == OPTIMIZER_GATHER_BYTES * 80_740_352  # the adapter's, not the 7.6B model's

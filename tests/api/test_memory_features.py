@@ -1,4 +1,4 @@
-"""The memory features the plan decides (distillery/plan/memory_features.py): each is on only where the job
+"""The memory features the plan decides (distillery/plan/memory/features.py): each is on only where the job
 does not fit its GPUs without it, a value the spec sets is kept, and `distillery plan` says why."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from distillery_cli.main import main as cli_main
 
 from distillery.api.spec import Sharding
 from distillery.plan import resolve
-from distillery.plan.memory import GIB
-from distillery.plan.memory_features import job_memory_plan, resolve_memory_features
+from distillery.plan.memory.features import job_memory_plan, resolve_memory_features
+from distillery.plan.memory.gpu import GIB
 from distillery.validation import parse_job
 
 

@@ -1,4 +1,4 @@
-"""The memory plan (distillery/plan/memory.py): shapes, the arithmetic, and `distillery validate`/`plan`."""
+"""The memory plan (distillery/plan/memory/gpu.py): shapes, the arithmetic, and `distillery validate`/`plan`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import yaml
 from distillery_cli.main import main as cli_main
 
 from distillery.model_shapes import known_shape, resolve_shape
-from distillery.plan.memory import GIB, TrainingLayout, plan_memory, refusal
+from distillery.plan.memory.gpu import GIB, TrainingLayout, plan_memory, refusal
 
 
 def test_known_shapes_have_their_published_parameter_counts() -> None:

@@ -11,10 +11,10 @@ import pytest
 
 from distillery.api import RolloutEngine
 from distillery.plan import JobPlan, resolve
-from distillery.plan.engines import EngineSettings
-from distillery.plan.gpu_budget import GpuBudgetExceeded, share_left
-from distillery.plan.rollout import LOGPROB_CHECK_EVERY
-from distillery.plan.vllm_env import vllm_env
+from distillery.plan.env.vllm import vllm_env
+from distillery.plan.memory.budget import GpuBudgetExceeded, share_left
+from distillery.plan.rollout.settings import LOGPROB_CHECK_EVERY
+from distillery.plan.teachers.engines import EngineSettings
 from distillery.validation import parse_job
 
 

@@ -1,4 +1,4 @@
-"""The prompt half of the resolved plan (`distillery.plan.prompts`): which field a prompt comes from, and
+"""The prompt half of the resolved plan (`distillery.plan.data.prompts`): which field a prompt comes from, and
 whether the student's chat template renders it, given whether its tokenizer has one."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from api.corpus import mutated
 
 from distillery.api.spec import ChatTemplateUse, OverlongPolicy
 from distillery.plan import resolve
-from distillery.plan.prompts import PromptPlan, PromptSource, TemplateRequired, uses_template
+from distillery.plan.data.prompts import PromptPlan, PromptSource, TemplateRequired, uses_template
 from distillery.validation import parse_job
 
 

@@ -1,6 +1,6 @@
-"""Which engine computes each teacher's log-probs (`distillery.plan.scoring_engine`), what the runtime config
+"""Which engine computes each teacher's log-probs (`distillery.plan.teachers.scoring_engine`), what the runtime config
 makes of it (in process, no server), and the API's rule on `inference.engine`; which engine samples the
-student (`distillery.plan.rollout.rollout_engine`)."""
+student (`distillery.plan.rollout.settings.rollout_engine`)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from pydantic import ValidationError
 from distillery.api import DistillationTeacher, RolloutEngine, TeacherEngine
 from distillery.model_shapes import ModelShape
 from distillery.plan import resolve
-from distillery.plan.rollout import (
+from distillery.plan.placement.rollout import rollout_line
+from distillery.plan.rollout.settings import (
     CPU_ONE_THREAD_DECODE_MAX_TOKEN_PARAMS,
     CPU_TRANSFORMERS_MAX_TOKEN_PARAMS,
     rollout_engine,
 )
-from distillery.plan.rollout_placement import rollout_line
-from distillery.plan.scoring_engine import scoring_engine, scoring_engine_lines
+from distillery.plan.teachers.scoring_engine import scoring_engine, scoring_engine_lines
 from distillery.runtime_config import TeacherProtocol, resolve_runtime_config
 from distillery.validation import InvalidManifest, parse_job
 

@@ -1,4 +1,4 @@
-"""The sleep levels the plan decides (distillery/plan/sleep.py): the rollout engine discards its weights
+"""The sleep levels the plan decides (distillery/plan/rollout/sleep.py): the rollout engine discards its weights
 (level 2, the weight sync after each wake-up reloads them), a colocated vLLM teacher keeps them in host
 memory (level 1), nothing sleeps on CPU; the host-memory plan counts only what level 1 keeps, and
 `distillery plan` says which level and why."""
@@ -15,8 +15,8 @@ from distillery_cli.main import main as cli_main
 
 from distillery.model_shapes import known_shape
 from distillery.plan import resolve
-from distillery.plan.host_memory import plan_host_memory
-from distillery.plan.sleep import SleepLevel, sleep_level, sleep_lines
+from distillery.plan.pods.host_memory import plan_host_memory
+from distillery.plan.rollout.sleep import SleepLevel, sleep_level, sleep_lines
 from distillery.validation import load_jobs, parse_job
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The teacher-consistency comparison (`distillery.plan.teacher_consistency`), pure: its tolerance at the
+"""The teacher-consistency comparison (`distillery.plan.teachers.consistency`), pure: its tolerance at the
 edge, top-k matched by id, and which replica is named."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from distillery.plan.teacher_consistency import (
+from distillery.plan.teachers.consistency import (
     TEACHER_CONSISTENCY_TOLERANCE,
     ProbeAnswer,
     disagreeing_replicas,

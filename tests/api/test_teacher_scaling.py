@@ -1,4 +1,4 @@
-"""The replica decision of a shared teacher (`distillery.plan.teacher_scaling`): bounds first, scale from
+"""The replica decision of a shared teacher (`distillery.plan.teachers.scaling`): bounds first, scale from
 zero on a job, one step up while the queue per replica is over the target, down to the floor only after
 the idle time, never below minReplicas."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from distillery.plan.teacher_scaling import (
+from distillery.plan.teachers.scaling import (
     ReplicaLoad,
     ScalingDecision,
     ScalingPolicy,

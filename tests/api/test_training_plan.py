@@ -120,7 +120,7 @@ def test_only_a_bfloat16_student_on_cpu_trains_narrow_micro_batches_with_eager_a
 def test_padded_forwards_are_cut_by_length_on_cpu_and_fewest_on_gpus_or_over_fsdp_ranks(
     base_manifest: dict[str, Any],
 ) -> None:
-    from distillery.plan.padding import CPU_FORWARD_COST_TOKENS, padding_line
+    from distillery.plan.data.padding import CPU_FORWARD_COST_TOKENS, padding_line
 
     def plan_of(gpus: int, workers: int = 1, sharding: str = "auto", local_gpus: int | None = None) -> Any:
         doc = copy.deepcopy(base_manifest)

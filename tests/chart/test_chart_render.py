@@ -23,7 +23,7 @@ from distillery_operator.render import render_shared_teacher
 from distillery_operator.shared_teachers import SharedTeacherSettings, scaled_by_hpa, scaling_interval
 
 from distillery.api import DistillationTeacher
-from distillery.plan.network import NetworkPolicySettings, Peer
+from distillery.plan.access.network import NetworkPolicySettings, Peer
 
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ("1.25", "1.37")

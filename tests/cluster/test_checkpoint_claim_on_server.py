@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from harness import Installation, wait_until, yaml_stream
 from test_operator_on_server import Cluster, cluster, example
 
-from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.plan.checkpoints.storage import checkpoint_storage
 from distillery.validation import parse_job
 
 __all__ = ["cluster"]  # the fixture, shared with test_operator_on_server

@@ -1,4 +1,4 @@
-"""The NetworkPolicies (on by default, `distillery.plan.network` -> `render/network_policy.py`) on a real
+"""The NetworkPolicies (on by default, `distillery.plan.access.network` -> `render/network_policy.py`) on a real
 API server: for every example and variant, each job's policies and every DistillationTeacher's are created
 (a server-side dry run: validation and admission, nothing stored), and every pod the job renders is selected
 by one of them (the pod templates carry the labels they select by). A policy the server must refuse (a port
@@ -31,7 +31,7 @@ from harness import Installation, temporary_namespace, yaml_stream
 from test_pod_admission_on_server import JOBS
 
 from distillery.api import DistillationJob, DistillationTeacher
-from distillery.plan.network import NetworkPolicySettings, Peer
+from distillery.plan.access.network import NetworkPolicySettings, Peer
 from distillery.validation import load_manifests
 
 pytestmark = pytest.mark.timeout(120)

@@ -45,7 +45,7 @@ from harness import (
 )
 from helm_chart import render_objects
 
-from distillery.plan.job_access import CLIENTS_KEY, clients_secret_name, job_identity
+from distillery.plan.access.auth import CLIENTS_KEY, clients_secret_name, job_identity
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -26,7 +26,7 @@ from distillery_runtime.run.local_gpus import NotEnoughGpus, TeacherGpus, plan_l
 from distillery.api import Placement, TeacherEngine
 from distillery.crd import build_crd
 from distillery.plan import resolve
-from distillery.plan.memory_features import resolve_memory_features
+from distillery.plan.memory.features import resolve_memory_features
 from distillery.runtime_config import resolve_runtime_config
 from distillery.validation import load_jobs
 

@@ -13,8 +13,8 @@ from distillery_operator.decide_teacher import FINALIZER, TeacherDecision, Teach
 from distillery_operator.observe import SUMMARIZERS, Child
 from distillery_operator.render import ClusterSettings
 
-from distillery.plan.job_access import key_digest
-from distillery.plan.teacher_scaling import ReplicaLoad
+from distillery.plan.access.auth import key_digest
+from distillery.plan.teachers.scaling import ReplicaLoad
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = "2026-11-28T12:00:00Z"

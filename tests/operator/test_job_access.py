@@ -1,4 +1,4 @@
-"""Who may use a job's endpoints (`distillery.plan.job_access`), as rendered and as the operator acts on it:
+"""Who may use a job's endpoints (`distillery.plan.access.auth`), as rendered and as the operator acts on it:
 Ray token authentication of the trainer's cluster (on unless the platform or the job turns it off), and the
 standalone teachers' key, a Secret made with the job's children, owned by the job, taken by secretKeyRef by
 the teacher pods and the trainer's head, its value nowhere else."""
@@ -20,7 +20,7 @@ from operator_harness import Cluster, load_example, running_operator, wait_for
 from test_operator_decide import World, job_body
 
 from distillery.api import RayAuth
-from distillery.plan.job_access import RAY_VERSION, key_digest
+from distillery.plan.access.auth import RAY_VERSION, key_digest
 from distillery.validation import load_job
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The model cache (distillery/plan/model_cache.py) as rendered: HF_HOME on a volume in every pod that
+"""The model cache (distillery/plan/pods/model_cache.py) as rendered: HF_HOME on a volume in every pod that
 downloads a model, sized and requested as ephemeral storage, or the user's claim; none where nothing is
 downloaded."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from distillery_operator.render import RenderContext, render_job
 
-from distillery.plan.model_cache import HF_HOME, VOLUME_NAME, downloads, model_cache
+from distillery.plan.pods.model_cache import HF_HOME, VOLUME_NAME, downloads, model_cache
 from distillery.validation import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]

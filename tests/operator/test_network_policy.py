@@ -1,4 +1,4 @@
-"""NetworkPolicies as rendered, without an API server (`distillery.plan.network` decides the flows,
+"""NetworkPolicies as rendered, without an API server (`distillery.plan.access.network` decides the flows,
 `render/network_policy.py` translates them): on by default, one per pod group of every example and variant,
 every pod the job renders isolated, each rule the translation of one flow; the flows of a colocated,
 standalone, external and shared-teacher job; a DistillationTeacher's policy lets in the heads of the jobs
@@ -27,7 +27,7 @@ from distillery_operator.render import (
 )
 
 from distillery.api import DistillationJob, DistillationTeacher
-from distillery.plan.network import (
+from distillery.plan.access.network import (
     DASHBOARD,
     DEFAULT_NETWORK_POLICY,
     RAY_METRICS,

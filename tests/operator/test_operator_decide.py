@@ -29,7 +29,7 @@ from distillery_operator.scheduling import unscheduled_pods
 from distillery_operator.workqueue import Backoff, WorkQueue
 
 from distillery.api import DistillationJobStatus, DistillationTeacherSpec, Phase
-from distillery.plan.teacher_client import TeacherClient
+from distillery.plan.teachers.client import TeacherClient
 
 ROOT = Path(__file__).resolve().parents[2]
 T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"

@@ -26,8 +26,8 @@ from distillery.api.pod import (
     OPERATOR_VOLUMES,
     PodSettings,
 )
-from distillery.plan.network import DEFAULT_NETWORK_POLICY
-from distillery.plan.pod_resources import pod_resources
+from distillery.plan.access.network import DEFAULT_NETWORK_POLICY
+from distillery.plan.pods.resources import pod_resources
 from distillery.validation import InvalidManifest, load_jobs, parse_job
 
 ROOT = Path(__file__).resolve().parents[2]

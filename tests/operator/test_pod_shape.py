@@ -1,6 +1,6 @@
 """Pod shape: every pod the operator renders (teachers, Ray head, workers, KubeRay's submitter) has CPU and
 memory requests and limits, a Pod Security `restricted` security context and its pool's placement, and
-the defaults follow `distillery.plan.pod_resources`. (That a real API server admits them under
+the defaults follow `distillery.plan.pods.resources`. (That a real API server admits them under
 `restricted` and a quota: tests/cluster/test_pod_admission_on_server.py.)"""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from distillery_operator.render import (
 )
 
 from distillery.api import DistillationJob
-from distillery.plan.pod_resources import ContainerResources, pod_resources
-from distillery.plan.pod_scheduling import PodScheduling
-from distillery.plan.quantity import canonical_memory, memory_bytes
+from distillery.plan.pods.quantity import canonical_memory, memory_bytes
+from distillery.plan.pods.resources import ContainerResources, pod_resources
+from distillery.plan.pods.scheduling import PodScheduling
 from distillery.validation import load_jobs, parse_job
 
 ROOT = Path(__file__).resolve().parents[2]

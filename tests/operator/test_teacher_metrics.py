@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from distillery_operator.teacher_metrics import ReplicaSample, parse_replica_sample, replica_load
 
-from distillery.plan.teacher_scaling import ReplicaLoad
+from distillery.plan.teachers.scaling import ReplicaLoad
 
 VLLM_PAGE = """\
 # HELP python_gc_objects_collected_total Objects collected during gc

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distillery.plan.vllm_env import vllm_env
+from distillery.plan.env.vllm import vllm_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,8 @@ from distillery_runtime.data.data_sources import HubDataset, hub_dataset, load_r
 from transformers import AutoTokenizer
 
 from distillery.api.spec import Data, DataSource, DistillationJobSpec
-from distillery.plan.prompts import resolve_prompts
-from distillery.plan.routes import route_table
+from distillery.plan.data.prompts import resolve_prompts
+from distillery.plan.teachers.routes import route_table
 
 HEADER = "<|im_start|>assistant\n"
 ANSWER = "The answer is 42 because six times seven is 42."

@@ -23,7 +23,7 @@ from distillery_runtime.teachers.types import TeacherScores
 from transformers import AutoTokenizer
 
 from distillery.api.environment import ToolCallFormat
-from distillery.plan.episodes import EpisodeSettings
+from distillery.plan.agents.episodes import EpisodeSettings
 
 PROMPTS = ["12+34=", "5+6=", "70+8=", "9+91="]
 

@@ -20,7 +20,7 @@ from distillery_runtime.run.workers import TrainerWorker
 from distillery_runtime.training.trainer import micro_batches, step_normalizer
 
 from distillery.api.spec import LossMode, ModelDtype, Precision, Sharding
-from distillery.plan.export import ExportSettings
+from distillery.plan.checkpoints.export import ExportSettings
 from distillery.plan.lora import LoraSettings
 from distillery.plan.loss import LossConfig
 from distillery.plan.training import TrainerSettings

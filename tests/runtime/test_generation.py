@@ -1,5 +1,5 @@
 """Where a response ends: every end token of the student's generation_config.json (one id or a list) and its
-tokenizer's eos, decided once by the plan (distillery.plan.generation), and each rollout engine stopping on
+tokenizer's eos, decided once by the plan (distillery.plan.rollout.generation), and each rollout engine stopping on
 any of them, on a stop string, and reporting a cut response as finish reason `length`."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from distillery_runtime.data.generation_config import declared_end_tokens
 from distillery_runtime.rollout import GenerationRequest, SamplingSettings, build_engine
 
 from distillery.api.spec import DistillationJobSpec
-from distillery.plan.generation import end_token_ids, resolve_generation
+from distillery.plan.rollout.generation import end_token_ids, resolve_generation
 
 PROMPT = (5, 9, 13, 7)
 

@@ -36,7 +36,7 @@ from distillery_runtime.run.placement import RayPlacement
 
 from distillery.api import DistillationJobSpec
 from distillery.plan import resolve
-from distillery.plan.gpu_placement import GpuPlacement, GpuSlot, Role
+from distillery.plan.placement.gpus import GpuPlacement, GpuSlot, Role
 from distillery.validation import load_jobs, parse_spec
 
 # A process per probe, up to 17 at once on three raylets: a few GiB, which must not run beside the node's

@@ -22,7 +22,7 @@ from distillery_runtime.run.loop.state import RunOptions
 from distillery_runtime.tasks.graders import GraderError
 from distillery_runtime.teachers.types import ScoreRequest, TeacherScores
 
-from distillery.plan.generation import EVAL_SAMPLES_LOGGED
+from distillery.plan.rollout.generation import EVAL_SAMPLES_LOGGED
 from distillery.runtime_config import resolve_runtime_config
 from distillery.validation import parse_job
 from tests.runtime.conftest import JobFiles, manifest

@@ -27,7 +27,7 @@ def test_local_ray_actors_keep_their_freed_heap_for_the_next_turn(ray_local):
     """`plan.host_heap`: every actor of the embedded Ray gets the kept-heap settings, and with them a turn's
     blocks come back from the heap (almost no page faults). The contrast: glibc's small defaults, set
     explicitly, map and fault in every block afresh each turn."""
-    from distillery.plan.host_heap import kept_heap_env
+    from distillery.plan.env.heap import kept_heap_env
 
     # Defined here so that Ray ships the class by value (the test module is not importable on its workers).
     class _Turns:

@@ -22,8 +22,8 @@ from distillery_runtime.checkpoints import checkpoint
 from distillery_runtime.run.workers import TrainerWorker
 
 from distillery.api.spec import LossMode, ModelDtype, Precision, Sharding
-from distillery.plan.checkpoint_storage import checkpoint_bytes
-from distillery.plan.export import ExportSettings
+from distillery.plan.checkpoints.export import ExportSettings
+from distillery.plan.checkpoints.storage import checkpoint_bytes
 from distillery.plan.lora import LoraSettings
 from distillery.plan.loss import LossConfig
 from distillery.plan.training import TrainerSettings

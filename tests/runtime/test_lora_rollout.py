@@ -31,9 +31,9 @@ from distillery.api.spec import LossMode, Precision, RolloutEngine
 from distillery.plan import resolve
 from distillery.plan.lora import LoraSettings
 from distillery.plan.loss import LossConfig
-from distillery.plan.rollout import rollout_engine
-from distillery.plan.rollout_placement import rollout_line
-from distillery.plan.sleep import SleepLevel
+from distillery.plan.placement.rollout import rollout_line
+from distillery.plan.rollout.settings import rollout_engine
+from distillery.plan.rollout.sleep import SleepLevel
 from distillery.plan.training import TrainerSettings
 from distillery.validation import parse_job
 from tests.runtime.conftest import JobFiles, manifest

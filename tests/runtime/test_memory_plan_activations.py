@@ -1,4 +1,4 @@
-"""The memory plan's activation term (distillery/plan/memory.py) against what a real decoder layer keeps.
+"""The memory plan's activation term (distillery/plan/memory/gpu.py) against what a real decoder layer keeps.
 
 The bytes each Hugging Face Qwen2 decoder layer saves for its backward (bfloat16, sdpa attention) are
 counted with autograd's saved-tensor hooks, each storage once, and compared with the plan's formula."""
@@ -10,7 +10,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from distillery.model_shapes import ModelShape
-from distillery.plan.memory import layer_activation_bytes_per_token
+from distillery.plan.memory.gpu import layer_activation_bytes_per_token
 
 
 def saved_bytes_per_token(shape: ModelShape, tokens: int = 64) -> float:

@@ -16,7 +16,7 @@ from distillery_runtime.training.trainer import step_normalizer
 
 from distillery.api.spec import LossMode, Precision, RolloutEngine
 from distillery.plan.loss import LossConfig
-from distillery.plan.rollout import RolloutSettings
+from distillery.plan.rollout.settings import RolloutSettings
 from distillery.plan.training import TrainerSettings
 from tests.runtime.helpers import make_samples
 
@@ -90,7 +90,7 @@ async def test_a_teacher_scored_in_the_trainer_process_answers_as_its_own_actor_
     from distillery_runtime.teachers.types import ScoreRequest
 
     from distillery.api.spec import TeacherEngine
-    from distillery.plan.engines import EngineSettings
+    from distillery.plan.teachers.engines import EngineSettings
 
     engine = EngineSettings(
         served_model_name="teacher", max_logprobs=4, max_model_len=64, memory_fraction=0.0,

@@ -94,7 +94,7 @@ def test_streamed_sync_reaches_every_engine_worker(job_files, kind, tensor_paral
 
         def streamed(e: Any) -> None:
             if kind == "vllm":
-                # What sleep level 2 leaves (plan/sleep.py): weights undefined until the sync loads them. A
+                # What sleep level 2 leaves (plan/rollout/sleep.py): weights undefined until the sync loads them. A
                 # parameter the sync missed would stay NaN, and the log-probs below with it.
                 e.llm.collective_rpc(_discard_weights)
                 assert all(x != x for x in e.sequence_logprobs(PROMPT, RESPONSE))  # NaN: the discard took

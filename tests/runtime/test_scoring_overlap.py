@@ -1,5 +1,5 @@
 """When a step's samples are scored: as each leaves the rollout, or once the rollout is done where the
-teacher computes on the rollout's own CPU cores (`distillery.plan.scoring_overlap`).
+teacher computes on the rollout's own CPU cores (`distillery.plan.teachers.scoring_overlap`).
 
 The plan's choice is checked on specs; the loop's use of it with a stand-in rollout that streams samples
 one at a time and a stand-in teacher that logs when each request reaches it (no engine is needed to see
@@ -21,7 +21,7 @@ from distillery_runtime.run.loop.loop import Loop
 from distillery_runtime.run.loop.state import RunOptions
 from distillery_runtime.teachers.types import ScoreRequest, TeacherScores
 
-from distillery.plan.scoring_overlap import teachers_scoring_after_rollout
+from distillery.plan.teachers.scoring_overlap import teachers_scoring_after_rollout
 from distillery.runtime_config import resolve_runtime_config
 from distillery.validation import parse_job
 from tests.runtime.conftest import JobFiles, manifest

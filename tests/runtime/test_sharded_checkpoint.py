@@ -20,7 +20,7 @@ import torch
 import torch.multiprocessing as mp
 
 from distillery.api.spec import LossMode, ModelDtype, Precision, Sharding
-from distillery.plan.export import ExportSettings
+from distillery.plan.checkpoints.export import ExportSettings
 from distillery.plan.loss import LossConfig
 from distillery.plan.training import TrainerSettings
 from tests.runtime.helpers import train_steps

@@ -27,8 +27,8 @@ from distillery_runtime.run.loop.state import RunOptions
 from distillery_runtime.teachers.scoring import TeacherStats
 from distillery_runtime.teachers.types import ScoreRequest, TeacherScores
 
-from distillery.plan.engines import EngineSettings
-from distillery.plan.sleep import SleepLevel
+from distillery.plan.rollout.sleep import SleepLevel
+from distillery.plan.teachers.engines import EngineSettings
 from distillery.runtime_config import resolve_runtime_config
 from distillery.validation import parse_job
 from tests.runtime.conftest import JobFiles, manifest

@@ -33,7 +33,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distillery.api.spec import LossMode, ModelDtype, Precision, Sharding
-from distillery.plan.export import ExportSettings
+from distillery.plan.checkpoints.export import ExportSettings
 from distillery.plan.loss import LossConfig
 from distillery.plan.training import TrainerSettings
 from tests.runtime.helpers import make_samples

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from distillery.plan.host_threads import sleeping_threads_env
+from distillery.plan.env.threads import sleeping_threads_env
 
 GROUPS_KEY = "distillery_work_groups"
 """The key of each worker's input that names the file of units (`FILE`, in the session's base temp folder)."""
@@ -94,7 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
     each ran 5x slower beside the other's spinning threads (two processes of small matmuls on the two
     cores: 1.6 s alone, 8.6 s each side by side, 2.7 s each with PASSIVE). Set before the workers start,
     which inherit it; the caller's own setting wins. The local runs the workers start inherit it too, in
-    place of a local run's short spin (`distillery.plan.host_threads`): two of them may run side by side,
+    place of a local run's short spin (`distillery.plan.env.threads`): two of them may run side by side,
     where a spin of any length steals the other's cores."""
     config.addinivalue_line(
         "markers", f"{LOCAL_RUN}: starts a local run; never runs beside the node's scenarios"

@@ -25,9 +25,9 @@ from distillery_runtime.teachers import (
 )
 from transformers import AutoTokenizer
 
-from distillery.plan.engines import EngineSettings
-from distillery.plan.routes import RouteTable
-from distillery.plan.vllm_env import vllm_env
+from distillery.plan.env.vllm import vllm_env
+from distillery.plan.teachers.engines import EngineSettings
+from distillery.plan.teachers.routes import RouteTable
 
 from .conftest import assert_matches_reference, make_samples
 

@@ -32,8 +32,8 @@ from distillery_runtime.teachers.wire import (
 )
 from distillery_runtime.testing.tiny import build_tokenizer
 
-from distillery.plan.engines import EngineSettings
-from distillery.plan.routes import RouteTable
+from distillery.plan.teachers.engines import EngineSettings
+from distillery.plan.teachers.routes import RouteTable
 
 
 def _entry(lp: float, rank: int) -> dict:

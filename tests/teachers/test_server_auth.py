@@ -23,7 +23,7 @@ import pytest_asyncio
 from distillery_runtime.teachers.serving.server_auth import ClientKeys, KeyGuard, key_guard_options
 from distillery_runtime.teachers.wire import INFO_PATH, JOB_HEADER, SCORE_PATH, VOCABULARY_PATH
 
-from distillery.plan.job_access import clients_document, key_digest
+from distillery.plan.access.auth import clients_document, key_digest
 
 KEY = "k3y-of-the-job-0123456789abcdefghijklmnopqrstuvw"
 UNAUTHORIZED = 401

@@ -23,8 +23,8 @@ from distillery_runtime.run.workers import free_port
 from distillery_runtime.teachers.serving.server_auth import ClientKeys, KeyGuard
 from distillery_runtime.teachers.types import TeacherAccessError
 
-from distillery.plan.job_access import clients_document, key_digest
-from distillery.plan.teacher_client import TeacherClient
+from distillery.plan.access.auth import clients_document, key_digest
+from distillery.plan.teachers.client import TeacherClient
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
 from distillery.validation import load_job
 

@@ -28,7 +28,7 @@ from distillery_runtime.teachers.scoring import TeacherScoring, build_client
 from distillery_runtime.teachers.types import TeacherAccessError
 
 from distillery.plan import resolve
-from distillery.plan.teacher_client import LocalAccess, LocalAccessError, TeacherClient, teacher_client
+from distillery.plan.teachers.client import LocalAccess, LocalAccessError, TeacherClient, teacher_client
 from distillery.runtime_config import RuntimeConfig, resolve_runtime_config
 from distillery.validation import parse_job
 from tests.teachers.conftest import make_samples

@@ -21,7 +21,7 @@ from distillery_runtime.teachers.in_process import transformers_forward as forwa
 from distillery_runtime.teachers.in_process.transformers_forward import TransformersTeacher, forward_groups
 
 from distillery.api.spec import TeacherEngine
-from distillery.plan.engines import EngineSettings
+from distillery.plan.teachers.engines import EngineSettings
 
 from .conftest import make_samples
 

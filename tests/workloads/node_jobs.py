@@ -15,7 +15,7 @@ from typing import Any
 
 from harness import KUBECTL, Installation, KubectlError, yaml_stream
 
-from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.plan.checkpoints.storage import checkpoint_storage
 from distillery.validation import parse_job
 
 UNREACHABLE = ("Unable to connect to the server", "TLS handshake timeout", "connection refused")

@@ -5,7 +5,7 @@ Cheap by design: no operator, no Ray, no image of ours. The policies are rendere
 them (`render_job`, `render_shared_teacher_policy`) for a job with a standalone teacher, a job that
 references a DistillationTeacher, and that teacher; stand-in pods run the node's busybox (`httpd` on the
 ports the real pods serve) with exactly the labels the rendered pod templates carry. Then each client
-opens a TCP connection (`nc -w 3`) to each server, as the table of `distillery.plan.network` says it may or
+opens a TCP connection (`nc -w 3`) to each server, as the table of `distillery.plan.access.network` says it may or
 may not. A pod of the namespace with none of the labels (the intruder) is let in before the policies exist
 (so a drop afterwards is the policy's, not a wrong address) and dropped after.
 """
@@ -32,7 +32,7 @@ from harness import kubectl, wait_until, yaml_stream
 from node_cluster import NodeCluster
 
 from distillery.api import DistillationTeacher
-from distillery.plan.network import NetworkPolicySettings, Peer
+from distillery.plan.access.network import NetworkPolicySettings, Peer
 from distillery.validation import load_jobs, load_manifests
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -3,7 +3,7 @@
 Per job: one ConfigMap with the resolved runtime config (`config_map`), one Deployment + headless Service per
 standalone teacher (`teacher`) and its PodDisruptionBudget (`disruption_budget`; external and colocated
 teachers get no objects), a NetworkPolicy per group of its pods (`network_policy`, unless the chart turns them off), the checkpoint PersistentVolumeClaim (`claim`, unless the job names its own or
-none: `distillery.plan.checkpoint_storage`), the trainer pods' ServiceAccount and Role (`identity`), the standalone teachers' key Secret (`teacher_key`), and one
+none: `distillery.plan.checkpoints.storage`), the trainer pods' ServiceAccount and Role (`identity`), the standalone teachers' key Secret (`teacher_key`), and one
 KubeRay RayJob running the student (`rayjob`). Every pod of them gets its resources, security and placement from one builder (`pod_shape`),
 as KubeRay's `controllers/ray/common/` builds each child in a module of its own. `distillery render FILE`
 prints the same objects the operator creates, the way `helm template` does (`job`).

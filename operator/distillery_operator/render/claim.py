@@ -1,11 +1,11 @@
-"""The checkpoint PersistentVolumeClaim the operator makes (`distillery.plan.checkpoint_storage` decides)."""
+"""The checkpoint PersistentVolumeClaim the operator makes (`distillery.plan.checkpoints.storage` decides)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from distillery.api import DistillationJob
-from distillery.plan.checkpoint_storage import checkpoint_storage
+from distillery.plan.checkpoints.storage import checkpoint_storage
 from distillery_operator import naming
 from distillery_operator.render.common import RenderContext, metadata, stamp, user_labels
 

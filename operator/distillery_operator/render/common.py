@@ -13,9 +13,9 @@ import orjson
 from distillery import pvc
 from distillery.api import API_VERSION, KIND, DistillationJob, Placement, RayAuth
 from distillery.api.spec import DistillationJobSpec, SecretKeyRef
-from distillery.plan.model_cache import HF_HOME, CacheVolume
-from distillery.plan.model_cache import VOLUME_NAME as CACHE_VOLUME
-from distillery.plan.network import DEFAULT_NETWORK_POLICY, NetworkPolicySettings
+from distillery.plan.access.network import DEFAULT_NETWORK_POLICY, NetworkPolicySettings
+from distillery.plan.pods.model_cache import HF_HOME, CacheVolume
+from distillery.plan.pods.model_cache import VOLUME_NAME as CACHE_VOLUME
 from distillery_operator import naming
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -34,7 +34,7 @@ class ClusterSettings:
     because nobody configured anything."""
     ray_auth: RayAuth = RayAuth.TOKEN
     """The chart's `rayAuth` (`DISTILLERY_RAY_AUTH`): Ray token authentication for jobs that do not choose
-    (`plan.job_access.ray_auth`)."""
+    (`plan.access.auth.ray_auth`)."""
 
 
 NO_CLUSTER_SETTINGS = ClusterSettings()
@@ -157,7 +157,7 @@ def claim_volumes(
 
 
 def mount_model_cache(pod: dict[str, Any], cache: CacheVolume | None) -> dict[str, Any]:
-    """`pod` (one container) with its model cache (`distillery.plan.model_cache`) mounted at HF_HOME and
+    """`pod` (one container) with its model cache (`distillery.plan.pods.model_cache`) mounted at HF_HOME and
     HF_HOME set; unchanged without one. Returns the same dict."""
     if cache is None:
         return pod

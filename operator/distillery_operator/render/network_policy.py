@@ -1,4 +1,4 @@
-"""NetworkPolicies from the flows table (`distillery.plan.network`): one per pod group of a job, one for a
+"""NetworkPolicies from the flows table (`distillery.plan.access.network`): one per pod group of a job, one for a
 DistillationTeacher's replicas.
 
 Each policy selects one `Pods` group by labels the operator sets and a job's podLabels cannot (everything
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from distillery.api import DistillationJob
-from distillery.plan.network import (
+from distillery.plan.access.network import (
     Flow,
     NetworkPolicySettings,
     Outside,

@@ -3,7 +3,7 @@
 Teachers, the Ray head, Ray workers and KubeRay's submitter all go through `shape_pod`, so a new pod kind
 gets them by calling it and cannot forget one. What it applies:
 
-- **resources**: the plan's (`distillery.plan.pod_resources`), CPU and memory requests and limits always
+- **resources**: the plan's (`distillery.plan.pods.resources`), CPU and memory requests and limits always
   set, GPUs from the pool; and, where the pod has one, the `sizeLimit` of its memory-backed `/dev/shm`.
 - **security**: what Pod Security's `restricted` profile asks, so a namespace that enforces it admits the
   pod: non-root as the image's own user (RUNTIME_UID: `docker/runtime.Dockerfile`'s `USER 1000:1000`),
@@ -11,7 +11,7 @@ gets them by calling it and cannot forget one. What it applies:
   makes the claims the pods write (checkpoints) group-writable by that user; `OnRootMismatch` skips the
   recursive ownership change when the volume's root already has the right owner, so a large model claim
   is not walked file by file at every start.
-- **scheduling** (`distillery.plan.pod_scheduling`, which decides it for each pod kind): node selector,
+- **scheduling** (`distillery.plan.pods.scheduling`, which decides it for each pod kind): node selector,
   tolerations, affinity, topology spread constraints, priority class and image pull secrets; the user's
   pod labels and annotations on the template's metadata (the operator's labels win, and the spec refuses
   keys under its prefixes anyway); the user's env, volumes and mounts after the operator's (the spec
@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from distillery.api.base import ApiModel
-from distillery.plan.pod_resources import ContainerResources
-from distillery.plan.pod_scheduling import PodScheduling
+from distillery.plan.pods.resources import ContainerResources
+from distillery.plan.pods.scheduling import PodScheduling
 
 RUNTIME_UID = 1000
 """The user and group of the runtime image (`docker/runtime.Dockerfile`: `USER 1000:1000`)."""

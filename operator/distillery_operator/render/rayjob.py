@@ -13,13 +13,13 @@ from typing import Any
 
 from distillery import pvc
 from distillery.api import SERVED_ELSEWHERE, DistillationJob, Placement, RayAuth
-from distillery.plan.checkpoint_storage import checkpoint_storage
-from distillery.plan.job_access import RAY_VERSION, ray_auth
-from distillery.plan.model_cache import TRAINER, model_cache
-from distillery.plan.network import DASHBOARD_PORT, RAY_METRICS_PORT
-from distillery.plan.pod_resources import ContainerResources, pod_resources
-from distillery.plan.pod_scheduling import PodScheduling, pod_scheduling
-from distillery.plan.teacher_client import teacher_client
+from distillery.plan.access.auth import RAY_VERSION, ray_auth
+from distillery.plan.access.network import DASHBOARD_PORT, RAY_METRICS_PORT
+from distillery.plan.checkpoints.storage import checkpoint_storage
+from distillery.plan.pods.model_cache import TRAINER, model_cache
+from distillery.plan.pods.resources import ContainerResources, pod_resources
+from distillery.plan.pods.scheduling import PodScheduling, pod_scheduling
+from distillery.plan.teachers.client import teacher_client
 from distillery.runtime_config import CONFIG_KEY, CONFIG_MOUNT_DIR, RUNTIME_METRICS_PORT, teacher_endpoints
 from distillery_operator import naming
 from distillery_operator.render.common import (
@@ -201,7 +201,7 @@ def submitter_pod_template(job: DistillationJob, scheduling: PodScheduling) -> d
 
 
 def ray_auth_options(job: DistillationJob, ctx: RenderContext) -> dict[str, Any]:
-    """`authOptions` of the RayCluster where the job's Ray authentication is on (`plan.job_access.ray_auth`):
+    """`authOptions` of the RayCluster where the job's Ray authentication is on (`plan.access.auth.ray_auth`):
     KubeRay makes the token's Secret (owned by the RayCluster, gone with it), sets `RAY_AUTH_MODE` and
     `RAY_AUTH_TOKEN` on the head, the workers and the submitter, and sends the token itself when it
     follows the job through the dashboard. Off: no `authOptions` at all, the RayJob of a KubeRay that

@@ -5,8 +5,8 @@ the teacher (`runtime_config.shared_teacher_service_name`: the jobs reach it the
 no job's selector, NetworkPolicy or label query takes its pods for its own. Its own NetworkPolicy
 (`render_shared_teacher_policy`) lets in the jobs that reference it, and its clients Secret
 (`render_shared_teacher_clients`) holds the digests of their keys, which the replicas want on every request
-(`distillery.plan.job_access`). The replica count is the operator's scaling decision
-(`distillery.plan.teacher_scaling`), a live field that the spec hash leaves out.
+(`distillery.plan.access.auth`). The replica count is the operator's scaling decision
+(`distillery.plan.teachers.scaling`), a live field that the spec hash leaves out.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from distillery.api import TEACHER_API_VERSION, TEACHER_KIND, DistillationTeacher
-from distillery.plan.job_access import CLIENTS_KEY, clients_document, clients_secret_name
+from distillery.plan.access.auth import CLIENTS_KEY, clients_document, clients_secret_name
 from distillery.plan.shared_teacher import shared_teacher_server
 from distillery.runtime_config import shared_teacher_service_name
 from distillery_operator import naming
@@ -110,7 +110,7 @@ def render_shared_teacher_policy(
     owner_uid: str | None = None,
     cluster: ClusterSettings = NO_CLUSTER_SETTINGS,
 ) -> dict[str, Any] | None:
-    """The NetworkPolicy of a DistillationTeacher's replicas (`distillery.plan.network.shared_teacher_flows`:
+    """The NetworkPolicy of a DistillationTeacher's replicas (`distillery.plan.access.network.shared_teacher_flows`:
     the jobs that reference it, the operator, Prometheus); None where the chart turns them off."""
     if cluster.network_policy is None:
         return None

@@ -12,9 +12,9 @@ from typing import Any
 
 from distillery import pvc
 from distillery.api import DistillationJob, SecretKeyRef, Teacher
-from distillery.plan.job_access import CLIENTS_DIR, CLIENTS_ENV, TEACHER_KEY_ENV, clients_file, teacher_key
+from distillery.plan.access.auth import CLIENTS_DIR, CLIENTS_ENV, TEACHER_KEY_ENV, clients_file, teacher_key
+from distillery.plan.env.vllm import NO_TRACKING_ENV, cpu_kv_cache_env
 from distillery.plan.shared_teacher import TeacherServer, teacher_server
-from distillery.plan.vllm_env import NO_TRACKING_ENV, cpu_kv_cache_env
 from distillery.runtime_config import TEACHER_PORT
 from distillery_operator import naming
 from distillery_operator.render.common import (

@@ -1,4 +1,4 @@
-"""The job's teacher key Secret (`distillery.plan.job_access`): its standalone teachers want the key on every
+"""The job's teacher key Secret (`distillery.plan.access.auth`): its standalone teachers want the key on every
 request, and the trainer's head pod sends it.
 
 Rendered without its value: a render is pure and goes into `distillery render`, goldens and the spec hash,
@@ -13,7 +13,7 @@ import secrets
 from typing import Any
 
 from distillery.api import DistillationJob
-from distillery.plan.job_access import TEACHER_KEY, needs_teacher_key, teacher_key_secret_name
+from distillery.plan.access.auth import TEACHER_KEY, needs_teacher_key, teacher_key_secret_name
 from distillery_operator import naming
 from distillery_operator.render.common import RenderContext, metadata, stamp, user_labels
 

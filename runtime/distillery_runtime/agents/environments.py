@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
-from distillery.plan.episodes import EpisodeSettings
+from distillery.plan.agents.episodes import EpisodeSettings
 from distillery_runtime.tasks.graders import import_object
 
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from distillery.plan.episodes import EpisodeSettings
+from distillery.plan.agents.episodes import EpisodeSettings
 from distillery_runtime.agents.environments import EnvironmentFailure, Environments, EnvironmentSession
 from distillery_runtime.agents.observations import ObservationEncoder
 from distillery_runtime.data.samples import EpisodeStats, RolloutSample

@@ -54,7 +54,7 @@ import numpy as np
 import orjson
 import torch
 
-from distillery.plan.checkpoint_storage import STATE_BYTES_PER_PARAMETER, checkpoint_bytes
+from distillery.plan.checkpoints.storage import STATE_BYTES_PER_PARAMETER, checkpoint_bytes
 from distillery_runtime.checkpoints.export import (
     TORCH_DTYPES,
     ModelExport,
@@ -113,7 +113,7 @@ BYTES_PER_PARAMETER = STATE_BYTES_PER_PARAMETER
 """A checkpoint holds the float32 master weights (4 bytes a parameter) and AdamW's two float32 moments (8),
 and the kept model (`model/`) in its own dtype on top (`export.DTYPE_BYTES`); a LoRA student's, those 12
 bytes for each adapter parameter only. The plan sizes the operator's checkpoint claim with the same figure
-(`distillery.plan.checkpoint_storage.checkpoint_bytes`)."""
+(`distillery.plan.checkpoints.storage.checkpoint_bytes`)."""
 CHECKPOINTS_OF_ROOM = 2
 """A save writes the new checkpoint before pruning the oldest: the folder needs room for two at once."""
 

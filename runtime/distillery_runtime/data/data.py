@@ -3,7 +3,7 @@ deterministic, resumable order.
 
 Each row becomes a `PromptRecord` that carries its route value (which teacher scores it), its reference
 answer (eval accuracy) and its reference response (the off-policy share). How a row becomes a prompt
-(messages or text, chat template or not) is the plan's (`distillery.plan.prompts`); the rendering is
+(messages or text, chat template or not) is the plan's (`distillery.plan.data.prompts`); the rendering is
 `chat`'s. Prompts longer than `data.maxPromptTokens` are rejected (the job fails naming the rows), dropped
 or truncated as the spec says; dropped and truncated ones are counted and named, never silently lost.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 from distillery.api.spec import Data, DataSource, DistillationJobSpec, OverlongPolicy
 from distillery.plan import resolve
-from distillery.plan.prompts import (
+from distillery.plan.data.prompts import (
     PromptPlan,
     PromptSource,
     TemplateRequired,
@@ -30,7 +30,7 @@ from distillery.plan.prompts import (
     uses_template,
     with_context,
 )
-from distillery.plan.routes import RouteTable
+from distillery.plan.teachers.routes import RouteTable
 from distillery_runtime.data.chat import ChatRowError, Turn, fit, render, split_conversation, with_system
 from distillery_runtime.data.data_sources import DataError, detect_format, load_rows
 

@@ -1,6 +1,6 @@
 """What a student's folder says about where its responses end: the `eos_token_id` of its
 generation_config.json and of its config.json, read as they are (one id or a list), for the plan to join
-with the tokenizer's (`distillery.plan.generation.end_token_ids`)."""
+with the tokenizer's (`distillery.plan.rollout.generation.end_token_ids`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from distillery.plan.generation import EndTokens
+from distillery.plan.rollout.generation import EndTokens
 
 FILES = ("generation_config.json", "config.json")
 """transformers generates with the first, and falls back to the second's ids when the first is absent."""

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from distillery.plan.generation import GenerationSettings
+from distillery.plan.rollout.generation import GenerationSettings
 from distillery_runtime.data.samples import RolloutSample
 from distillery_runtime.sync.weight_sync import TensorMeta
 
@@ -26,7 +26,7 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """One generate call's sampling, as the plan decided it (`distillery.plan.generation`); each engine
+    """One generate call's sampling, as the plan decided it (`distillery.plan.rollout.generation`); each engine
     translates it (vLLM's SamplingParams, the transformers loop's own checks)."""
 
     temperature: float = 1.0

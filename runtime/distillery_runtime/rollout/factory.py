@@ -10,7 +10,7 @@ import torch
 
 from distillery.api.spec import RolloutEngine as EngineKind
 from distillery.plan.lora import LoraSettings
-from distillery.plan.sleep import SleepLevel
+from distillery.plan.rollout.sleep import SleepLevel
 from distillery_runtime.rollout.base import RolloutEngine
 
 

@@ -1,4 +1,4 @@
-"""The rollout engine's vLLM sleep and wake-up, translated from the plan's level (`distillery.plan.sleep`):
+"""The rollout engine's vLLM sleep and wake-up, translated from the plan's level (`distillery.plan.rollout.sleep`):
 no decision here, only the calls each level needs and the one order that keeps level 2 safe.
 
 At level 2 the engine's weights are discarded while it sleeps, and after a wake-up they hold whatever the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distillery.plan.sleep import SleepLevel
+from distillery.plan.rollout.sleep import SleepLevel
 
 
 class EngineSleep:

@@ -10,7 +10,7 @@ update: cached KV blocks were computed with the old weights.
 
 With one tensor-parallel rank the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, uni
 executor: ~3 s start on CPU, ~10 s more when compiled); with more, its workers are processes of vLLM's
-own (`distillery.plan.rollout.rollout_executor`). On GPU the engine sleeps while the trainer runs at the
+own (`distillery.plan.rollout.settings.rollout_executor`). On GPU the engine sleeps while the trainer runs at the
 plan's level (`RolloutSettings.sleep_level`: 2, its weights discarded, as the sync after each wake-up
 overwrites them), translated by `sleep_mode.EngineSleep`, which also refuses to sample between a level-2
 wake-up and the sync. On CPU it never sleeps (vLLM's CPU worker has no sleep mode).
@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
+from distillery.plan.env.vllm import tensor_parallel_env, vllm_env
 from distillery.plan.lora import LoraSettings, vllm_max_lora_rank
-from distillery.plan.rollout import rollout_executor
-from distillery.plan.sleep import SleepLevel
-from distillery.plan.vllm_env import tensor_parallel_env, vllm_env
+from distillery.plan.rollout.settings import rollout_executor
+from distillery.plan.rollout.sleep import SleepLevel
 from distillery_runtime.data.samples import RolloutSample
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.rollout.sleep_mode import EngineSleep

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from distillery.plan.grader import GraderKind, resolve_grader
-from distillery.plan.teacher_client import LocalAccess, LocalAccessError
+from distillery.plan.teachers.client import LocalAccess, LocalAccessError
 from distillery.runtime_config import (
     RuntimeConfig,
     TeacherProtocol,

@@ -20,10 +20,10 @@ from typing import IO, Any
 
 from distillery.api.spec import Placement
 from distillery.plan import resolve
-from distillery.plan.engines import EngineSettings
-from distillery.plan.host_heap import kept_heap_env
-from distillery.plan.host_threads import shared_host_env, turn_taking_threads_env
-from distillery.plan.vllm_env import vllm_env
+from distillery.plan.env.heap import kept_heap_env
+from distillery.plan.env.threads import shared_host_env, turn_taking_threads_env
+from distillery.plan.env.vllm import vllm_env
+from distillery.plan.teachers.engines import EngineSettings
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
 from distillery_runtime.data.uris import is_hub_id, resolve_location
 from distillery_runtime.run.local_gpus import LocalGpuPlan, TeacherGpus
@@ -278,7 +278,7 @@ def init_ray(address: str | None, gpus: list[str] | None = None, model_locations
     # Ray gives every worker OMP_NUM_THREADS=1 (it assumes one CPU per task). Locally the trainer and the
     # rollout engine take turns on the machine's cores (and vLLM's CPU worker cannot raise its thread
     # count once bound), so each gets them all: 1.4x faster rollout and 2x faster training on 2 cores;
-    # their OpenMP threads keep libgomp's spin between kernels (distillery.plan.host_threads).
+    # their OpenMP threads keep libgomp's spin between kernels (distillery.plan.env.threads).
     env.update(shared_host_env(local_threads(), os.environ))
     # They take turns: each keeps its freed heap for its next turn instead of faulting it in afresh.
     env.update(kept_heap_env(os.environ))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from distillery.api.spec import COLOCATED_MEMORY_LIMIT, DistillationJobSpec, Placement, Teacher
 from distillery.plan import resolve
-from distillery.plan.gpu_budget import GpuBudget, GpuBudgetExceeded, share_left, teacher_fraction
+from distillery.plan.memory.budget import GpuBudget, GpuBudgetExceeded, share_left, teacher_fraction
 
 
 class NotEnoughGpus(ValueError):

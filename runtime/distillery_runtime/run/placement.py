@@ -1,6 +1,6 @@
 """The student's GPUs in Ray: the placement groups of the plan's `GpuPlacement`, and each actor's Ray options.
 
-The plan decides which bundle every actor takes (`distillery.plan.gpu_placement`); this module only
+The plan decides which bundle every actor takes (`distillery.plan.placement.gpus`); this module only
 translates: it reserves one placement group per student worker, waits until Ray has placed them (or names
 what it could not find), and gives each role its `ray.remote(...).options(...)`. On CPU (no placement) no
 group is made and no actor reserves anything, so a small machine is never short of Ray's logical CPUs.
@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from distillery.plan.gpu_placement import STRATEGY, GpuPlacement, PlacedActor
+from distillery.plan.placement.gpus import STRATEGY, GpuPlacement, PlacedActor
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from distillery.plan.engines import EngineSettings
-from distillery.plan.export import ExportSettings
-from distillery.plan.rollout import RolloutSettings
+from distillery.plan.checkpoints.export import ExportSettings
+from distillery.plan.rollout.settings import RolloutSettings
+from distillery.plan.teachers.engines import EngineSettings
 from distillery_runtime.data.samples import RolloutSample, TrainSample
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -321,7 +321,7 @@ class RolloutWorker(EngineCalls, HostedTeachers):
 
 def transformers_teacher(model_dir: str, engine: EngineSettings) -> Any:
     """The teacher's transformers forward (`teachers.transformers_forward`) on this process's device."""
-    from distillery.plan.scoring_engine import TRANSFORMERS_DTYPES
+    from distillery.plan.teachers.scoring_engine import TRANSFORMERS_DTYPES
     from distillery_runtime.teachers.in_process.transformers_forward import TransformersTeacher
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

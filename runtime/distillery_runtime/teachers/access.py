@@ -1,4 +1,4 @@
-"""A teacher's client settings (`distillery.plan.teacher_client`) made usable in the runtime: the CA bundle
+"""A teacher's client settings (`distillery.plan.teachers.client`) made usable in the runtime: the CA bundle
 read from its file, the API key from its environment variable, both turned into a TLS context and headers
 by the translation the operator's probe uses too (`distillery.teacher_tls`); and the one-line errors for a
 certificate or a key the teacher does not accept.
@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from distillery.plan.teacher_client import TeacherClient, endpoint_client
+from distillery.plan.teachers.client import TeacherClient, endpoint_client
 from distillery.teacher_tls import AccessMaterialError, authorization, tls_context
 from distillery_runtime.teachers.types import TeacherAccessError
 

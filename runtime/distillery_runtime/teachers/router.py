@@ -1,6 +1,6 @@
 """Multi-teacher routing (MOPD): each sample goes to the teacher named by its `route` value.
 
-The job's route table (`distillery.plan.routes`) decides which teacher takes a value: unknown values go to
+The job's route table (`distillery.plan.teachers.routes`) decides which teacher takes a value: unknown values go to
 the default teacher when there is one, otherwise they are an error naming the value and the known ones.
 Teachers score concurrently; the results are merged back into input order and padded to one common T.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from distillery.plan.routes import RouteTable
+from distillery.plan.teachers.routes import RouteTable
 from distillery_runtime.teachers.dense import empty_scores
 from distillery_runtime.teachers.types import ScoreRequest, Teacher, TeacherScores, UnknownRouteError
 

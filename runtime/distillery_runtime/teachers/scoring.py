@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distillery.plan import JobPlan
-from distillery.plan.engines import EngineSettings
+from distillery.plan.teachers.engines import EngineSettings
 from distillery.runtime_config import ResolvedTeacher, TeacherProtocol
 from distillery_runtime.teachers.clients.coalesce import Coalescer
 from distillery_runtime.teachers.clients.outage import OutageTracker

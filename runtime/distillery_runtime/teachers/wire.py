@@ -31,7 +31,7 @@ import numpy as np
 import orjson
 
 # Re-exported: the runtime's callers name the job the way the teachers' clients file does.
-from distillery.plan.job_access import job_identity as job_identity
+from distillery.plan.access.auth import job_identity as job_identity
 
 MAGIC = b"DSC1"
 MEDIA_TYPE = "application/x-distillery-scores"

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distillery.api.spec import STANDALONE_MEMORY_FRACTION
-from distillery.plan.engines import EngineSettings
-from distillery.plan.vllm_env import vllm_env
+from distillery.plan.env.vllm import vllm_env
+from distillery.plan.teachers.engines import EngineSettings
 
 
 def free_port() -> int:

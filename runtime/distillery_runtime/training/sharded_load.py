@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from distillery.plan.host_memory import LOAD_CHUNK_FRACTION
+from distillery.plan.pods.host_memory import LOAD_CHUNK_FRACTION
 from distillery_runtime.data.packing import pack_in_order
 
 log = logging.getLogger(__name__)

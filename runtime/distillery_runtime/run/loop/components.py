@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distillery.api.spec import Placement
-from distillery.plan.host_threads import lone_process_env
+from distillery.plan.env.threads import lone_process_env
 from distillery.runtime_config import RuntimeConfig, TeacherProtocol
 from distillery_runtime.data.uris import resolve_location
 from distillery_runtime.rollout.pool import RolloutPool

@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Any
 
-from distillery.plan.generation import EVAL_SAMPLES_LOGGED
+from distillery.plan.rollout.generation import EVAL_SAMPLES_LOGGED
 from distillery_runtime.data.data import scored_prompt
 from distillery_runtime.data.samples import RolloutSample
 from distillery_runtime.observe.rollout_stats import episode_stats, response_stats

@@ -16,10 +16,10 @@ from typing import Any
 
 from distillery.model_shapes import resolve_shape
 from distillery.plan import resolve
-from distillery.plan.episodes import resolve_episodes
-from distillery.plan.generation import end_token_ids, resolve_generation
+from distillery.plan.agents.episodes import resolve_episodes
 from distillery.plan.grader import resolve_grader
-from distillery.plan.scoring_overlap import teachers_scoring_after_rollout
+from distillery.plan.rollout.generation import end_token_ids, resolve_generation
+from distillery.plan.teachers.scoring_overlap import teachers_scoring_after_rollout
 from distillery.runtime_config import RuntimeConfig
 from distillery_runtime.agents.environments import Environments
 from distillery_runtime.agents.episodes import EpisodeRunner

@@ -3,7 +3,7 @@
 Scoring spreads a teacher's samples over its replicas (`teachers.http`), so replicas that score the same
 tokens differently (another checkpoint, dtype or engine setting behind one Service: SkyRL issue 2256)
 make the student learn which replica each sample reached. The probe is a few tokens of the student's
-tokenizer (`distillery.plan.teacher_consistency.PROBE_TEXT`), the same ids for every replica, each
+tokenizer (`distillery.plan.teachers.consistency.PROBE_TEXT`), the same ids for every replica, each
 replica sent it directly (not through the pool's choice of endpoint): a plain-http endpoint's host name
 (a standalone or shared teacher's headless Service) is resolved to every address behind it, as the
 scoring client does; an https one is taken as given (its certificate names the host, and replicas behind
@@ -22,8 +22,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from distillery.plan import JobPlan
-from distillery.plan.engines import EngineSettings
-from distillery.plan.teacher_consistency import (
+from distillery.plan.teachers.consistency import (
     PROBE_TEXT,
     PROBE_TOKENS,
     PROBE_TOP_K,
@@ -34,6 +33,7 @@ from distillery.plan.teacher_consistency import (
     disagreeing_replicas,
     probe_difference,
 )
+from distillery.plan.teachers.engines import EngineSettings
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
 from distillery_runtime.teachers.clients.http import EndpointPool
 from distillery_runtime.teachers.clients.retry import RetryPolicy

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from distillery.api.spec import Placement
-from distillery.plan.episodes import response_tokens
+from distillery.plan.agents.episodes import response_tokens
 from distillery.runtime_config import ResolvedTeacher, RuntimeConfig, TeacherProtocol
 from distillery_runtime.teachers.types import TeacherError
 from distillery_runtime.teachers.wire import INFO_PATH

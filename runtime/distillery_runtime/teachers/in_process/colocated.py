@@ -5,7 +5,7 @@ It scores through the same tensor path as the teacher server's compact endpoint
 
 Sleep/wake: around training the trainer calls `sleep()` and `wake_up()` before scoring, at the
 plan's level (`EngineSettings.sleep_level`: 1 on the student's GPUs, the weights offloaded to host
-memory and the KV cache freed, as nothing reloads a teacher's weights; `distillery.plan.sleep`).
+memory and the KV cache freed, as nothing reloads a teacher's weights; `distillery.plan.rollout.sleep`).
 vLLM supports sleep mode on CUDA/ROCm/XPU only; on CPU the plan's level is 0 and both calls are
 no-ops (`sleeps` is False), the engine keeping its memory. After a real
 wake-up the teacher re-scores a fixed probe and compares it with the probe taken at start,
@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from distillery.plan.engines import EngineSettings
-from distillery.plan.sleep import SleepLevel
+from distillery.plan.rollout.sleep import SleepLevel
+from distillery.plan.teachers.engines import EngineSettings
 from distillery_runtime.teachers.base import BatchTeacher, Rows
 from distillery_runtime.teachers.checks.consistency import check_after_wake
 from distillery_runtime.teachers.types import ScoreRequest, TeacherError

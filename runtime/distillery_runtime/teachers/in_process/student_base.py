@@ -1,5 +1,5 @@
 """A teacher that is the LoRA student's own base model (`placement: student`), scored by the engine that
-samples the student, with the adapter off: no second copy of the base (`distillery.plan.student_base`).
+samples the student, with the adapter off: no second copy of the base (`distillery.plan.rollout.student_base`).
 
 The transformers engine's model is a peft model (the trainer's own where the rollout runs in the trainer's
 process): its forward with `disable_adapter()` is the base's, in eval mode so that no dropout touches it.
@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from distillery.plan.engines import EngineSettings
+from distillery.plan.teachers.engines import EngineSettings
 from distillery_runtime.teachers.base import BatchTeacher, Rows
 from distillery_runtime.teachers.in_process.transformers_forward import TransformersTeacher
 from distillery_runtime.teachers.types import ScoreRequest

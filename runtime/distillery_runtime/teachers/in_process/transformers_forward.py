@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from distillery.plan.engines import EngineSettings
+from distillery.plan.teachers.engines import EngineSettings
 from distillery_runtime.data.packing import length_groups
 from distillery_runtime.teachers.base import BatchTeacher, Rows
 from distillery_runtime.teachers.serving.fast_topk import MIN_K, cpu_topk

@@ -3,7 +3,7 @@
 check leaves open. Every request must carry `Authorization: Bearer KEY`, where KEY is
 
 - the one key of the server (`VLLM_API_KEY`): a standalone teacher's, from its job's teacher key Secret
-  (`distillery.plan.job_access`); or
+  (`distillery.plan.access.auth`); or
 - the key of one of its clients (`DISTILLERY_TEACHER_CLIENTS`, a file of the SHA-256 digests of the keys of
   the jobs that use a shared teacher, which the operator keeps in a Secret and the kubelet keeps current).
   The request is then the job's the key belongs to: the guard replaces any `X-Distillery-Job` header with
@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from distillery.plan.job_access import CLIENTS_ENV, TEACHER_KEY_ENV
+from distillery.plan.access.auth import CLIENTS_ENV, TEACHER_KEY_ENV
 from distillery_runtime.teachers.wire import JOB_HEADER
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def _digest(value: bytes) -> bytes:
 
 @dataclass
 class ClientKeys:
-    """A shared teacher's clients file (`plan.job_access.clients_document`), read again whenever it changes
+    """A shared teacher's clients file (`plan.access.auth.clients_document`), read again whenever it changes
     (the kubelet swaps a Secret volume's files atomically): the job each known key digest belongs to. A file
     that is missing or unreadable knows no job, so every request is refused until a good one appears."""
 

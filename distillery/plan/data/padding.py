@@ -25,8 +25,8 @@ whose every micro-batch gathers the sharded weights again.
 from __future__ import annotations
 
 from distillery.api.spec import DistillationJobSpec, Sharding
-from distillery.plan.memory_features import resolve_memory_features
-from distillery.plan.rollout import trainer_world_size
+from distillery.plan.memory.features import resolve_memory_features
+from distillery.plan.rollout.settings import trainer_world_size
 
 CPU_FORWARD_COST_TOKENS = 64
 """What one more forward costs on CPU, in padded tokens (the module docstring's measurements)."""

@@ -19,7 +19,7 @@ Defaults, by pod:
   as the memory plan knows it); an unknown model gets UNKNOWN_MODEL_GIB a GPU instead of the weights term.
   Requests equal limits: a replica holds whole GPUs, and the Guaranteed QoS class keeps it from being the
   first evicted.
-- **GPU student worker**: the same CPU, and memory from the host-memory plan (`host_memory.py`: the
+- **GPU student worker**: the same CPU, and memory from the host-memory plan (`pods/host_memory.py`: the
   runtime, the load, the offloaded state, the engines asleep at sleep level 1 and a checkpoint's gathers,
   by phase) with its headroom; for a student of unknown shape, as a teacher of unknown size.
 - **CPU-only pools** (`gpus... = 0`: tests and tiny jobs): small requests (CPU_ONLY_CPU_REQUEST, memory
@@ -32,7 +32,7 @@ Defaults, by pod:
 - **Submitter** (KubeRay's `ray job submit` + `ray job logs --follow`): KubeRay's own default limits
   (1 CPU, 1Gi) and a smaller request, since it only waits.
 
-Where a pod's model cache is an emptyDir (`model_cache.py`), its size is also an `ephemeral-storage`
+Where a pod's model cache is an emptyDir (`pods/model_cache.py`), its size is also an `ephemeral-storage`
 request (unless the pool's resources set one).
 
 `/dev/shm` of the teachers and Ray pods (a memory-backed emptyDir, whose use counts toward the memory limit) gets a
@@ -49,9 +49,9 @@ from dataclasses import dataclass, field, replace
 
 from distillery.api.spec import DistillationJobSpec, Placement, Resources, TeacherPool
 from distillery.model_shapes import resolve_shape
-from distillery.plan.host_memory import HEADROOM, plan_host_memory
-from distillery.plan.model_cache import TRAINER, CacheVolume, model_cache
-from distillery.plan.quantity import canonical_memory, memory_bytes
+from distillery.plan.pods.host_memory import HEADROOM, plan_host_memory
+from distillery.plan.pods.model_cache import TRAINER, CacheVolume, model_cache
+from distillery.plan.pods.quantity import canonical_memory, memory_bytes
 
 GIB = 1024**3
 CPU_PER_GPU = 4

@@ -21,7 +21,7 @@ from pydantic import ConfigDict
 
 from distillery.api import ApiModel, CaBundle, Placement, SecretKeyRef, Teacher
 from distillery.api.pod import OPERATOR_ENV_PREFIX
-from distillery.plan.job_access import teacher_key
+from distillery.plan.access.auth import teacher_key
 
 TEACHER_ACCESS_DIR = "/etc/distillery-teachers"
 """In the trainer pods, where each external teacher's CA bundle is mounted: DIR/NAME/ca.crt."""

@@ -8,8 +8,8 @@ import dataclasses
 from distillery.api.spec import DistillationJobSpec
 from distillery.model_shapes import resolve_shape
 from distillery.plan.lora import describe, resolve_lora
-from distillery.plan.memory import GIB, plan_memory
-from distillery.plan.memory_features import job_memory_plan
+from distillery.plan.memory.features import job_memory_plan
+from distillery.plan.memory.gpu import GIB, plan_memory
 
 
 def lora_lines(spec: DistillationJobSpec) -> list[str]:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from distillery.api.spec import DistillationJobSpec, Placement, RolloutEngine, Teacher, TeacherEngine
+from distillery.plan.data.padding import forward_cost_tokens
 from distillery.plan.loss import max_logprobs
-from distillery.plan.padding import forward_cost_tokens
-from distillery.plan.rollout import sequence_length
-from distillery.plan.scoring_engine import scoring_engine, teacher_on_cpu
-from distillery.plan.sleep import SleepLevel, sleep_level
+from distillery.plan.rollout.settings import sequence_length
+from distillery.plan.rollout.sleep import SleepLevel, sleep_level
+from distillery.plan.teachers.scoring_engine import scoring_engine, teacher_on_cpu
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class EngineSettings:
     """vllm, or transformers: the model's forward in a Ray actor of the run (`scoring_engine`); never auto."""
     forward_cost_tokens: int | None = None
     """The transformers forward's samples are grouped by length and cut where a cut saves more padded tokens
-    than this (`padding.forward_cost_tokens`); None: the fewest forwards. vLLM schedules its own."""
+    than this (`data.padding.forward_cost_tokens`); None: the fewest forwards. vLLM schedules its own."""
     sleep_level: SleepLevel = SleepLevel.NONE
     """How deep an in-process engine sleeps while the student trains (`sleep.sleep_level`): a colocated
     vLLM teacher on the student's GPUs at level 1 (its weights must survive); NONE for every other."""

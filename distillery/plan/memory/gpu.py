@@ -36,16 +36,16 @@ from typing import Any
 
 from distillery.api.spec import RolloutEngine
 from distillery.model_shapes import ModelShape, resolve_shape
-from distillery.plan.episodes import response_tokens
-from distillery.plan.gpu_budget import gpu_budget
+from distillery.plan.agents.episodes import response_tokens
 from distillery.plan.lora import adapter_params, resolve_lora
-from distillery.plan.rollout import rollout_engine
+from distillery.plan.memory.budget import gpu_budget
+from distillery.plan.rollout.settings import rollout_engine
 
 GIB = 1024**3
 CUDA_CONTEXT_BYTES = 1 * GIB
 """CUDA context, cuBLAS workspace and NCCL buffers of the trainer process (not in torch's counters)."""
 SLEEPING_ENGINE_BYTES = 1 * GIB
-"""What a vLLM engine in sleep mode (either level, `sleep.py`) keeps on the GPU: CUDA graphs, its context."""
+"""What a vLLM engine in sleep mode (either level, `rollout/sleep.py`) keeps on the GPU: CUDA graphs, its context."""
 ADAM_BYTES = 8
 MASTER_BYTES = 4
 

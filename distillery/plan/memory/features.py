@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from distillery.api.spec import DistillationJobSpec, Sharding
-from distillery.plan.memory import GIB, MemoryPlan, TrainingLayout, base_layout, plan_memory
-from distillery.plan.rollout import trainer_world_size
+from distillery.plan.memory.gpu import GIB, MemoryPlan, TrainingLayout, base_layout, plan_memory
+from distillery.plan.rollout.settings import trainer_world_size
 
 
 @dataclass(frozen=True)

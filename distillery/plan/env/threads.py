@@ -53,7 +53,7 @@ def turn_taking_threads_env(environ: Mapping[str, str] | None = None) -> dict[st
 
 
 def lone_process_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The one process of a local run that computes (`rollout_placement.trainer_computes_alone`: the rollout
+    """The one process of a local run that computes (`placement.rollout.trainer_computes_alone`: the rollout
     and every teacher in the trainer's process): no other process waits for its cores, so its threads keep
     libgomp's spin between kernels, as the turn-takers' now do too. It was the first to (2026-12-01): the short
     spin slept between a tiny decode step's kernels there, `distillery run` of the e2e bench's tiny job (16

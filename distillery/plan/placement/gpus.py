@@ -15,7 +15,7 @@ and a colocated teacher both got GPU 1. So nothing of a GPU job is left to Ray's
   its bundle itself. Replica 0 sits beside trainer rank 0, whose weight sync maps its buckets to it through
   CUDA IPC;
 - each colocated teacher takes a share of bundle 0 of worker 0, beside rollout replica 0 and trainer rank 0:
-  where the memory budget puts them (`gpu_budget.student_gpu_taken`: the rollout's fraction plus every
+  where the memory budget puts them (`memory.budget.student_gpu_taken`: the rollout's fraction plus every
   colocated teacher's, on one GPU).
 
 Ray's logical shares only keep the actors of one bundle within it (their sum at most 1, or the last one
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from distillery.api.spec import DistillationJobSpec, Placement
-from distillery.plan.gpu_budget import GpuBudget, gpu_budget
-from distillery.plan.rollout import rollout_replicas
+from distillery.plan.memory.budget import GpuBudget, gpu_budget
+from distillery.plan.rollout.settings import rollout_replicas
 
 GPU_BUNDLE: dict[str, float] = {"GPU": 1.0}
 """Each bundle of a worker's placement group: one whole GPU."""

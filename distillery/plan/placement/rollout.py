@@ -2,7 +2,7 @@
 trainer's module, and scoring the teachers computed on the same cores); and the rollout line of
 `distillery plan`.
 
-Apart from `rollout.py` because the choice reads the trainer's settings, which are resolved from the memory
+Apart from `rollout/settings.py` because the choice reads the trainer's settings, which are resolved from the memory
 plan, which reads the rollout's.
 """
 
@@ -13,8 +13,7 @@ from collections.abc import Iterable, Mapping
 from distillery.api.spec import DistillationJobSpec, Precision, RolloutEngine, Sharding, TeacherEngine
 from distillery.model_shapes import ModelShape
 from distillery.plan.attention import decode_attention
-from distillery.plan.engines import EngineSettings
-from distillery.plan.rollout import (
+from distillery.plan.rollout.settings import (
     CPU_ONE_THREAD_DECODE_MAX_TOKEN_PARAMS,
     CPU_SMALL_DECODE_THREADS,
     decode_threads,
@@ -23,6 +22,7 @@ from distillery.plan.rollout import (
     rollout_replicas,
     trainer_world_size,
 )
+from distillery.plan.teachers.engines import EngineSettings
 from distillery.plan.training import TrainerSettings, resolve_training
 
 
@@ -74,9 +74,9 @@ def teachers_in_rollout(in_trainer: bool, student_base: frozenset[str]) -> froze
 def trainer_computes_alone(in_trainer: bool, hosted: frozenset[str], on_this_host: Iterable[str]) -> bool:
     """Whether the trainer's process is the only one of a local run that computes on its host: the rollout
     samples there (`in_trainer`), and every teacher that computes on the host (`on_this_host`:
-    `scoring_overlap.teachers_scoring_after_rollout`; external and shared teachers compute elsewhere) is
+    `teachers.scoring_overlap.teachers_scoring_after_rollout`; external and shared teachers compute elsewhere) is
     scored there (`hosted`: `teachers_in_trainer`). Its OpenMP threads then keep libgomp's spin
-    (`host_threads.lone_process_env`)."""
+    (`env.threads.lone_process_env`)."""
     return in_trainer and set(on_this_host) <= hosted
 
 

@@ -1,13 +1,13 @@
 """Teachers that are the LoRA student's own base model (`placement: student`): which they are, the log-probs
 the rollout engine returns for them and what `distillery plan` says of them (pure; their engine settings are
-`engines.student_base_engine`).
+`teachers.engines.student_base_engine`).
 
 A LoRA student trains an adapter on a frozen base, and its rollout engine already holds that base: vLLM
 serves it beside the adapter (a request without the adapter is scored by the base alone), and the
 transformers engine's peft model computes it with the adapter disabled. Such a teacher is scored there, with
 the adapter off: no engine, GPU share or second copy of the weights of its own. The engine that hosts it is
 the rollout engine's process: the trainer's where the rollout samples with the trainer's model
-(`rollout_placement.rollout_in_trainer`), else rollout replica 0. With a `systemPrompt` the same teacher is a
+(`placement.rollout.rollout_in_trainer`), else rollout replica 0. With a `systemPrompt` the same teacher is a
 context distiller: it sees a system turn the student does not.
 """
 

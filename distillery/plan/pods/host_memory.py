@@ -15,7 +15,7 @@ parameters (`model_shapes`), the plan counts:
   float32 model. Otherwise every rank builds the whole student in float32 (4P) before sharding it.
 - **resident while training**: the offloaded state with cpuOffload (float32 weights, gradients and AdamW's
   moments, 16P/N a rank, PINNED_OVERHEAD more in pinned memory), and each engine asleep on the pod's GPUs
-  at sleep level 1 (`sleep.py`: its weights in host memory, the engine's bytes a parameter): the colocated
+  at sleep level 1 (`rollout/sleep.py`: its weights in host memory, the engine's bytes a parameter): the colocated
   teachers whose shape is known. The rollout engines sleep at level 2 and keep no host copy (the weight
   sync after each wake-up reloads them).
 - **checkpoint**: on top of what is resident, master/ and model/ are streamed (`streamed_export`): every
@@ -38,12 +38,17 @@ from dataclasses import dataclass
 
 from distillery.api.spec import DistillationJobSpec, Precision, Sharding
 from distillery.model_shapes import resolve_shape
-from distillery.plan.engines import teacher_sleep_level
 from distillery.plan.lora import adapter_params
-from distillery.plan.quantity import memory_bytes
-from distillery.plan.rollout import rollout_engine, rollout_replicas, rollout_sleep_level, trainer_world_size
-from distillery.plan.scoring_engine import scoring_engine
-from distillery.plan.sleep import SleepLevel
+from distillery.plan.pods.quantity import memory_bytes
+from distillery.plan.rollout.settings import (
+    rollout_engine,
+    rollout_replicas,
+    rollout_sleep_level,
+    trainer_world_size,
+)
+from distillery.plan.rollout.sleep import SleepLevel
+from distillery.plan.teachers.engines import teacher_sleep_level
+from distillery.plan.teachers.scoring_engine import scoring_engine
 from distillery.plan.training import resolve_training
 
 GIB = 1024**3

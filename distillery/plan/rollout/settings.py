@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from distillery.api.spec import DistillationJobSpec, Objective, Precision, RolloutEngine
 from distillery.model_shapes import ModelShape
+from distillery.plan.agents.episodes import response_tokens
 from distillery.plan.attention import decode_attention
-from distillery.plan.episodes import response_tokens
 from distillery.plan.lora import LoraSettings, resolve_lora
-from distillery.plan.sleep import SleepLevel, sleep_level
-from distillery.plan.student_base import rollout_scoring_logprobs
+from distillery.plan.rollout.sleep import SleepLevel, sleep_level
+from distillery.plan.rollout.student_base import rollout_scoring_logprobs
 
 LOGPROB_CHECK_EVERY = 10
 """Where the loss has no use for the rollout's own log-probs, they are still asked for on the first step
@@ -53,7 +53,7 @@ class RolloutSettings:
     the sync after each wake-up overwrites them; NONE where it never sleeps."""
     in_trainer: bool = False
     """The engine samples with the trainer's own model, in the trainer's process
-    (`rollout_placement.rollout_in_trainer`): no second copy of the student, no weight sync."""
+    (`placement.rollout.rollout_in_trainer`): no second copy of the student, no weight sync."""
     decode_attention: str | None = None
     """The transformers engine's attention implementation in its decode steps (`attention.decode_attention`);
     None: the model's own."""
@@ -65,7 +65,7 @@ class RolloutSettings:
     a LoRA adapter after each sync, which sends the adapter alone; None: full fine-tuning."""
     max_logprobs: int = 1
     """Log-probs a position vLLM may return: the loss's topK where the engine also scores a teacher of the
-    student's base (`student_base.rollout_scoring_logprobs`), else the sampled token's own."""
+    student's base (`rollout.student_base.rollout_scoring_logprobs`), else the sampled token's own."""
 
     @property
     def replica_sync_ranks(self) -> int:
@@ -153,7 +153,7 @@ def resolve_rollout(
     spec: DistillationJobSpec, student: ModelShape | None = None, *, in_trainer: bool = False
 ) -> RolloutSettings:
     """The rollout engines' settings of a spec; `student`: the student's shape where known (`rollout_engine`);
-    `in_trainer`: `rollout_placement.rollout_in_trainer`'s decision."""
+    `in_trainer`: `placement.rollout.rollout_in_trainer`'s decision."""
     rollout = spec.student.rollout
     engine = rollout_engine(spec, student)
     sleeps = spec.student.pool.gpus_per_worker > 0
