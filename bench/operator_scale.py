@@ -49,7 +49,7 @@ def run_peer_operator(namespace: str) -> None:
     """The naive kopf operator (the peer): create handler + a polling timer per job."""
     import kopf
     import kubernetes
-    from distillery_operator.kube import load_configuration
+    from distillery_operator.k8s.client import load_configuration
     from distillery_operator.render import RenderContext, render_job
 
     from distillery.api import GROUP, PLURAL, VERSION, DistillationJob

@@ -9,8 +9,9 @@ before it loads the package's modules, so it never closes a circle.
 
 Inside the runtime, its rooms (the subpackages of `distillery_runtime`) are layered too: a room imports only
 the rooms below it in `RUNTIME_ROOMS`, so every arrow between two rooms points one way. So are the rooms of
-the plan (`distillery.plan`'s subpackages, `PLAN_ROOMS`: the decisions). A module at a package's top level
-(`distillery.plan.job`, the runtime's `prestop`) is in no room: it may import any room, and any room
+the plan (`distillery.plan`'s subpackages, `PLAN_ROOMS`: the decisions) and of the operator
+(`distillery_operator`'s, `OPERATOR_ROOMS`). A module at a package's top level (`distillery.plan.job`,
+`distillery_operator.main`, the runtime's `prestop`) is in no room: it may import any room, and any room
 may import it, but the circle test still holds for it.
 """
 
@@ -66,10 +67,23 @@ PLAN_ROOMS = (
     "pods",
     "placement",
 )
-ROOMS = {"distillery_runtime": RUNTIME_ROOMS, PLAN: PLAN_ROOMS}
+# The operator's rooms, bottom first: render makes objects, observe summarises what the watches see, jobs
+# decides a job's writes and status from both, k8s talks to the API, reconcile runs the jobs' loop on it,
+# and teachers runs the DistillationTeachers' loop beside the jobs' (it queues the jobs that use a teacher).
+OPERATOR = "distillery_operator"
+OPERATOR_ROOMS = (
+    "render",
+    "observe",
+    "jobs",
+    "k8s",
+    "reconcile",
+    "teachers",
+)
+ROOMS = {"distillery_runtime": RUNTIME_ROOMS, PLAN: PLAN_ROOMS, OPERATOR: OPERATOR_ROOMS}
 PACKAGE_DIRS = {
     "distillery_runtime": PACKAGES["distillery_runtime"],
     PLAN: PACKAGES["distillery"] / "plan",
+    OPERATOR: PACKAGES["distillery_operator"],
 }
 
 Graph = Mapping[str, set[str]]

@@ -178,7 +178,7 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
-    from distillery_operator.leader import LeaseSettings, default_identity
+    from distillery_operator.k8s.leader import LeaseSettings, default_identity
     from distillery_operator.main import run_operator
 
     lease = None

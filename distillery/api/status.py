@@ -22,7 +22,7 @@ class Phase(StrEnum):
 
 
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
-"""The phases of a finished job: once in one, a job stays there (`distillery_operator.status.terminal_phase`)."""
+"""The phases of a finished job: once in one, a job stays there (`distillery_operator.jobs.status.terminal_phase`)."""
 
 
 class _WrittenByRuntime:

@@ -15,9 +15,10 @@ from typing import Any
 import kopf
 
 from distillery.api import GROUP, PLURAL, TEACHER_PLURAL, VERSION
-from distillery_operator import naming, observe
-from distillery_operator.controller import Controller
-from distillery_operator.shared_teachers import SharedTeachers
+from distillery_operator import naming
+from distillery_operator.observe import summaries
+from distillery_operator.reconcile.controller import Controller
+from distillery_operator.teachers.loop import SharedTeachers
 
 OURS = {naming.MANAGED_BY_LABEL: naming.MANAGED_BY}
 CHILD_RESOURCES: dict[str, tuple[str, ...]] = {
@@ -64,8 +65,8 @@ async def start(memo: Any, **kwargs: Any) -> None:
     indexes = {kind: kwargs[name] for kind, name in INDEX_NAMES.items()}
     claims = kwargs[CLAIM_INDEX]
 
-    def children_of(key: observe.JobKey) -> list[observe.Child]:
-        found: list[observe.Child] = []
+    def children_of(key: summaries.JobKey) -> list[summaries.Child]:
+        found: list[summaries.Child] = []
         for index in indexes.values():
             found.extend(index.get(key, ()))
         found.extend(claims.get((key[0], naming.checkpoint_claim(key[1])), ()))
@@ -75,7 +76,7 @@ async def start(memo: Any, **kwargs: Any) -> None:
     controller.start()
     teacher_indexes = [kwargs[name] for name in TEACHER_INDEX_NAMES.values()]
 
-    def teacher_children(key: observe.JobKey) -> list[observe.Child]:
+    def teacher_children(key: summaries.JobKey) -> list[summaries.Child]:
         return [child for index in teacher_indexes for child in index.get(key, ())]
 
     shared = _shared(memo)
@@ -106,10 +107,10 @@ async def teacher_event(event: Any, body: Any, memo: Any, **_: Any) -> None:
 
 
 def _teacher_index(kind: str):  # type: ignore[no-untyped-def]
-    summarize = observe.SUMMARIZERS[kind]
+    summarize = summaries.SUMMARIZERS[kind]
 
-    def index(body: Any, **_: Any) -> dict[observe.JobKey, observe.Child] | None:
-        owner = observe.teacher_owner_key(body)
+    def index(body: Any, **_: Any) -> dict[summaries.JobKey, summaries.Child] | None:
+        owner = summaries.teacher_owner_key(body)
         return None if owner is None else {owner: summarize(body)}
 
     index.__name__ = TEACHER_INDEX_NAMES[kind]
@@ -117,10 +118,10 @@ def _teacher_index(kind: str):  # type: ignore[no-untyped-def]
 
 
 def _index(kind: str):  # type: ignore[no-untyped-def]
-    summarize = observe.SUMMARIZERS[kind]
+    summarize = summaries.SUMMARIZERS[kind]
 
-    def index(body: Any, **_: Any) -> dict[observe.JobKey, observe.Child] | None:
-        owner = observe.owner_key(body)
+    def index(body: Any, **_: Any) -> dict[summaries.JobKey, summaries.Child] | None:
+        owner = summaries.owner_key(body)
         return None if owner is None else {owner[0]: summarize(body)}
 
     index.__name__ = INDEX_NAMES[kind]
@@ -129,9 +130,9 @@ def _index(kind: str):  # type: ignore[no-untyped-def]
 
 def _event(kind: str):  # type: ignore[no-untyped-def]
     async def child_event(body: Any, memo: Any, **_: Any) -> None:
-        if observe.teacher_owner_key(body) is not None:
+        if summaries.teacher_owner_key(body) is not None:
             _shared(memo).wake()
-        owner = observe.owner_key(body)
+        owner = summaries.owner_key(body)
         if owner is not None:
             controller = _controller(memo)
             controller.child_seen(owner[0], kind, body.get("metadata", {}).get("name", ""))
@@ -151,9 +152,9 @@ for _kind in TEACHER_CHILDREN:
 
 
 @kopf.index(*CLAIMS, labels=OURS, id=CLAIM_INDEX)
-def persistentvolumeclaim_index(body: Any, **_: Any) -> dict[observe.ClaimKey, observe.Child]:
+def persistentvolumeclaim_index(body: Any, **_: Any) -> dict[summaries.ClaimKey, summaries.Child]:
     meta = body.get("metadata", {})
-    return {(meta.get("namespace", ""), meta.get("name", "")): observe.summarize_claim(body)}
+    return {(meta.get("namespace", ""), meta.get("name", "")): summaries.summarize_claim(body)}
 
 
 @kopf.on.event(*CLAIMS, labels=OURS, id="persistentvolumeclaim_event")
@@ -162,5 +163,5 @@ async def persistentvolumeclaim_event(body: Any, memo: Any, **_: Any) -> None:
     controller = _controller(memo)
     key = controller.job_of_claim(meta.get("namespace", ""), meta.get("name", ""))
     if key is not None:  # else a claim kept after its job was deleted: nothing to reconcile
-        controller.child_seen(key, observe.CLAIM_KIND, meta.get("name", ""))
-        controller.enqueue(key, observe.CLAIM_KIND)
+        controller.child_seen(key, summaries.CLAIM_KIND, meta.get("name", ""))
+        controller.enqueue(key, summaries.CLAIM_KIND)

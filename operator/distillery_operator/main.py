@@ -17,11 +17,11 @@ import kopf
 from kopf._core.engines.peering import Identity  # kopf exports the type only here
 
 from distillery_operator import handlers, naming
-from distillery_operator.controller import Controller, ControllerSettings
-from distillery_operator.kube import Kube, load_configuration
-from distillery_operator.leader import LeaderElector, LeaseSettings, default_identity
+from distillery_operator.k8s.client import Kube, load_configuration
+from distillery_operator.k8s.leader import LeaderElector, LeaseSettings, default_identity
+from distillery_operator.reconcile.controller import Controller, ControllerSettings
 from distillery_operator.serving import health_app, metrics_app, serve
-from distillery_operator.shared_teachers import SharedTeachers, SharedTeacherSettings
+from distillery_operator.teachers.loop import SharedTeachers, SharedTeacherSettings
 
 log = logging.getLogger("distillery.operator")
 

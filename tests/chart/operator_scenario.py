@@ -23,7 +23,7 @@ if _OPERATOR_TESTS not in sys.path:  # also imported from tests/observability
     sys.path.insert(0, _OPERATOR_TESTS)
 
 from distillery_operator import naming  # noqa: E402
-from distillery_operator.leader import LeaseSettings  # noqa: E402
+from distillery_operator.k8s.leader import LeaseSettings  # noqa: E402
 from kube_emulator import DEPLOYMENTS, RAYJOBS, SERVICES  # noqa: E402
 from operator_harness import Cluster, load_example, running_cluster, running_operator, wait_for  # noqa: E402
 

@@ -18,9 +18,9 @@ import yaml
 from chart.helm_chart import CHART, NAMESPACE, ROOT, SCENARIOS, by_kind, render, render_objects
 from cloudcoil.models.prometheus_operator import v1 as monitoring
 from distillery_cli.main import build_parser
-from distillery_operator.controller import PULL_SECRETS_ENV, cluster_pull_secrets, cluster_settings
+from distillery_operator.reconcile.controller import PULL_SECRETS_ENV, cluster_pull_secrets, cluster_settings
 from distillery_operator.render import render_shared_teacher
-from distillery_operator.shared_teachers import SharedTeacherSettings, scaled_by_hpa, scaling_interval
+from distillery_operator.teachers.loop import SharedTeacherSettings, scaled_by_hpa, scaling_interval
 
 from distillery.api import DistillationTeacher
 from distillery.plan.access.network import NetworkPolicySettings, Peer

@@ -25,7 +25,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 
 from distillery_operator import naming
-from distillery_operator.leader import micro_time
+from distillery_operator.k8s.leader import micro_time
 from harness import (
     OPERATOR_SA,
     RELEASE_NAMESPACE,

@@ -33,7 +33,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 
 from distillery_operator import naming
-from distillery_operator.controller import NETWORK_POLICY_ENV
+from distillery_operator.reconcile.controller import NETWORK_POLICY_ENV
 from harness import (
     OPERATOR_SA,
     RELEASE_NAMESPACE,

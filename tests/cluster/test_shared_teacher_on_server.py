@@ -29,7 +29,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 
 from distillery_operator import naming
-from distillery_operator.shared_teachers import INTERVAL_ENV
+from distillery_operator.teachers.loop import INTERVAL_ENV
 from harness import REPO, Installation, kubectl, running_operator, wait_until
 
 pytestmark = pytest.mark.timeout(150)

@@ -22,8 +22,8 @@ from typing import Any
 
 import kmock
 import yaml
-from distillery_operator.controller import ControllerSettings
 from distillery_operator.main import run
+from distillery_operator.reconcile.controller import ControllerSettings
 from kube_emulator import DJ, Emulator
 from support.claims import EXAMPLE_CLAIMS, claim_manifest
 

@@ -1,4 +1,4 @@
-"""A DistillationTeacher's decision (`distillery_operator.decide_teacher`), pure: its objects at the replicas
+"""A DistillationTeacher's decision (`distillery_operator.teachers.decide`), pure: its objects at the replicas
 the scaling rules choose, the Event of each change, the finalizer while active jobs use it, its status."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from distillery_operator.decide_teacher import FINALIZER, TeacherDecision, TeacherUse, decide_teacher
-from distillery_operator.observe import SUMMARIZERS, Child
+from distillery_operator.observe.summaries import SUMMARIZERS, Child
 from distillery_operator.render import ClusterSettings
+from distillery_operator.teachers.decide import FINALIZER, TeacherDecision, TeacherUse, decide_teacher
 
 from distillery.plan.access.auth import key_digest
 from distillery.plan.teachers.scaling import ReplicaLoad

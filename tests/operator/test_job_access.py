@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 import pytest
-from distillery_operator.controller import RAY_AUTH_ENV, cluster_ray_auth, cluster_settings
+from distillery_operator.reconcile.controller import RAY_AUTH_ENV, cluster_ray_auth, cluster_settings
 from distillery_operator.render import ClusterSettings, RenderContext, render_job, with_new_key
-from distillery_operator.shared_teachers import INTERVAL_ENV
+from distillery_operator.teachers.loop import INTERVAL_ENV
 from kube_emulator import DEPLOYMENTS, DJ, TEACHERS
 from operator_harness import Cluster, load_example, running_operator, wait_for
 from test_operator_decide import World, job_body

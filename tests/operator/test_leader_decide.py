@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from distillery_operator.leader import LeaseSettings, decide, lease_spec, micro_time, record
+from distillery_operator.k8s.leader import LeaseSettings, decide, lease_spec, micro_time, record
 
 NOW = datetime(2026, 11, 26, 4, 30, tzinfo=UTC)
 SETTINGS = LeaseSettings(namespace="ops", identity="me")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from distillery_operator import naming
-from distillery_operator.controller import cluster_network_policy
+from distillery_operator.reconcile.controller import cluster_network_policy
 from distillery_operator.render import (
     ClusterSettings,
     RenderContext,

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
-from distillery_operator.controller import status_body
-from distillery_operator.decide import Decision, decide
-from distillery_operator.observe import (
+from distillery_operator.jobs.decide import Decision, decide
+from distillery_operator.k8s.scheduling import unscheduled_pods
+from distillery_operator.k8s.workqueue import Backoff, WorkQueue
+from distillery_operator.observe.summaries import (
     SUMMARIZERS,
     Child,
     ClaimFacts,
@@ -24,9 +25,8 @@ from distillery_operator.observe import (
     SharedTeacherFacts,
     assemble,
 )
+from distillery_operator.reconcile.controller import status_body
 from distillery_operator.render import NO_CLUSTER_SETTINGS, ClusterSettings
-from distillery_operator.scheduling import unscheduled_pods
-from distillery_operator.workqueue import Backoff, WorkQueue
 
 from distillery.api import DistillationJobStatus, DistillationTeacherSpec, Phase
 from distillery.plan.teachers.client import TeacherClient

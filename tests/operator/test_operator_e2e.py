@@ -22,8 +22,8 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from distillery_operator.decide_teacher import FINALIZER
-from distillery_operator.shared_teachers import INTERVAL_ENV
+from distillery_operator.teachers.decide import FINALIZER
+from distillery_operator.teachers.loop import INTERVAL_ENV
 from kube_emulator import CONFIGMAPS, DEPLOYMENTS, DJ, EVENTS, RAYJOBS, SERVICES, TEACHERS
 from operator_harness import (
     FAST,

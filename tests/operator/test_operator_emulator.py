@@ -84,7 +84,7 @@ async def test_garbage_collection_follows_owner_references(cluster: Cluster, tmp
 
 
 def test_every_metric_name_is_exposed() -> None:
-    import distillery_operator.controller  # noqa: F401  # registers nothing new; metrics are module-level
+    import distillery_operator.reconcile.controller  # noqa: F401  # registers nothing new; metrics are module-level
 
     text = generate_latest(REGISTRY).decode()
     for name in METRIC_NAMES:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from distillery_operator import naming
-from distillery_operator.controller import cluster_pull_secrets, cluster_settings
+from distillery_operator.reconcile.controller import cluster_pull_secrets, cluster_settings
 from distillery_operator.render import ClusterSettings, RenderContext, pod_templates, render_job
 from support.pod_settings import AFFINITY, ENV, MOUNTS, SPREAD, TOLERATION, VOLUMES, job_with_settings
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from distillery_operator.drift import differences
+from distillery_operator.observe.drift import differences
 from distillery_operator.render import (
     HEAD_START_PARAMS,
     RUNTIME_UID,

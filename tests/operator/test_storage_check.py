@@ -1,4 +1,4 @@
-"""The storage check (`distillery_operator.storage`): which pods mount which claim, which access modes serve
+"""The storage check (`distillery_operator.jobs.storage`): which pods mount which claim, which access modes serve
 them, and what `decide` does with a claim that is missing or cannot serve its pods."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import copy
 from typing import Any
 
 import pytest
-from distillery_operator.observe import ClaimFacts
-from distillery_operator.storage import (
+from distillery_operator.jobs.storage import (
     ACCESS_MODE_CONFLICT,
     CLAIM_MISSING,
     check_storage,
     claim_uses,
     claims_to_read,
 )
+from distillery_operator.observe.summaries import ClaimFacts
 from test_operator_decide import World, job_body
 
 from distillery.api import DistillationJob

@@ -5,7 +5,7 @@ refused rather than read as idle."""
 from __future__ import annotations
 
 import pytest
-from distillery_operator.teacher_metrics import ReplicaSample, parse_replica_sample, replica_load
+from distillery_operator.teachers.metrics import ReplicaSample, parse_replica_sample, replica_load
 
 from distillery.plan.teachers.scaling import ReplicaLoad
 

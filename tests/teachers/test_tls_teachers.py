@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from distillery_operator.decide import probe_target
-from distillery_operator.probes import check, client_access
+from distillery_operator.jobs.decide import probe_target
+from distillery_operator.observe.probes import check, client_access
 from distillery_runtime.run.local import wait_for_teachers
 from distillery_runtime.teachers.clients.http import EndpointPool
 from distillery_runtime.teachers.clients.openai_http import OpenAITeacher

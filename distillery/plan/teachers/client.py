@@ -2,7 +2,7 @@
 re-resolution. Decided here, once, for both sides that talk to one.
 
 The runtime's scoring clients (`distillery_runtime.teachers.access`) and the operator's readiness probe
-(`distillery_operator.probes`) translate the same `TeacherClient` into a TLS context and headers, so the
+(`distillery_operator.observe.probes`) translate the same `TeacherClient` into a TLS context and headers, so the
 probe never calls a teacher ready that the trainer cannot score with. The operator's RayJob renderer
 translates it too: the key's environment variable and the CA's mount in the trainer pods.
 

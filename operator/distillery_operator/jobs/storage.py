@@ -27,9 +27,9 @@ from distillery import pvc
 from distillery.api import ConditionType, DistillationJob, Placement
 from distillery.plan.checkpoints.storage import READ_WRITE_MANY, READ_WRITE_ONCE, checkpoint_storage
 from distillery.plan.pods.model_cache import TRAINER, model_cache
-from distillery_operator.observe import ClaimFacts
+from distillery_operator.jobs.status import Cond
+from distillery_operator.observe.summaries import ClaimFacts
 from distillery_operator.render.rayjob import trainer_locations
-from distillery_operator.status import Cond
 
 READ_ONLY_MANY = "ReadOnlyMany"
 READ_WRITE_ONCE_POD = "ReadWriteOncePod"

@@ -26,11 +26,13 @@ import kopf
 from distillery.api import DistillationJobStatus, Phase, RayAuth
 from distillery.plan.access.network import DEFAULT_NETWORK_POLICY, NetworkPolicySettings, Outside, Peer
 from distillery_operator import metrics, naming
-from distillery_operator.controller_inputs import ControllerInputs
-from distillery_operator.decide import Action, Decision, decide
-from distillery_operator.identity import identity_actions
-from distillery_operator.kube import ApiError, Kube
-from distillery_operator.observe import (
+from distillery_operator.jobs.decide import Action, Decision, decide
+from distillery_operator.jobs.identity import identity_actions
+from distillery_operator.k8s.client import ApiError, Kube
+from distillery_operator.k8s.scheduling import SchedulingWatch
+from distillery_operator.k8s.workqueue import Backoff, WorkQueue
+from distillery_operator.observe.probes import TeacherProber
+from distillery_operator.observe.summaries import (
     CLAIM_KIND,
     SECRET_KIND,
     Child,
@@ -38,10 +40,8 @@ from distillery_operator.observe import (
     SharedTeacherFacts,
     assemble,
 )
-from distillery_operator.probes import TeacherProber
+from distillery_operator.reconcile.inputs import ControllerInputs
 from distillery_operator.render import ClusterSettings, with_new_key
-from distillery_operator.scheduling import SchedulingWatch
-from distillery_operator.workqueue import Backoff, WorkQueue
 
 log = logging.getLogger("distillery.operator")
 

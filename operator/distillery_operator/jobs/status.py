@@ -30,10 +30,10 @@ from distillery.api import (
 from distillery.plan.checkpoints.storage import checkpoint_storage
 from distillery.runtime_config import teacher_endpoints, teacher_url
 from distillery_operator import naming
-from distillery_operator.observe import Child, Observed, Unscheduled
+from distillery_operator.jobs.spec_changes import LIVE_FIELDS_DOC
+from distillery_operator.jobs.teacher_refs import shared_teacher_note
+from distillery_operator.observe.summaries import Child, Observed, Unscheduled
 from distillery_operator.render import KUEUE_QUEUE_LABEL
-from distillery_operator.spec_changes import LIVE_FIELDS_DOC
-from distillery_operator.teacher_refs import shared_teacher_note
 
 FAILED_DEPLOYMENT_STATES = {"Failed", "ValidationFailed"}
 SUSPENDED_DEPLOYMENT_STATES = {"Suspended", "Suspending"}

@@ -26,12 +26,12 @@ from distillery.api import TERMINAL_PHASES, DistillationTeacherStatus, Phase
 from distillery.plan.access.auth import TEACHER_KEY, job_identity, key_digest, teacher_key_secret_name
 from distillery.plan.teachers.scaling import ReplicaLoad
 from distillery.runtime_config import TEACHER_PORT
-from distillery_operator.controller import Controller, now_iso, replacing
-from distillery_operator.decide_teacher import TeacherUse, decide_teacher
-from distillery_operator.kube import ApiError, Kube
-from distillery_operator.observe import Child, JobKey
+from distillery_operator.k8s.client import ApiError, Kube
+from distillery_operator.observe.summaries import Child, JobKey
+from distillery_operator.reconcile.controller import Controller, now_iso, replacing
 from distillery_operator.render import shared_teacher_selector
-from distillery_operator.teacher_metrics import parse_replica_sample, replica_load
+from distillery_operator.teachers.decide import TeacherUse, decide_teacher
+from distillery_operator.teachers.metrics import parse_replica_sample, replica_load
 
 log = logging.getLogger(__name__)
 

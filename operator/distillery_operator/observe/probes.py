@@ -22,7 +22,7 @@ import aiohttp
 from distillery.plan.teachers.client import TeacherClient
 from distillery.teacher_tls import AccessMaterialError, authorization, tls_context
 from distillery_operator import metrics
-from distillery_operator.observe import Health, JobKey, ProbeTarget
+from distillery_operator.observe.summaries import Health, JobKey, ProbeTarget
 
 KeyReader = Callable[[str, str, str, str], Awaitable[str | None]]
 """(namespace, "Secret" or "ConfigMap", name, key) -> the value, None if missing (`Kube.read_key`)."""

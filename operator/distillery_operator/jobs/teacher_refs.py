@@ -3,7 +3,7 @@
 A job that references a DistillationTeacher which does not exist waits (nothing of it is made) until the
 teacher appears; one that asks more of it than it serves (`plan.shared_teacher.job_fits_teacher`: top-k,
 context length) is refused for that job only. A teacher being deleted keeps serving the jobs that use it
-(its finalizer holds it, `shared_teachers.py`), and those jobs say so in their teachers' status.
+(its finalizer holds it, `teachers/loop.py`), and those jobs say so in their teachers' status.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from distillery.api import DistillationJob, Placement
 from distillery.plan.shared_teacher import job_fits_teacher
-from distillery_operator.observe import SharedTeacherFacts
+from distillery_operator.observe.summaries import SharedTeacherFacts
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ import orjson
 from distillery.api import API_VERSION, KIND, TEACHER_KIND, DistillationTeacherSpec
 from distillery.plan.teachers.client import TeacherClient
 from distillery.runtime_config import CONFIG_KEY
-from distillery_operator import drift, naming
+from distillery_operator import naming
+from distillery_operator.observe import drift
 
 JobKey = tuple[str, str]
 """(namespace, name) of a DistillationJob."""
@@ -26,7 +27,7 @@ BUDGET_KIND = "PodDisruptionBudget"
 POLICY_KIND = "NetworkPolicy"
 SECRET_KIND = "Secret"
 """The job's teacher key: not watched (the operator may not list or watch Secrets, it would hold them all);
-made with the job's other children (`decide.plan_actions`), its 409 checked by a GET of its owner."""
+made with the job's other children (`jobs.decide.plan_actions`), its 409 checked by a GET of its owner."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Child:
     state: Mapping[str, Any] = field(default_factory=dict)
     """Kind-specific facts: replicas and readiness of a Deployment, status of a RayJob, spec of a config."""
     owned: bytes = b""
-    """The live object's `drift.owned_view` as compact JSON (empty: not known), compared with the rendered
+    """The live object's `observe.drift.owned_view` as compact JSON (empty: not known), compared with the rendered
     object to find edits made by someone else."""
 
     def owned_view(self) -> dict[str, Any] | None:
@@ -122,7 +123,7 @@ class Observed:
     external: dict[str, Health] = field(default_factory=dict)
     """Health of each external teacher, by teacher name (absent: not checked yet)."""
     unscheduled: tuple[Unscheduled, ...] = ()
-    """The job's pods that no node admits, as last listed while the job started (`scheduling.py`)."""
+    """The job's pods that no node admits, as last listed while the job started (`k8s/scheduling.py`)."""
     shared: Mapping[str, SharedTeacherFacts] = field(default_factory=dict)
     """The DistillationTeachers of the job's namespace that it references, by name (absent: none exists)."""
     claims: Mapping[str, ClaimFacts | None] | None = None
@@ -290,7 +291,7 @@ def _summarize_plain(kind: str):  # type: ignore[no-untyped-def]
 
 
 IDENTITY_KINDS = ("ServiceAccount", "Role", "RoleBinding")
-"""Children that `identity.identity_actions` looks after (`decide` and `assemble` leave them alone)."""
+"""Children that `jobs.identity.identity_actions` looks after (`decide` and `assemble` leave them alone)."""
 
 SUMMARIZERS = {
     "Deployment": summarize_deployment,

@@ -11,13 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from distillery_operator import metrics, naming
-from distillery_operator.observe import (
+from distillery_operator.k8s.workqueue import WorkQueue
+from distillery_operator.observe.summaries import (
     JobKey,
     SharedTeacherFacts,
     referenced_teachers,
     teacher_facts,
 )
-from distillery_operator.workqueue import WorkQueue
 
 
 class ControllerInputs:

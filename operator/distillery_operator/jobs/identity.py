@@ -13,8 +13,8 @@ from typing import Any
 
 from distillery.api import DistillationJob
 from distillery_operator import naming
-from distillery_operator.decide import Action, job_metadata, parse_applied, parse_current
-from distillery_operator.observe import IDENTITY_KINDS, Child
+from distillery_operator.jobs.decide import Action, job_metadata, parse_applied, parse_current
+from distillery_operator.observe.summaries import IDENTITY_KINDS, Child
 from distillery_operator.render import RenderContext, render_trainer_identity
 
 PATCHED_FIELDS = {"ServiceAccount": (), "Role": ("rules",), "RoleBinding": ("subjects",)}

@@ -2,9 +2,9 @@
 
 Writes go through here; reads come from kopf's watches, but for the claims a job's pods mount that the
 operator does not make (`read_claims`: read once before the trainer is made, not worth a watch of every
-claim) and a starting job's pods, whose `PodScheduled` conditions say why they wait (`scheduling.py`,
+claim) and a starting job's pods, whose `PodScheduled` conditions say why they wait (`k8s/scheduling.py`,
 listed by the job's label), and the one key of a Secret or ConfigMap that an external teacher's health
-check needs (its API key, its CA bundle: `probes.py`, a `get` by name, never a list or a watch). Every call runs in a small thread pool, skips the client's deserialisation
+check needs (its API key, its CA bundle: `observe/probes.py`, a `get` by name, never a list or a watch). Every call runs in a small thread pool, skips the client's deserialisation
 into its models (a write's result comes back through the watch; reads are parsed as plain JSON), and
 turns `ApiException` into `ApiError` with the HTTP code, which the metrics count and the status shows.
 """
@@ -25,7 +25,7 @@ from urllib3.exceptions import HTTPError
 
 from distillery.api import GROUP, PLURAL, TEACHER_KIND, TEACHER_PLURAL, VERSION
 from distillery_operator import metrics, naming
-from distillery_operator.observe import ClaimFacts, claim_facts
+from distillery_operator.observe.summaries import ClaimFacts, claim_facts
 
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT = (5.0, 30.0)

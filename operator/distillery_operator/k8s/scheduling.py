@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from distillery_operator import naming
-from distillery_operator.kube import ApiError
-from distillery_operator.observe import JobKey, Unscheduled
+from distillery_operator.k8s.client import ApiError
+from distillery_operator.observe.summaries import JobKey, Unscheduled
 
 log = logging.getLogger("distillery.operator")
 

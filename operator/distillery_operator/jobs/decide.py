@@ -33,8 +33,30 @@ from distillery.plan.teachers.client import teacher_client
 from distillery.runtime_config import teacher_endpoints
 from distillery.validation import InvalidManifest, parse_spec
 from distillery_operator import naming
-from distillery_operator.drift import drifted
-from distillery_operator.observe import (
+from distillery_operator.jobs.spec_changes import effective_spec, refused_changes
+from distillery_operator.jobs.status import (
+    Cond,
+    Trainer,
+    bad_condition,
+    derive_conditions,
+    derive_phase,
+    merge_conditions,
+    runtime_outages,
+    storage_status,
+    teacher_statuses,
+    terminal_phase,
+    trainer_state,
+)
+from distillery_operator.jobs.storage import (
+    StorageCheck,
+    check_storage,
+    claim_uses,
+    claims_to_read,
+    mountable,
+)
+from distillery_operator.jobs.teacher_refs import RefCheck, check_teacher_refs
+from distillery_operator.observe.drift import drifted
+from distillery_operator.observe.summaries import (
     BUDGET_KIND,
     CLAIM_KIND,
     POLICY_KIND,
@@ -52,22 +74,6 @@ from distillery_operator.render import (
     queued_by_kueue,
     render_job,
 )
-from distillery_operator.spec_changes import effective_spec, refused_changes
-from distillery_operator.status import (
-    Cond,
-    Trainer,
-    bad_condition,
-    derive_conditions,
-    derive_phase,
-    merge_conditions,
-    runtime_outages,
-    storage_status,
-    teacher_statuses,
-    terminal_phase,
-    trainer_state,
-)
-from distillery_operator.storage import StorageCheck, check_storage, claim_uses, claims_to_read, mountable
-from distillery_operator.teacher_refs import RefCheck, check_teacher_refs
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,7 @@ class Decision:
     """Teachers served elsewhere to health-check, by name."""
     starting: bool = False
     """The job's pods are being placed (valid, not suspended or held by Kueue, the trainer not running
-    yet): the operator lists them to say which wait for a node and why (`scheduling.py`)."""
+    yet): the operator lists them to say which wait for a node and why (`k8s/scheduling.py`)."""
     finished: bool = False
     """The job is in a terminal phase (`status.terminal_phase`)."""
     read_claims: list[str] = field(default_factory=list)

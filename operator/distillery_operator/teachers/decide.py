@@ -30,8 +30,9 @@ from distillery.plan.teachers.scaling import (
 )
 from distillery.runtime_config import shared_teacher_url
 from distillery.validation import InvalidManifest, parse_teacher_spec
-from distillery_operator.decide import Action, EventSpec, child_write
-from distillery_operator.observe import Child
+from distillery_operator.jobs.decide import Action, EventSpec, child_write
+from distillery_operator.jobs.status import Cond, merge_conditions
+from distillery_operator.observe.summaries import Child
 from distillery_operator.render import (
     NO_CLUSTER_SETTINGS,
     ClusterSettings,
@@ -39,7 +40,6 @@ from distillery_operator.render import (
     render_shared_teacher_clients,
     render_shared_teacher_policy,
 )
-from distillery_operator.status import Cond, merge_conditions
 
 FINALIZER = "distillery.io/in-use"
 """Held while active jobs reference the teacher."""
