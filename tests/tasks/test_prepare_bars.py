@@ -73,7 +73,10 @@ def test_what_decides_the_result_is_in_the_hash(name):
 
 def test_a_build_runs_on_the_recipes_threads_and_restores_the_callers(tmp_path):
     """In a fresh process: vLLM's CPU worker, once it has run in a process (other tests start it in the
-    pytest worker), binds the threads and makes `torch.set_num_threads` a no-op there."""
+    pytest worker), binds the threads and makes `torch.set_num_threads` a no-op there. The child first shows
+    that `set_num_threads` takes effect in it (else the test could not tell a build on the recipe's threads
+    from one on the caller's), then reads `torch.get_num_threads()` at every optimizer step of the build:
+    each must run on the recipe's threads."""
     script = textwrap.dedent(
         f"""
         import torch
@@ -87,17 +90,25 @@ def test_a_build_runs_on_the_recipes_threads_and_restores_the_callers(tmp_path):
         )
         object.__setattr__(recipe, "teacher_min_accuracy", 0.0)
         object.__setattr__(recipe, "teacher_min_guess_accuracy", 0.0)
-        torch.set_num_threads(1)
-        seen = []
-        manifest = build_task(Path({str(tmp_path)!r}), recipe, log=lambda _msg: seen.append(torch.get_num_threads()))
-        print("THREADS", torch.get_num_threads(), sorted(set(seen)), manifest["threads"])
+        for threads in (3, 1):  # the setting takes effect in this process (the caller's is then 1)
+            torch.set_num_threads(threads)
+            assert torch.get_num_threads() == threads, ("set_num_threads does nothing here", threads)
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        stepped = []  # the threads of every optimizer step of the build: the training itself
+        register_optimizer_step_post_hook(
+            lambda *_args: stepped.append(torch.get_num_threads())
+        )
+        manifest = build_task(Path({str(tmp_path)!r}), recipe, log=lambda _msg: None)
+        print("THREADS", torch.get_num_threads(), sorted(set(stepped)), manifest["threads"])
+        print("STEPS", len(stepped))
         """
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("THREADS ")]
-    assert result.returncode == 0 and lines, result.stderr[-3000:]
-    # The caller's 1 thread restored after; the build on the recipe's 2 throughout; the manifest says so.
-    assert lines[-1] == "THREADS 1 [2] 2"
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("THREADS ", "STEPS "))]
+    assert result.returncode == 0 and len(lines) == 2, result.stderr[-3000:]
+    # The caller's 1 thread restored after; every training step on the recipe's 2; the manifest says so.
+    assert lines[0] == "THREADS 1 [2] 2"
+    assert int(lines[1].split()[1]) >= 6  # the teacher's 3 steps and the student's 3 at least were seen
 
 
 def test_the_same_recipe_trains_the_same_models_whatever_the_callers_threads(tmp_path):
