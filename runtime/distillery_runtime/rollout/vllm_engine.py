@@ -1,52 +1,48 @@
 """The vLLM rollout engine: an in-process `vllm.LLM`, stepped by hand so that samples stream out as they
 finish, with the trainer's weights loaded after each optimizer step.
 
+Its parts, each with one job: `vllm_start` starts the `vllm.LLM` (its environment, the weight-transfer
+backend, the arguments on this device), `vllm_requests` translates the plan's sampling into vLLM's requests
+and their outputs into samples, and `vllm_lora` keeps a LoRA student's adapter versions. This module holds
+the engine's state and the order of its calls: sampling, weight updates, sleep.
+
 A streamed weight sync goes through vLLM's weight-transfer API with our backend (`vllm_transfer.py`):
 each of the engine's workers, one per tensor-parallel rank, is a rank of the sync group and loads the
 buckets as they arrive (vLLM's layerwise reload: checkpoint-format names, so the Hugging Face names load
 as they are, each worker keeping its shard). A sync through the object store (`update_weights`) uses the
 workers' RPC `reload_weights(weights_iterator=...)`, the same reload. The prefix cache is reset after each
-update: cached KV blocks were computed with the old weights.
+update: cached KV blocks were computed with the old weights. A LoRA student's sync carries the adapter
+alone, which this process receives and loads (`vllm_lora`).
 
-With one tensor-parallel rank the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, uni
-executor: ~3 s start on CPU, ~10 s more when compiled); with more, its workers are processes of vLLM's
-own (`distillery.plan.rollout.settings.rollout_executor`). On GPU the engine sleeps while the trainer runs at the
-plan's level (`RolloutSettings.sleep_level`: 2, its weights discarded, as the sync after each wake-up
-overwrites them), translated by `sleep_mode.EngineSleep`, which also refuses to sample between a level-2
-wake-up and the sync. On CPU it never sleeps (vLLM's CPU worker has no sleep mode).
-
-A LoRA student's engine (`lora`) serves the base model with vLLM's LoRA enabled, and a sync carries the
-adapter alone (peft's saved names): the engine's own process is the one rank of the sync group (whatever
-its tensor parallelism), writes the adapter as a peft folder of its own (`training.lora.save_adapter`) and
-has vLLM load it under a new id, every worker taking its shard; each request names the current adapter.
-Until the first sync it samples the base, which is the adapted model (B starts at zero).
+On GPU the engine sleeps while the trainer runs at the plan's level (`RolloutSettings.sleep_level`: 2, its
+weights discarded, as the sync after each wake-up overwrites them), translated by `sleep_mode.EngineSleep`,
+which also refuses to sample between a level-2 wake-up and the sync. On CPU it never sleeps (vLLM's CPU
+worker has no sleep mode).
 """
 
 from __future__ import annotations
 
 import datetime
-import os
-import shutil
-import tempfile
-import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from distillery.plan.env.vllm import tensor_parallel_env, vllm_env
-from distillery.plan.lora import LoraSettings, vllm_max_lora_rank
-from distillery.plan.rollout.settings import rollout_executor
+from distillery.plan.lora import LoraSettings
 from distillery.plan.rollout.sleep import SleepLevel
 from distillery_runtime.data.samples import RolloutSample
 from distillery_runtime.rollout.base import GenerationRequest, SamplingSettings
 from distillery_runtime.rollout.sleep_mode import EngineSleep
+from distillery_runtime.rollout.vllm_lora import AdapterVersions
+from distillery_runtime.rollout.vllm_requests import (
+    response_logprobs,
+    rollout_sample,
+    sampling_params,
+    sequence_scoring_params,
+)
+from distillery_runtime.rollout.vllm_start import start_llm
 from distillery_runtime.sync.weight_sync import SyncGroup, TensorMeta
-
-
-def _on_gpu() -> bool:
-    return torch.cuda.is_available()
 
 
 class VllmRolloutEngine:
@@ -70,69 +66,20 @@ class VllmRolloutEngine:
         build has no sleep mode. `lora`: a LoRA student's adapter, which each sync then carries alone.
         `max_logprobs`: the plan's (`RolloutSettings.max_logprobs`): the loss's topK where the engine also
         scores the student's base as a teacher (`base_rows`)."""
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        for name, value in vllm_env(os.environ).items():
-            os.environ.setdefault(name, value)
-        # Only while vLLM starts its workers: another engine in this process must not inherit the binding.
-        binding = (
-            {}
-            if _on_gpu()
-            else tensor_parallel_env(tensor_parallel, sorted(os.sched_getaffinity(0)), os.environ)
+        started = start_llm(
+            model_dir,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            memory_fraction=memory_fraction,
+            enforce_eager=enforce_eager,
+            tensor_parallel=tensor_parallel,
+            sleep_level=sleep_level,
+            lora=lora,
+            max_logprobs=max_logprobs,
         )
-        import vllm.envs
-        from vllm import LLM
-
-        # vLLM caches its variables once an engine has started in a process: a later engine here (a test,
-        # a notebook) must read the ones set above, not the first engine's.
-        vllm.envs.disable_envs_cache()
-
-        from distillery_runtime.rollout import vllm_transfer
-
-        # This process's worker (uni executor) finds the backend here; vLLM's own worker processes through
-        # the plugin entry point, which a caller's VLLM_PLUGINS must then name.
-        vllm_transfer.register()
-        plugins = os.environ.get("VLLM_PLUGINS")
-        if plugins and vllm_transfer.PLUGIN not in plugins.split(","):
-            os.environ["VLLM_PLUGINS"] = f"{plugins},{vllm_transfer.PLUGIN}"
-
-        kwargs: dict = {}
-        sleep_level = sleep_level if _on_gpu() else SleepLevel.NONE
-        if _on_gpu():
-            kwargs["gpu_memory_utilization"] = memory_fraction
-            kwargs["enable_sleep_mode"] = sleep_level != SleepLevel.NONE
-        else:
-            # A step's prompts past the token budget get split (chunked prefill), and the sample a split
-            # prompt draws is discarded by rewinding its seeded generator, which a CPU generator cannot do
-            # (vLLM: "CPU Generator does not use offset"; every rollout request is seeded). Whole prompts
-            # only: met with 128 samples of 54-token prompts a step (chat-math, samplesPerPrompt 4).
-            kwargs["enable_chunked_prefill"] = False
-            # Unchunked, the budget must hold the longest prompt (vLLM CPU's default budget is 4096).
-            kwargs["max_num_batched_tokens"] = max(4096, max_model_len)
-        if lora is not None:
-            # One adapter at a time: each sync's replaces the last (max_cpu_loras defaults to max_loras).
-            kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(lora.rank), max_loras=1)
-        if enforce_eager is None:
-            # CUDA graphs are most of vLLM's decode speed on GPU; on CPU, compiling costs ~10 s of start-up
-            # and gains ~20-30% per decode step, which only longer jobs win back (student.rollout.enforceEager).
-            enforce_eager = not _on_gpu()
-        self.enforce_eager = enforce_eager
-        os.environ.update(binding)
-        try:
-            self.llm = LLM(
-                model=model_dir,
-                dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
-                max_model_len=max_model_len,
-                enforce_eager=enforce_eager,
-                seed=seed,
-                tensor_parallel_size=tensor_parallel,
-                distributed_executor_backend=rollout_executor(tensor_parallel, on_gpu=_on_gpu()),
-                weight_transfer_config={"backend": vllm_transfer.NAME},
-                max_logprobs=max_logprobs,
-                **kwargs,
-            )
-        finally:
-            for name in binding:
-                del os.environ[name]
+        self.llm = started.llm
+        self.enforce_eager = started.enforce_eager
         self.model_dir = model_dir
         self.lora = lora
         self.sync_ranks = 1 if lora is not None else tensor_parallel
@@ -142,42 +89,17 @@ class VllmRolloutEngine:
         """A LoRA engine's own end of the weight-sync group (the workers' are in vllm_transfer)."""
         self.adapter: Any = None
         """The LoRARequest of the adapter loaded last; None: the base model (before the first sync)."""
-        self.adapter_root: Path | None = None
-        """The folder of the adapter versions this engine wrote (the current one and the one before)."""
-        if lora is not None:
-            self.adapter_root = Path(tempfile.mkdtemp(prefix="distillery-lora-"))
-            # Removed with the engine, or when the process exits.
-            self._remove_adapters = weakref.finalize(self, shutil.rmtree, self.adapter_root, True)
+        self.adapters = AdapterVersions(self) if lora is not None else None
+        """The adapter versions this engine wrote (the current one and the one before)."""
         self.engine = self.llm.llm_engine
         self.policy_version = 0
-        self.sleep_mode = EngineSleep(self.llm, sleep_level)
+        self.sleep_mode = EngineSleep(self.llm, started.sleep_level)
         self._counter = 0
 
-    def _params(self, sampling: SamplingSettings, seed: int):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        # Stop strings are matched on the text, which only detokenizing gives; the token ids that wrote one
-        # stay in the response (only the text is cut), as the transformers engine keeps them.
-        greedy = sampling.greedy
-        return SamplingParams(
-            max_tokens=sampling.max_new_tokens,
-            stop_token_ids=list(sampling.stop_token_ids),
-            stop=list(sampling.stop),
-            detokenize=bool(sampling.stop),
-            temperature=0.0 if greedy else sampling.temperature,
-            top_p=1.0 if greedy else sampling.top_p,
-            top_k=0 if greedy else sampling.top_k,
-            seed=None if greedy else seed,
-            # The sampled token's own log-prob (raw model log-probs: vLLM's default mode), where asked for
-            # (plan.rollout.logprobs_every); greedy eval's too, for the KL of its responses under the teachers.
-            logprobs=0 if sampling.logprobs else None,
-            # Only a finished request's output (as `LLM.generate` asks): the default (cumulative) builds
-            # every running request's output, its token list copied, at every decode iteration. The rollout
-            # of the e2e bench's small bf16 student (32 x 128 tokens), alternating in one process: 1.34 ->
-            # 1.30 s (bench/README.md).
-            output_kind=RequestOutputKind.FINAL_ONLY,
-        )
+    @property
+    def adapter_root(self) -> Path | None:
+        """The folder of the adapter versions (None: a full student's engine)."""
+        return self.adapters.root if self.adapters is not None else None
 
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingSettings
@@ -194,7 +116,7 @@ class VllmRolloutEngine:
             self.engine.add_request(
                 request_id,
                 TokensPrompt(prompt_token_ids=list(request.prompt_ids)),
-                self._params(sampling, request.seed),
+                sampling_params(sampling, request.seed),
                 lora_request=self.adapter,
             )
         while self.engine.has_unfinished_requests():
@@ -204,27 +126,7 @@ class VllmRolloutEngine:
                     continue
                 assert isinstance(output, RequestOutput)  # a generation engine: no pooling outputs
                 request = by_id.pop(output.request_id)
-                completion = output.outputs[0]
-                ids = list(completion.token_ids)
-                logprobs = None
-                if completion.logprobs is not None:
-                    logprobs = [
-                        # Sampled positions always carry entries (only prompt position 0 has None).
-                        entry[token].logprob  # type: ignore[index]
-                        for entry, token in zip(completion.logprobs, ids, strict=True)
-                    ]
-                finished.append(
-                    RolloutSample(
-                        sample_id=request.sample_id,
-                        prompt_ids=list(request.prompt_ids),
-                        response_ids=ids,
-                        logprobs=logprobs,
-                        route=request.route,
-                        answer=request.answer,
-                        policy_version=self.policy_version,
-                        finish_reason=completion.finish_reason,
-                    )
-                )
+                finished.append(rollout_sample(request, output, self.policy_version))
             if finished:
                 yield finished
 
@@ -244,23 +146,15 @@ class VllmRolloutEngine:
         """A LoRA student's adapter (saved names) written as the folder of `version` and loaded under a new
         id in place of the last; the folder before the last is removed (the last stays: vLLM may reload an
         adapter from its folder)."""
-        from vllm.lora.request import LoRARequest
-
-        from distillery_runtime.training.lora import save_adapter
-
-        assert self.lora is not None and self.adapter_root is not None
-        folder = save_adapter(
-            self.adapter_root / f"v{version}", tensors, self.lora, base_model=self.model_dir
+        assert self.lora is not None and self.adapters is not None
+        self.adapter = self.adapters.load(
+            self.engine,
+            tensors,
+            self.lora,
+            base_model=self.model_dir,
+            version=version,
+            previous=self.adapter,
         )
-        previous = self.adapter
-        if previous is not None:  # before the add: a second sync of one version takes the same id
-            self.engine.remove_lora(previous.lora_int_id)
-        self.adapter = LoRARequest(f"v{version}", version + 1, str(folder))
-        self.engine.add_lora(self.adapter)
-        kept = {folder, Path(previous.lora_path)} if previous is not None else {folder}
-        for old in self.adapter_root.iterdir():
-            if old not in kept:
-                shutil.rmtree(old, ignore_errors=True)
 
     def join_weight_sync(
         self, host: str, port: int, first_rank: int, names: Sequence[str], timeout_s: float
@@ -303,23 +197,14 @@ class VllmRolloutEngine:
         self._loaded(version)
 
     def sequence_logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         self.sleep_mode.check_ready()
-        ids = [*prompt_ids, *response_ids]
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        prompt = TokensPrompt(prompt_token_ids=ids)
-        out = self.llm.generate([prompt], params, use_tqdm=False, lora_request=self.adapter)[0]
-        entries = out.prompt_logprobs or []
-        p = len(prompt_ids)
-        result = []
-        for i, token in enumerate(response_ids):
-            row = entries[p + i]
-            if row is None:  # only the first prompt position has no entries
-                raise RuntimeError("vLLM returned no prompt log-probs for a response position")
-            result.append(row[token].logprob)
-        return result
+        prompt = TokensPrompt(prompt_token_ids=[*prompt_ids, *response_ids])
+        out = self.llm.generate(
+            [prompt], sequence_scoring_params(), use_tqdm=False, lora_request=self.adapter
+        )[0]
+        return response_logprobs(out, len(prompt_ids), response_ids)
 
     def base_rows(self, seqs: Sequence[Any], top_k: int) -> list[tuple[Any, Any, Any]]:
         """A LoRA student's base model as a teacher (`teachers.in_process.student_base`): each sequence's
@@ -350,8 +235,8 @@ class VllmRolloutEngine:
         if self.sync_group is not None:
             self.sync_group.close()
             self.sync_group = None
-        if self.lora is not None:
-            self._remove_adapters()
+        if self.adapters is not None:
+            self.adapters.close()
 
     def sleep(self) -> None:
         self.sleep_mode.sleep()
