@@ -160,10 +160,14 @@ def main() -> int:
     failed = 0
     for example in args.examples:
         record = run_example(example, args.output)
-        path = None if args.no_write else write(record)
+        ok = record["exit_code"] == 0 and record["end_accuracy"] is not None
+        # A failed run is no figure: its record would sit in bench/results/ beside the ones the docs quote.
+        path = write(record) if ok and not args.no_write else None
         if path is not None:
             print(f"wrote {path}", file=sys.stderr)
-        failed += record["exit_code"] != 0 or record["end_accuracy"] is None
+        elif not ok:
+            print(f"{example}: failed (exit {record['exit_code']}), nothing written", file=sys.stderr)
+        failed += not ok
         curve = " -> ".join(f"{100 * acc:.1f}%" for acc in record["curve"].values())
         print(f"{example}: {curve} ({record['seconds']:.0f} s, exit {record['exit_code']})", flush=True)
         summary = {
