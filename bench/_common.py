@@ -5,7 +5,9 @@
   --overwrite); `base/latest` points at the newest.
 - `distillery_run(doc, folder)`: the manifest written as `folder/job.yaml` and the command of a
   `distillery run` of it into `folder/run`, in this Python.
-- `tree_memory(pid, kind)`: the summed RSS or PSS of a process and every process under it.
+- `tree_memory(pid, kind)`: the summed RSS or PSS of a process and every process under it;
+  `process_memory(pid, kind)` the same by process title (a Ray actor's `ray::Class`), and `TreeMemory` the
+  peak of both over a run, sampled on a thread.
 - `machine()` and `provenance(argv)`: what a results file records of where and how it was measured: the
   CPU (model, cores, the vector flags that choose torch's kernels), the kernel path torch runs, the commit
   and the command.
@@ -53,24 +55,70 @@ def distillery_run(doc: dict[str, Any], folder: Path, *flags: str) -> list[str]:
     return [*run, "--no-progress", *flags]
 
 
-def tree_memory(pid: int, kind: str = "rss") -> int:
-    """The summed `kind` (rss, or pss: shared pages split among the processes that map them) of process
-    `pid` and every process under it; 0 once it has exited."""
+def _title(process: Any) -> str:
+    """A process as `process_memory` groups it: a Ray worker's title up to its method (`ray::TrainerWorker`
+    for `ray::TrainerWorker.train_step`, which changes with each call), else its name."""
+    command = process.cmdline()
+    if command and command[0].startswith("ray::"):
+        return command[0].split(".", 1)[0].split(" ", 1)[0]
+    return str(process.name())
+
+
+def process_memory(pid: int, kind: str = "rss") -> dict[str, int]:
+    """`kind` (rss, or pss: shared pages split among the processes that map them) of process `pid` and every
+    process under it, summed by title (`_title`); empty once it has exited."""
     import psutil
 
     try:
         root = psutil.Process(pid)
         processes = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
-    total = 0
+        return {}
+    out: dict[str, int] = {}
     for process in processes:
         try:
             info = process.memory_full_info() if kind == "pss" else process.memory_info()
+            title = _title(process)
         except psutil.Error:
             continue
-        total += int(getattr(info, kind))
-    return total
+        out[title] = out.get(title, 0) + int(getattr(info, kind))
+    return out
+
+
+def tree_memory(pid: int, kind: str = "rss") -> int:
+    """The summed `kind` (rss, or pss) of process `pid` and every process under it; 0 once it has exited."""
+    return sum(process_memory(pid, kind).values())
+
+
+class TreeMemory:
+    """While a process runs: the peak of the summed `kind` of it and everything under it (`tree_memory`),
+    and each title's own peak (`process_memory`; each at its own moment), sampled every `every` seconds on
+    a thread. `stop()` ends the sampling and returns the peak."""
+
+    def __init__(self, pid: int, kind: str = "pss", every: float = 1.0) -> None:
+        import threading
+
+        self.pid, self.kind, self.every = pid, kind, every
+        self.peak = 0
+        self.peaks: dict[str, int] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            now = process_memory(self.pid, self.kind)
+            self.peak = max(self.peak, sum(now.values()))
+            for title, size in now.items():
+                self.peaks[title] = max(self.peaks.get(title, 0), size)
+            self.samples += 1
+            self._stop.wait(self.every)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
 
 
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "avx_vnni")

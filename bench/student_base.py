@@ -22,14 +22,13 @@ import json
 import os
 import re
 import statistics
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import yaml
-from _common import distillery_run, json_main, run_folder, tree_memory  # bench/, the script's own folder
+from _common import TreeMemory, distillery_run, json_main, run_folder  # bench/, the script's own folder
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples/local-lora.yaml"
@@ -61,27 +60,6 @@ def job(placement: str, steps: int) -> dict[str, Any]:
     return doc
 
 
-class TreeMemory:
-    """The peak of the summed PSS of a process and everything under it, sampled each `every` seconds."""
-
-    def __init__(self, root: psutil.Process, every: float = 1.0) -> None:
-        self.root, self.every = root, every
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, tree_memory(self.root.pid, "pss"))
-            self._stop.wait(self.every)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self.peak
-
-
 def run_job(placement: str, steps: int, folder: Path) -> dict[str, Any]:
     """One `distillery run` of the job, its memory sampled throughout."""
     folder.mkdir(parents=True)
@@ -89,7 +67,7 @@ def run_job(placement: str, steps: int, folder: Path) -> dict[str, Any]:
     log = (folder / "run.log").open("w")
     started = time.monotonic()
     process = psutil.Popen(command, stdout=log, stderr=log, cwd=ROOT)
-    memory = TreeMemory(process)
+    memory = TreeMemory(process.pid)
     code = process.wait()
     peak = memory.stop()
     log.close()
