@@ -16,7 +16,7 @@ alike; each run is reported, and each ratio is LoRA's mean over full training's.
 - From each run's metrics.jsonl: `sync/bytes` (what trainer rank 0 sent per step) and the median
   `time/step_s`; from eval.jsonl the first and last held-out accuracy.
 
-The last line is JSON: `memory_method`, `pss_ratio`, `trainer_pss_ratio`, `sync_bytes_ratio`,
+Each run is appended to `runs.jsonl` in the bench's folder as it ends. The last line is JSON: `memory_method`, `pss_ratio`, `trainer_pss_ratio`, `sync_bytes_ratio`,
 `step_time_ratio` (each LoRA / full, ratios of means), `accuracy` (both), every run in its order, the
 machine, commit and command (`_common.provenance`), and whether the targets (sync <= 5%, memory <= 0.6x)
 hold. Usage: python bench/lora.py [--quick] [--steps N] [--output DIR]
@@ -145,7 +145,13 @@ def main() -> None:
     steps = args.steps or (40 if args.quick else 80)
     folder = run_folder(args.output)
     load_start = os.getloadavg()[0]
-    runs = [run_job(kind, steps, folder / f"{i}-{kind}") for i, kind in enumerate(ORDER, 1)]
+    runs = []
+    for i, kind in enumerate(ORDER, 1):
+        runs.append(run_job(kind, steps, folder / f"{i}-{kind}"))
+        with (folder / "runs.jsonl").open(
+            "a"
+        ) as out:  # each run kept as it ends: a bench cut short keeps them
+            out.write(json.dumps(runs[-1]) + "\n")
     means = arm_means(runs)
     summary = {
         "bench": "lora",
