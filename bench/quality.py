@@ -119,8 +119,18 @@ class Curve:
         return None
 
 
-def job_manifest(example: Path, loss: dict, *, steps: int, eval_every: int, name: str, seed: int = 0) -> dict:
-    """The example manifest with another loss, step budget and seed."""
+def job_manifest(
+    example: Path,
+    loss: dict,
+    *,
+    steps: int,
+    eval_every: int,
+    name: str,
+    seed: int = 0,
+    min_lr_ratio: float | None = 1.0,
+) -> dict:
+    """The example manifest with another loss, step budget and seed; `min_lr_ratio` None keeps the example's
+    learning-rate schedule."""
     doc = yaml.safe_load(example.read_text())
     doc = copy.deepcopy(doc)
     doc["metadata"]["name"] = name
@@ -130,9 +140,11 @@ def job_manifest(example: Path, loss: dict, *, steps: int, eval_every: int, name
     doc["spec"]["schedule"]["seed"] = seed
     if loss.get("onPolicyFraction", 1.0) < 1.0:
         doc["spec"]["data"]["responseField"] = "response"  # the off-policy steps' traces
-    # A constant learning rate after warm-up (here and in the SFT baseline): with the example's cosine
-    # decay, a method's step budget would set its learning rate, and steps-to-target would compare schedules.
-    doc["spec"]["student"]["optimizer"]["minLrRatio"] = 1.0
+    # From the start: a constant learning rate after warm-up (here and in the SFT baseline): with the
+    # example's cosine decay, a method's step budget would set its learning rate, and steps-to-target would
+    # compare schedules. The continuation runs the example's own schedule, the one its README line quotes.
+    if min_lr_ratio is not None:
+        doc["spec"]["student"]["optimizer"]["minLrRatio"] = min_lr_ratio
     return doc
 
 
@@ -174,9 +186,11 @@ def run_sft(
     target: float,
     max_new_tokens: int,
     seed: int = 0,
+    min_lr_ratio: float = 1.0,
 ) -> Curve:
     """SFT of the student on the teacher's greedy answers; stops at the target or after `steps`. `seed`
-    shifts where in the training rows the batches start (the order a seed gives a distillation run)."""
+    shifts where in the training rows the batches start (the order a seed gives a distillation run);
+    `min_lr_ratio` ends the learning rate's cosine decay (1.0: constant after warm-up)."""
     import functools
 
     import torch
@@ -237,7 +251,7 @@ def run_sft(
         lr=lr,
         warmup=warmup,
         betas=(0.9, 0.999),
-        min_lr_ratio=1.0,
+        min_lr_ratio=min_lr_ratio,
         on_step=on_step,
     )
     curve.wall_s = time.monotonic() - started
@@ -335,11 +349,14 @@ def kernel_cache(kernels: str, root: Path) -> Path:
     return root if kernels == "default" else root / f"kernels-{kernels}"
 
 
-def kernel_env(kernels: str, root: Path) -> dict[str, str]:
-    """This process's environment for a child that runs on `kernels` with that path's task cache."""
+def kernel_env(kernels: str, root: Path, threads: int | None = None) -> dict[str, str]:
+    """This process's environment for a child that runs on `kernels` with that path's task cache, its
+    runs on `threads` CPU threads each (`OMP_NUM_THREADS`, which torch and so a local run read) if given."""
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     if kernels != "default":
         env["ATEN_CPU_CAPABILITY"] = kernels
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     env["DISTILLERY_CACHE"] = str(kernel_cache(kernels, root))
     return env
 
@@ -353,18 +370,25 @@ def run_continue(args: argparse.Namespace, output: Path) -> int:
     if args.one_kernel_path:
         return run_continue_here(args, output)
     root = cache_root()
-    children: dict[str, dict] = {}
+    # Side by side, the paths share the cores rather than each oversubscribing them.
+    threads = max(1, (os.cpu_count() or 1) // len(args.kernels)) if args.parallel else None
+    started: dict[str, subprocess.Popen[str]] = {}
     for kernels in args.kernels:
         command = [sys.executable, str(Path(__file__).resolve()), "--protocol", "continue", "--task", args.task,
                    "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--seeds", *map(str, args.seeds),
                    "--methods", *args.methods, "--output", str(output / f"kernels-{kernels}"), "--one-kernel-path"]  # fmt: skip
         print(f"kernel path {kernels}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
-        result = subprocess.run(
-            command, env=kernel_env(kernels, root), cwd=ROOT, stdout=subprocess.PIPE, text=True
+        started[kernels] = subprocess.Popen(
+            command, env=kernel_env(kernels, root, threads), cwd=ROOT, stdout=subprocess.PIPE, text=True
         )
-        last = (result.stdout.strip().splitlines() or ["{}"])[-1]
-        summary = json.loads(last)
-        if result.returncode != 0 or "methods" not in summary:
+        if not args.parallel:
+            started[kernels].wait()
+    children: dict[str, dict] = {}
+    for kernels, child in started.items():
+        out, _ = child.communicate()
+        last = (out.strip().splitlines() or ["{}"])[-1]
+        summary = json.loads(last) if last.startswith("{") else {}
+        if child.returncode != 0 or "methods" not in summary:
             raise RuntimeError(f"kernel path {kernels}: the continuation failed: {last[-3000:]}")
         children[kernels] = summary
     return _print_continue(args, output, children)
@@ -438,7 +462,7 @@ def _print_continue(args: argparse.Namespace, output: Path, children: dict[str, 
         "bench": "quality", "protocol": "continue", "task": f"synthetic://{args.task}", **provenance(),
         "steps": args.steps, "prompts_per_step": first["prompts_per_step"], "seeds": args.seeds,
         "kernels": args.kernels,
-        "by_kernels": {k: {key: c[key] for key in ("cpu_capability", "teacher", "sft_plateau", "sft_plateau_steps",
+        "by_kernels": {k: {key: c[key] for key in ("cpu_capability", "threads", "teacher", "sft_plateau", "sft_plateau_steps",
                                                   "task_dir", "load_average_at_end")}
                        for k, c in children.items()},
         "methods": methods,
@@ -464,6 +488,7 @@ def run_continue_here(args: argparse.Namespace, output: Path) -> int:
     batch = example["schedule"]["promptsPerStep"]
     lr = example["student"]["optimizer"]["lr"]
     warmup = example["student"]["optimizer"].get("warmupSteps", 0)
+    min_lr_ratio = example["student"]["optimizer"].get("minLrRatio", 0.0)  # the API's default: decay to 0
     seeds = args.seeds
     chosen = args.methods
     curves: dict[str, list[Curve]] = {method: [] for method in (SFT, *CONTINUE) if method in chosen}
@@ -478,8 +503,9 @@ def run_continue_here(args: argparse.Namespace, output: Path) -> int:
             )
             name = f"continue-{method.replace('.', '')}-s{seed}"
             doc = job_manifest(
-                example_file, loss, steps=args.steps, eval_every=args.eval_every, name=name, seed=seed
-            )
+                example_file, loss, steps=args.steps, eval_every=args.eval_every, name=name, seed=seed,
+                min_lr_ratio=None,
+            )  # fmt: skip
             curves[method].append(run_distillery(doc, output / f"seed{seed}" / name, method))
             episodes[method].append(read_jsonl(output / f"seed{seed}" / name / "run" / "metrics.jsonl"))
         if SFT not in chosen:
@@ -497,6 +523,7 @@ def run_continue_here(args: argparse.Namespace, output: Path) -> int:
                 eval_every=args.eval_every,
                 target=2.0,  # never stops early: the same budget as every other method
                 seed=seed,
+                min_lr_ratio=min_lr_ratio,  # and the same schedule
             )
         )
 
@@ -538,7 +565,8 @@ def run_continue_here(args: argparse.Namespace, output: Path) -> int:
     )
     print(json.dumps({
         "bench": "quality", "protocol": "continue", "task": f"synthetic://{args.task}",
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "task_dir": str(task_dir),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+        "task_dir": str(task_dir),
         "cpu_cores": os.cpu_count(), "load_average_at_end": os.getloadavg(), "steps": args.steps,
         "prompts_per_step": batch, "seeds": seeds, "teacher": teacher_acc, "sft_plateau": plateau,
         "sft_plateau_steps": plateau_sft_steps, "methods": methods,
@@ -584,8 +612,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.protocol == "continue":
         args.task = args.task or "worked-sum"
-        episode = args.task in EPISODE_TASKS  # the tools example's budget: 80 steps, evaluated every 20
-        args.steps = args.steps or (80 if episode else 400)
+        episode = args.task in EPISODE_TASKS  # the tools example's episodes: evaluated every 20 steps
+        # The example's own budget, the one its README line quotes; quick mode half of it (and fewer methods),
+        # every seed and kernel path still run.
+        budget = yaml.safe_load(example_path(args.task).read_text())["spec"]["schedule"]["steps"]
+        args.steps = args.steps or (budget // 2 if args.quick else budget)
         args.eval_every = args.eval_every or (20 if episode else 25)
         args.methods = args.methods or list(
             QUICK_CONTINUE if args.quick else [SFT, *continue_methods(args.task)]
@@ -674,7 +705,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"from-start: only {', '.join(QUICK)} vs SFT; continue: only {', '.join(QUICK_CONTINUE)}",
+        help=f"from-start: only {', '.join(QUICK)} vs SFT; continue: {', '.join(QUICK_CONTINUE)}, half the steps",
     )
     parser.add_argument(
         "--kernels",
@@ -682,10 +713,18 @@ def _parser() -> argparse.ArgumentParser:
         choices=("default", "avx2", "avx512"),
         help=f"continue: the CPU kernel paths to run under (ATEN_CPU_CAPABILITY; default: {' '.join(KERNEL_PATHS)})",
     )
+    parser.add_argument(
+        "--parallel",
+        action="store_true",
+        help="continue: run the kernel paths side by side (each run trains on one thread: 2 paths fit 2 cores)",
+    )
     parser.add_argument("--one-kernel-path", action="store_true", help=argparse.SUPPRESS)  # a child's own run
     parser.add_argument("--modes", nargs="*", choices=sorted(LOSSES), help="loss modes to run (default: all)")
     parser.add_argument(
-        "--steps", type=int, default=None, help="on-policy step budget (150; continue: 400, tools 80)"
+        "--steps",
+        type=int,
+        default=None,
+        help="on-policy step budget (150; continue: the example's, quick half)",
     )
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT step budget (default: 4x on-policy)")
     parser.add_argument(

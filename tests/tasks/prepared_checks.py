@@ -55,14 +55,38 @@ def vllm_greedy_accuracy(
     return float(lines[0].split()[1])
 
 
-def run_example(example: str, task_dir: Path, out: Path, *args: str) -> list[dict]:
-    """`distillery run examples/EXAMPLE -o OUT [ARGS]`, reusing the session's prepared task; its eval records."""
+def run_example(
+    example: str, task_dir: Path, out: Path, *args: str, kernels: str | None = None
+) -> list[dict]:
+    """`distillery run examples/EXAMPLE -o OUT [ARGS]`, reusing the session's prepared task; its eval records.
+
+    `kernels`: the CPU kernel path to run under (`ATEN_CPU_CAPABILITY`, e.g. "avx2" emulates a CPU without
+    AVX-512 on this one); None leaves torch's own choice. Either way the run's report.md must name the path
+    that computed it, and it is printed beside the curve: a float32 curve is one kernel path's."""
     env = {**os.environ, "DISTILLERY_CACHE": str(task_dir.parent.parent)}
+    if kernels is not None:
+        env["ATEN_CPU_CAPABILITY"] = kernels
     result = subprocess.run(
         [sys.executable, "-m", "distillery_cli", "run", str(ROOT / "examples" / example), "-o", str(out), "--no-progress", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
-    print("held-out accuracy by step:", [(e["step"], e["eval_accuracy"]) for e in evals])  # shown with -rP
+    ran_on = report_kernels(out / "report.md")
+    if kernels is not None:
+        assert ran_on.lower() == kernels.lower(), f"asked for {kernels} kernels, report.md says {ran_on}"
+    print(
+        f"CPU kernels {ran_on}; held-out accuracy by step:", [(e["step"], e["eval_accuracy"]) for e in evals]
+    )  # -rP
     return evals
+
+
+def report_kernels(report: Path) -> str:
+    """The CPU kernel path a run's report.md names in its summary (`| CPU kernels | AVX2 |`)."""
+    rows = [
+        line.split("|")[2].strip()
+        for line in report.read_text().splitlines()
+        if line.startswith("| CPU kernels |")
+    ]
+    assert rows, f"{report} names no CPU kernels"
+    return rows[0]

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from distillery.api.spec import DistillationJobSpec
 
@@ -31,7 +32,11 @@ def test_every_method_runs_the_example_with_its_loss_budget_and_seed(quality):
         spec = DistillationJobSpec.model_validate(doc["spec"])  # a job the API accepts, as run
         assert (spec.schedule.steps, spec.schedule.eval_every, spec.schedule.seed) == (40, 20, 2), method
         assert spec.student.model == "synthetic://worked-sum/student"  # the SFT checkpoint, every method
-        assert spec.student.optimizer.min_lr_ratio == 1.0  # constant after warm-up, as the SFT arm
+        assert spec.student.optimizer.min_lr_ratio == 1.0  # from the start: constant after warm-up
+        # The continuation runs the example's own schedule, the one its README line quotes.
+        kept = quality.job_manifest(example, loss, steps=40, eval_every=20, name="c", min_lr_ratio=None)
+        example_optimizer = yaml.safe_load(example.read_text())["spec"]["student"]["optimizer"]
+        assert kept["spec"]["student"]["optimizer"] == example_optimizer
         assert spec.loss.on_policy_fraction == loss.get("onPolicyFraction", 1.0)
 
 

@@ -481,6 +481,8 @@ def _report(
 ) -> None:
     """The end of a run, however it ended: report.md with its summary, and the held-out accuracy, the model
     and the report's path on the terminal."""
+    import torch
+
     from distillery_runtime.observe.report import accuracy_label, graded_evals, write_report
 
     summary = {
