@@ -2,8 +2,32 @@
 
 Each bench's entry point goes through `bench/_common.py`'s `json_main`, which ends stdout with the bench's
 own summary or `{"bench": ..., "error": ...}`; a bench that starts jobs writes to a folder of its own per run
-(`run_folder`). The quick benches that take under a minute on 2 cores run twice in a row here, and both runs
-must end with a parseable JSON line that reports no error.
+(`run_folder`). The benches whose quick form is cheap (well under a minute of a 2-core host: tiny models,
+a few processes) run twice in a row here, the second into the same output folder as the first, and both
+runs must end with a parseable JSON line that reports no error (`QUICK`):
+
+- loss_memory (`--quick` at a small size: five fresh processes that import torch);
+- gpu_sync (`--device cpu --smoke`, one round: 64 MB between two processes through shared memory).
+
+The rest, and why not:
+
+- quick forms of minutes, each a real `distillery run` or more: e2e_vs_trl (a few minutes of steps per
+  system, twice), examples (a bundled example's whole run), lora (four runs, A B B A), quality (~15 min),
+  shared_teacher (~6 min), startup (two runs a round), student_base (two runs with vLLM engines);
+- a vLLM engine or teacher server started per case (its start alone ~30-60 s here): cpu_teacher_engines,
+  rollout_engines, rollout_sync, teacher_scoring, gpu_breakdown (its CPU form runs the vLLM rollout engine;
+  tests/runtime/test_gpu_breakdown_bench.py runs that part);
+- steps of real-size models: trainer_attention (an 11.5M student over eight widths; two widths used a minute
+  of CPU here without finishing), trainer_logits (a 151,936-row vocabulary: 48 s a step here),
+  length_groups (an 11.5M student and a 37M teacher), scale and host_memory (110M and 203M students on 2
+  and 4 gloo ranks: GBs and minutes);
+- gpu_scale (`--device cpu --tiny`: two cases, each a fresh process with a one-rank gloo FSDP2 group): one
+  run took over the test's 300 s on this 2-core host beside other work (2026-12-08);
+- gpu_check: its CPU form runs every check once (tests/runtime/test_gpu_check.py, ~a minute or more
+  beside the suite); twice more here would double that;
+- operator_scale (--quick: 50 jobs and a 35 s idle window, per side);
+- ray_idle and ray_startup: no output folder of their own, so a rerun here would write
+  bench/results/<bench>/DATE.json into the checkout.
 """
 
 from __future__ import annotations
@@ -93,18 +117,22 @@ def test_each_run_gets_a_folder_of_its_own(common, tmp_path) -> None:
     assert (tmp_path / "bench-x" / "latest").resolve() == second.resolve()
 
 
-QUICK = {
-    # The benches whose --quick run takes under a minute on 2 cores, as run in CI.
+QUICK: dict[str, tuple[str, ...]] = {
+    # bench -> its quick arguments ("{out}": the output folder both runs write into)
     "loss_memory": LOSS_MEMORY_QUICK,
+    "gpu_sync": ("--device", "cpu", "--smoke", "--rounds", "1", "--output", "{out}"),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bench", sorted(QUICK))
-def test_a_quick_bench_runs_twice_in_a_row(bench: str, quick_bench_runs: BenchRun) -> None:
-    # the first run is the session's (tests/losses/test_losses_bench.py checks it too); the second, here
-    for attempt, run in ((1, quick_bench_runs), (2, run_bench)):
-        proc = run(bench, QUICK[bench])
+def test_a_quick_bench_runs_twice_in_a_row(bench: str, quick_bench_runs: BenchRun, tmp_path: Path) -> None:
+    args = tuple(arg.replace("{out}", str(tmp_path / "out")) for arg in QUICK[bench])
+    # loss_memory's first run is the session's (tests/losses/test_losses_bench.py checks it too); the second,
+    # and both runs of the others, here
+    first = quick_bench_runs if bench == "loss_memory" else run_bench
+    for attempt, run in ((1, first), (2, run_bench)):
+        proc = run(bench, args)
         summary = last_json(proc.stdout)
         assert proc.returncode == 0 and "error" not in summary, (attempt, summary, proc.stderr[-2000:])
         assert summary["bench"] == bench
