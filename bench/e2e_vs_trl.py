@@ -230,7 +230,8 @@ def distillery_phases(record: dict) -> dict[str, float]:
 def trl_child(system: str, s: Setting, out: Path) -> None:
     """Runs inside its own process: one TRL trainer on the setting, steps and evals written as jsonl."""
     import torch
-    from distillery_runtime.tasks import evaluate, is_synthetic, resolve_uri, task_for
+    from distillery_runtime.tasks import is_synthetic, resolve_uri, task_for
+    from distillery_runtime.tasks.measure import evaluate
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
     def local(path: str) -> Path:

@@ -194,8 +194,8 @@ def run_sft(
     import functools
 
     import torch
-    from distillery_runtime.tasks import evaluate
-    from distillery_runtime.tasks.sft import train_sft
+    from distillery_runtime.tasks.build.sft import train_sft
+    from distillery_runtime.tasks.measure import evaluate
     from distillery_runtime.tasks.uri import TASKS as GRADED
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -260,14 +260,14 @@ def run_sft(
 
 def played_recipe(task: str):  # type: ignore[no-untyped-def]
     """The tools task's recipe: how its episodes are played (the calculator spliced in between turns)."""
-    from distillery_runtime.tasks.prepare import RECIPES
+    from distillery_runtime.tasks.build.prepare import RECIPES
 
     return RECIPES[task]()
 
 
 def episode_pairs(rows: list[dict], episodes: list[Any]) -> list[tuple[str, list[tuple[str, bool]]]]:
     """SFT pairs of played episodes: each turn trained, each tool answer context (the runtime's loss reads
-    episodes the same way); the EOS after the last turn is trained (`tasks/sft.py`)."""
+    episodes the same way); the EOS after the last turn is trained (`tasks/build/sft.py`)."""
     return [
         (
             row["prompt"],
@@ -285,7 +285,7 @@ def episode_pairs(rows: list[dict], episodes: list[Any]) -> list[tuple[str, list
 def task_accuracy(task: str, model_dir: Path, rows: list[dict], max_new_tokens: int) -> float:
     """A saved model's held-out accuracy: greedy answers graded by the task, or, for an episode task, greedy
     episodes with its environment."""
-    from distillery_runtime.tasks.evaluate import model_accuracy
+    from distillery_runtime.tasks.measure.evaluate import model_accuracy
     from distillery_runtime.tasks.uri import TASKS as GRADED
 
     if task not in EPISODE_TASKS:
@@ -365,7 +365,7 @@ def run_continue(args: argparse.Namespace, output: Path) -> int:
     """The continuation protocol over seeds and kernel paths: one child per kernel path (torch reads its
     kernel path once, at import), each running every method and seed from that path's own prepared task;
     the summary is each method's distribution over all of them."""
-    from distillery_runtime.tasks.cache import cache_root
+    from distillery_runtime.tasks.build.cache import cache_root
 
     if args.one_kernel_path:
         return run_continue_here(args, output)
@@ -401,7 +401,9 @@ def merged_methods(children: dict[str, dict]) -> dict[str, dict]:
     methods: dict[str, dict] = {}
     names = [m for child in children.values() for m in child["methods"] if m]
     for method in dict.fromkeys(names):
-        runs, closed, by_kernels = [], [], {}
+        runs: list[dict] = []
+        closed: list[float] = []
+        by_kernels: dict[str, dict] = {}
         for kernels, child in children.items():
             if method not in child["methods"]:
                 continue
@@ -631,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     from distillery_runtime.tasks import resolve_uri
-    from distillery_runtime.tasks.evaluate import model_accuracy
+    from distillery_runtime.tasks.measure.evaluate import model_accuracy
     from distillery_runtime.tasks.uri import TASKS as GRADED
 
     example_file = example_path(args.task)

@@ -48,9 +48,9 @@ def untrained_job(directory: Path) -> Path:
     """The example's manifest pointing at untrained models of the task's shape and 64 rows of data."""
     _paths()
     import orjson
-    from distillery_runtime.tasks.prepare import AdditionRecipe, _llama
+    from distillery_runtime.tasks.build.prepare import AdditionRecipe, _llama
+    from distillery_runtime.tasks.build.tokenizer import build_char_tokenizer
     from distillery_runtime.tasks.problems.addition import ALPHABET, sample_problems
-    from distillery_runtime.tasks.tokenizer import build_char_tokenizer
 
     recipe = AdditionRecipe()
     tokenizer = build_char_tokenizer(ALPHABET)

@@ -15,7 +15,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def prepared_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from distillery_runtime.tasks.prepare import prepare_addition
+    from distillery_runtime.tasks.build.prepare import prepare_addition
 
     root = (
         Path(os.environ["DISTILLERY_CACHE"])

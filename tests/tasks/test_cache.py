@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from distillery_runtime.tasks.cache import build_once, cache_root, is_complete, recipe_hash, task_dir
+from distillery_runtime.tasks.build.cache import build_once, cache_root, is_complete, recipe_hash, task_dir
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ import torch
 from distillery_runtime.data.chat import render, split_conversation
 from distillery_runtime.tasks import task_for
 from distillery_runtime.tasks.base import final_number
+from distillery_runtime.tasks.build.sft import encode_batch, sft_loss
 from distillery_runtime.tasks.problems import chat_math
 from distillery_runtime.tasks.recipes.chat_math_recipe import ChatMathRecipe, CompactQwenModels, QwenShape
 from distillery_runtime.tasks.recipes.qwen import MODEL_VOCAB_SIZE, build_qwen_tokenizer
-from distillery_runtime.tasks.sft import encode_batch, sft_loss
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.local_run, pytest.mark.timeout(2400)
 
 @pytest.fixture(scope="module")
 def chat_math_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from distillery_runtime.tasks.prepare import prepare
+    from distillery_runtime.tasks.build.prepare import prepare
 
     cache = os.environ.get("DISTILLERY_CACHE")
     return prepare("chat-math", root=Path(cache) if cache else tmp_path_factory.mktemp("cache"))

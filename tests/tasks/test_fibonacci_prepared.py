@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.local_run, pytest.mark.timeout(2400)
 
 @pytest.fixture(scope="module")
 def fibonacci_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from distillery_runtime.tasks.prepare import prepare
+    from distillery_runtime.tasks.build.prepare import prepare
 
     cache = os.environ.get("DISTILLERY_CACHE")
     return prepare("fibonacci", root=Path(cache) if cache else tmp_path_factory.mktemp("cache"))
@@ -29,7 +29,7 @@ def read_rows(path: Path) -> list[dict]:
 
 def test_teacher_is_strong_and_the_smaller_student_weak_but_not_zero(fibonacci_task):
     from distillery_runtime.tasks import model_accuracy
-    from distillery_runtime.tasks.prepare import FibonacciRecipe
+    from distillery_runtime.tasks.build.prepare import FibonacciRecipe
     from distillery_runtime.tasks.problems.fibonacci import TASK
 
     manifest = json.loads((fibonacci_task / "manifest.json").read_text())

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from distillery_runtime.tasks.cache import PREPARE_THREADS, recipe_hash
-from distillery_runtime.tasks.prepare import (
+from distillery_runtime.tasks.build.cache import PREPARE_THREADS, recipe_hash
+from distillery_runtime.tasks.build.prepare import (
     RECIPES,
     AdditionRecipe,
     FibonacciRecipe,
@@ -82,7 +82,7 @@ def test_a_build_runs_on_the_recipes_threads_and_restores_the_callers(tmp_path):
         import torch
         from dataclasses import replace
         from pathlib import Path
-        from distillery_runtime.tasks.prepare import ModelShape, WorkedSumRecipe, build_task
+        from distillery_runtime.tasks.build.prepare import ModelShape, WorkedSumRecipe, build_task
         recipe = replace(
             WorkedSumRecipe(), threads=2, train_rows=32, eval_rows=8, dev_rows=8,
             teacher=ModelShape(hidden=64, layers=1), student=ModelShape(hidden=64, layers=1),

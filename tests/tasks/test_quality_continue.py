@@ -78,7 +78,7 @@ def test_the_tools_task_runs_its_on_policy_methods_with_its_environment_and_no_m
 
 
 def test_the_sft_arm_trains_the_teachers_turns_and_not_the_tools_answers(quality):
-    from distillery_runtime.tasks.episodes import Episode
+    from distillery_runtime.tasks.measure.episodes import Episode
 
     played = Episode("1234*5678=", turns=["[1234*567]", "[1234*5678]", "7006652"],
                      observations=[">E;", ">7006652;", ""], errors=1, done=True)  # fmt: skip

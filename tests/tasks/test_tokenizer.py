@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from distillery_runtime.tasks.build.tokenizer import build_char_tokenizer
 from distillery_runtime.tasks.problems.addition import ALPHABET
-from distillery_runtime.tasks.tokenizer import build_char_tokenizer
 from transformers import AutoTokenizer
 
 

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.local_run, pytest.mark.timeout(1800)
 
 @pytest.fixture(scope="module")
 def tools_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from distillery_runtime.tasks.prepare import prepare
+    from distillery_runtime.tasks.build.prepare import prepare
 
     return prepare("tools", root=task_cache(tmp_path_factory))
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import orjson
 import pytest
 import torch
-from distillery_runtime.tasks.episodes import play, play_many, played_accuracy
-from distillery_runtime.tasks.prepare import RECIPES, AdditionRecipe, ToolsRecipe, main
+from distillery_runtime.tasks.build.prepare import RECIPES, AdditionRecipe, ToolsRecipe, main
+from distillery_runtime.tasks.build.sft import IGNORE, encode_batch
+from distillery_runtime.tasks.measure.episodes import play, play_many, played_accuracy
 from distillery_runtime.tasks.problems import tools
 from distillery_runtime.tasks.problems.tools import (
     ERROR_OBSERVATION,
@@ -22,7 +23,6 @@ from distillery_runtime.tasks.problems.tools import (
     Problem,
     observation,
 )
-from distillery_runtime.tasks.sft import IGNORE, encode_batch
 from distillery_runtime.tasks.uri import TASKS, task_for
 
 from tests.tasks.prepared_checks import task_cache
@@ -218,7 +218,7 @@ def test_a_stop_string_must_be_one_token():
 
 @pytest.fixture(scope="module")
 def tools_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from distillery_runtime.tasks.prepare import prepare
+    from distillery_runtime.tasks.build.prepare import prepare
 
     return prepare("tools", root=task_cache(tmp_path_factory))
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import orjson
 import pytest
-from distillery_runtime.tasks.prepare import ModelShape, WorkedSumRecipe, build_task
+from distillery_runtime.tasks.build.prepare import ModelShape, WorkedSumRecipe, build_task
 from distillery_runtime.tasks.problems import worked_sum
 from distillery_runtime.tasks.problems.worked_sum import GUESS_END, TASK, Problem, worked_answer
 from distillery_runtime.tasks.uri import task_for

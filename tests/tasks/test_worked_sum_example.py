@@ -27,7 +27,7 @@ on another: a floor at 0.95 fails that, and fails a student that stops learning.
 
 @pytest.fixture(scope="module")
 def worked_sum_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from distillery_runtime.tasks.prepare import prepare
+    from distillery_runtime.tasks.build.prepare import prepare
 
     return prepare("worked-sum", root=task_cache(tmp_path_factory))
 

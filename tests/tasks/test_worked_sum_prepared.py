@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 @pytest.fixture(scope="module")
 def worked_sum_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from distillery_runtime.tasks.prepare import prepare
+    from distillery_runtime.tasks.build.prepare import prepare
 
     return prepare("worked-sum", root=task_cache(tmp_path_factory))
 
@@ -32,7 +32,7 @@ def read_rows(path: Path) -> list[dict]:
 
 def test_the_teacher_meets_its_bars_and_the_student_copies_its_guess(worked_sum_task):
     from distillery_runtime.tasks import model_accuracy
-    from distillery_runtime.tasks.prepare import WorkedSumRecipe
+    from distillery_runtime.tasks.build.prepare import WorkedSumRecipe
     from distillery_runtime.tasks.problems.worked_sum import GUESS, TASK
 
     recipe = WorkedSumRecipe()

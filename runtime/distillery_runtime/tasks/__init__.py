@@ -31,7 +31,7 @@ def teacher_accuracy(teacher_model: str, eval_path: str | None) -> float | None:
 
 def model_accuracy(model_dir, rows, **kw):  # type: ignore[no-untyped-def]
     """Held-out accuracy of a saved model (lazy import: torch/transformers load only when needed)."""
-    from distillery_runtime.tasks.evaluate import model_accuracy as _impl
+    from distillery_runtime.tasks.measure.evaluate import model_accuracy as _impl
 
     return _impl(model_dir, rows, **kw)
 

@@ -50,7 +50,7 @@ def task_for(data_path: str) -> Task:
 
 def resolve_uri(uri: str) -> Path:
     """The local path behind a synthetic URI, preparing the task on first use."""
-    from distillery_runtime.tasks.prepare import prepare
+    from distillery_runtime.tasks.build.prepare import prepare
 
     task, artefact = parse_uri(uri)
     return prepare(task) / ARTEFACTS[artefact]

@@ -1,5 +1,5 @@
 """Build tiny causal LMs from scratch, locally, for tests and benchmarks (not for jobs: the bundled
-synthetic task builds its own models, tasks/prepare.py).
+synthetic task builds its own models, tasks/build/prepare.py).
 
 No model hub is reachable where Distillery is developed and tested, so every model used by
 the test suite is made here: a byte-level BPE tokenizer trained with `tokenizers` on the

@@ -25,7 +25,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from distillery_runtime.tasks.base import Task
-from distillery_runtime.tasks.cache import PREPARE_THREADS
+from distillery_runtime.tasks.build.cache import PREPARE_THREADS
 from distillery_runtime.tasks.problems import chat_math
 from distillery_runtime.tasks.recipes.compact_vocab import CompactVocab
 from distillery_runtime.tasks.recipes.qwen import (

@@ -22,7 +22,7 @@ from typing import cast
 import torch
 from transformers import PreTrainedModel
 
-from distillery_runtime.tasks.sft import IGNORE
+from distillery_runtime.tasks.build.sft import IGNORE
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Prepare a synthetic task: tokenizer, SFT-trained teacher, weak student, datasets.
 
 Run once, cached (see `cache.py`); `resolve_uri("synthetic://TASK/...")` calls it on first use. By
-hand: `python -m distillery_runtime.tasks.prepare [addition|fibonacci|chat-math|worked-sum|tools]` prints
+hand: `python -m distillery_runtime.tasks.build.prepare [addition|fibonacci|chat-math|worked-sum|tools]` prints
 the directory and the accuracies. A task's recipe (`AdditionRecipe`, `FibonacciRecipe`, `ChatMathRecipe`,
 `WorkedSumRecipe`, `ToolsRecipe`) holds everything that determines its artefacts and says how to draw its problems and
 make its models (`TaskModels`: the character-level tasks' small Llamas, chat-math's Qwen-like models); the
@@ -25,7 +25,7 @@ show the student the way. Measured on 2 cores: a 128-wide teacher reaches 100% d
 steps (63 s); a 64-wide model in 300 (43 s), with a sharp rise from 0% near step 200, which is why
 the student is checked every 5 steps. Worked-sum (`worked_sum.py`) trains its student to the end of its
 schedule: the SFT checkpoint that `bench/quality.py --protocol continue` continues from. Tools (`tools.py`)
-measures its models by playing episodes with the calculator (`episodes.py`) and stops its student in a band.
+measures its models by playing episodes with the calculator (`measure/episodes.py`) and stops its student in a band.
 """
 
 from __future__ import annotations
@@ -45,13 +45,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from distillery_runtime.tasks.base import Task
-from distillery_runtime.tasks.cache import PREPARE_THREADS, build_once, task_dir
-from distillery_runtime.tasks.episodes import Episode, play_many, played_accuracy
-from distillery_runtime.tasks.evaluate import accuracy
+from distillery_runtime.tasks.build.cache import PREPARE_THREADS, build_once, task_dir
+from distillery_runtime.tasks.build.sft import Response, sft_loss, train_sft
+from distillery_runtime.tasks.build.tokenizer import build_char_tokenizer
+from distillery_runtime.tasks.measure.episodes import Episode, play_many, played_accuracy
+from distillery_runtime.tasks.measure.evaluate import accuracy
 from distillery_runtime.tasks.problems import addition, chat_math, fibonacci, tools, worked_sum
 from distillery_runtime.tasks.recipes.chat_math_recipe import ChatMathRecipe
-from distillery_runtime.tasks.sft import Response, sft_loss, train_sft
-from distillery_runtime.tasks.tokenizer import build_char_tokenizer
 
 
 @dataclass(frozen=True)
