@@ -24,7 +24,8 @@ class Rule:
     `self` (the object in its YAML form), or None where CEL cannot see the fields it reads (an untyped
     value): the CRD then accepts what the operator refuses, marking the job Invalid; `field` is the
     camelCase field the error is reported on (relative to the object, '' for the object itself);
-    `cel_reason` is the Kubernetes `reason` for the CEL rule.
+    `cel_reason` is the Kubernetes `reason` for the CEL rule; `explain(obj)`, where set, is the message the
+    Python check reports instead of `message`, naming what it found (CEL's message stays one static text).
     """
 
     check: Callable[[Any], bool]
@@ -32,6 +33,7 @@ class Rule:
     message: str
     field: str = ""
     cel_reason: str = "FieldValueInvalid"
+    explain: Callable[[Any], str] | None = None
 
 
 class ApiModel(BaseModel):
@@ -55,7 +57,9 @@ class ApiModel(BaseModel):
                 loc: tuple[str | int, ...] = tuple(rule.field.split(".")) if rule.field else ()
                 errors.append(
                     InitErrorDetails(
-                        type=PydanticCustomError("cross_field", rule.message),
+                        type=PydanticCustomError(
+                            "cross_field", rule.explain(self) if rule.explain else rule.message
+                        ),
                         loc=loc,
                         input=getattr(self, "__dict__", {}),
                     )

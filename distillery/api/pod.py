@@ -39,6 +39,7 @@ from distillery.api.bounds import (
     LabelValue,
     label_keys_rule,
 )
+from distillery.api.labels import RESERVED_LABEL_PREFIXES, reserved_labels_rule
 
 MAX_TERMS = 8
 """Terms of an affinity (required or preferred), and topology spread constraints of a pod."""
@@ -88,9 +89,10 @@ OPERATOR_VOLUME_PREFIX = "pvc-"
 OPERATOR_MOUNT_PATHS = ("/dev/shm", "/etc/distillery", "/mnt/distillery", "/var/cache/huggingface")
 """Where the operator mounts /dev/shm, the runtime config, the pvc:// claims and the model cache
 (`distillery.plan.pods.model_cache.HF_HOME`), and anything under them."""
-OPERATOR_LABEL_PREFIXES = ("app.kubernetes.io/", "distillery.io/", "kueue.x-k8s.io/")
-"""Label prefixes of the operator's own labels (the Services and the PodMonitor select by them; a queue
-label belongs on the job, where the operator passes it to Kueue)."""
+OPERATOR_LABEL_PREFIXES = (*RESERVED_LABEL_PREFIXES, "app.kubernetes.io/", "kueue.x-k8s.io/")
+"""Label prefixes a pod section's podLabels may not set: the reserved ones (`distillery.api.labels`: the
+policies and KubeRay select by them), and on pods the operator's app.kubernetes.io/ ones (the Services and
+the PodMonitor select by them) and Kueue's (a queue label belongs on the job, which passes it to Kueue)."""
 
 
 def _quoted(values: tuple[str, ...]) -> str:
@@ -406,19 +408,6 @@ class VolumeMount(ApiModel):
 # ---------------------------------------------------------------------------------------------- settings
 
 
-def _pod_labels_rule() -> Rule:
-    prefixes = OPERATOR_LABEL_PREFIXES
-    return Rule(
-        check=lambda s: not any(k.startswith(prefixes) for k in s.pod_labels or {}),
-        cel="!has(self.podLabels) || self.podLabels.all(k, "
-        + " && ".join(f"!k.startsWith('{p}')" for p in prefixes)
-        + ")",
-        message=f"the operator sets and selects by the labels under {', '.join(prefixes)}: "
-        "put those on the job (spec.labels, metadata.labels)",
-        field="podLabels",
-    )
-
-
 def _mounts_rule() -> Rule:
     return Rule(
         check=lambda s: all(any(v.name == m.name for v in s.volumes or []) for m in s.volume_mounts or []),
@@ -445,7 +434,7 @@ def _unique_rule(field: str, attr: str, key: str, key_attr: str, what: str) -> R
 POD_SETTINGS_RULES: tuple[Rule, ...] = (
     label_keys_rule("podLabels", "pod_labels"),
     label_keys_rule("podAnnotations", "pod_annotations"),
-    _pod_labels_rule(),
+    reserved_labels_rule("podLabels", "pod_labels", OPERATOR_LABEL_PREFIXES),
     _mounts_rule(),
     _unique_rule("env", "env", "name", "name", "env names"),
     _unique_rule("volumes", "volumes", "name", "name", "volume names"),
@@ -474,7 +463,7 @@ class PodSettings(ApiModel):
     """How the pods spread over zones or nodes."""
     pod_labels: dict[str, LabelValue] | None = Field(default=None, max_length=MAX_MAP)
     """Labels added to the pods only (not to the Deployment, RayJob or Services); not under the operator's
-    prefixes app.kubernetes.io/, distillery.io/, kueue.x-k8s.io/."""
+    prefixes distillery.io/, ray.io/, app.kubernetes.io/, kueue.x-k8s.io/."""
     pod_annotations: dict[str, AnnotationValue] | None = Field(default=None, max_length=MAX_MAP)
     """Annotations of the pods (a service mesh's, a log shipper's, cluster-autoscaler's)."""
     env: list[EnvVar] | None = Field(default=None, max_length=MAX_ENV)

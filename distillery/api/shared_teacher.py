@@ -15,6 +15,7 @@ from pydantic import Field
 
 from distillery.api.base import ApiModel, Rule
 from distillery.api.bounds import MAX_INT, MAX_MAP, MAX_NAME, MAX_TOP_K, LabelValue, Location, label_keys_rule
+from distillery.api.labels import reserved_labels_rule
 from distillery.api.pod import MAX_PULL_SECRETS, PullSecretName
 from distillery.api.spec import GROUP, VERSION, Inference, ObjectMeta, TeacherEngine, TeacherPool, pvc_rule
 from distillery.api.status import Condition
@@ -73,12 +74,14 @@ class DistillationTeacherSpec(ApiModel):
     startup_timeout_seconds: int = Field(default=1800, ge=1, le=MAX_INT)
     """How long a replica may take to load the model before Kubernetes restarts it."""
     labels: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP)
-    """Labels added to the teacher's Deployment, Service and pods."""
+    """Labels added to the teacher's Deployment, Service and pods; not the reserved ones
+    (`distillery.api.labels`: in metadata.labels the operator drops them)."""
     image_pull_secrets: list[PullSecretName] = Field(default_factory=list, max_length=MAX_PULL_SECRETS)
     """Secrets (of the teacher's namespace) to pull the image with, after the cluster's own."""
 
     rules = (
         label_keys_rule("labels", "labels"),
+        reserved_labels_rule("labels", "labels"),
         pvc_rule("model", "model"),
         Rule(
             check=lambda s: s.inference.engine != TeacherEngine.TRANSFORMERS,

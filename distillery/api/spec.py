@@ -57,6 +57,7 @@ from distillery.api.data import (
     OverlongPolicy,
 )
 from distillery.api.environment import Environment, ToolCallFormat
+from distillery.api.labels import reserved_labels_rule
 from distillery.api.loss import (
     TOPK_MODES,
     Loss,
@@ -262,7 +263,9 @@ class DistillationJobSpec(ApiModel):
     """How long a stopping trainer (its pods deleted or evicted) has to finish its step and save a
     checkpoint: the Ray pods' terminationGracePeriodSeconds (the head's preStop hook stops the driver)."""
     labels: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP)
-    """Labels added to every child object (metadata.labels of the job are passed through as well)."""
+    """Labels added to every child object (metadata.labels of the job are passed through as well); not
+    the reserved distillery.io/*, ray.io/*, app.kubernetes.io/created-by|managed-by (`distillery.api.labels`:
+    in metadata.labels the operator drops them)."""
     image_pull_secrets: list[PullSecretName] = Field(default_factory=list, max_length=MAX_PULL_SECRETS)
     """Secrets (of the job's namespace) to pull the images of every pod with, after the cluster's own
     (the chart's `imagePullSecrets`)."""
@@ -274,6 +277,7 @@ class DistillationJobSpec(ApiModel):
 
     rules = (
         label_keys_rule("labels", "labels"),
+        reserved_labels_rule("labels", "labels"),
         Rule(
             check=lambda s: len({t.name for t in s.teachers}) == len(s.teachers),
             cel="self.teachers.all(t, self.teachers.exists_one(u, u.name == t.name))",

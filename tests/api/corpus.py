@@ -669,6 +669,11 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("labels-bad-key", {"spec.labels": {"team name": "ml"}}, "spec.labels", AGREE),
     ("labels-bad-value", {"spec.labels": {"team": "m l"}}, "spec.labels.team", AGREE),
     ("labels-long-prefix", {"spec.labels": {"a" * 254 + "/k": "v"}}, "spec.labels", AGREE),
+    # Reserved for the operator (distillery.api.labels): the policies, Services and KubeRay select on them.
+    ("labels-uses-teacher", {"spec.labels": {"distillery.io/uses-teacher-v": "true"}}, "spec.labels", AGREE),
+    ("labels-ray", {"spec.labels": {"ray.io/cluster": "other"}}, "spec.labels", AGREE),
+    ("labels-created-by", {"spec.labels": {"app.kubernetes.io/created-by": "x"}}, "spec.labels", AGREE),
+    ("labels-managed-by", {"spec.labels": {"app.kubernetes.io/managed-by": "x"}}, "spec.labels", AGREE),
     (
         "node-selector-bad-key",
         {"spec.student.pool": {"nodeSelector": {"-gpu": "a100"}}},
@@ -718,6 +723,7 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
             ("mount-undeclared", "volumeMounts", [{"name": "a", "mountPath": "/a"}], "volumeMounts"),
             ("pod-labels-operators", "podLabels", {"distillery.io/job": "x"}, "podLabels"),
             ("pod-labels-kueue", "podLabels", {"kueue.x-k8s.io/queue-name": "q"}, "podLabels"),
+            ("pod-labels-ray", "podLabels", {"ray.io/node-type": "head"}, "podLabels"),
             ("pod-labels-bad-key", "podLabels", {"-team": "x"}, "podLabels"),
             ("pod-annotations-bad-key", "podAnnotations", {"a b": "x"}, "podAnnotations"),
             ("priority-class-uppercase", "priorityClassName", "High", "priorityClassName"),
@@ -1125,6 +1131,14 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("route-repeated-by-its-teacher", {"spec.teachers[0].routes": ["math", "math"]}),
     ("metadata-generate-name", {"metadata.name": DELETE, "metadata.generateName": "job-"}),
     ("metadata-qualified-labels", {"metadata.labels": {"kueue.x-k8s.io/queue-name": "q", "a": ""}}),
+    # Outside the reserved set: other app.kubernetes.io/ keys (the operator's own override them) and a
+    # key that only starts like a reserved prefix.
+    (
+        "labels-near-reserved",
+        {"spec.labels": {"app.kubernetes.io/version": "1", "distillery.io.example/a": "b"}},
+    ),
+    # metadata.labels is not the spec's: reserved keys there are dropped by the operator, not refused.
+    ("metadata-reserved-labels", {"metadata.labels": {"app.kubernetes.io/managed-by": "Helm"}}),
     ("status-values-of-any-type", {"status": {"progress": 5}}),  # a create drops the status it is given
     ("routes-cost-worst-case", {"spec.teachers": _teachers(32, 16, 128)}),
     (

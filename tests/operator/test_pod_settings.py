@@ -232,7 +232,11 @@ POOL = "spec.student.pool"
             f"{POOL}.volumeMounts[0].mountPath",
             "the operator mounts",
         ),
-        ({"podLabels": {"app.kubernetes.io/component": "x"}}, f"{POOL}.podLabels", "the operator sets"),
+        (
+            {"podLabels": {"app.kubernetes.io/component": "x"}},
+            f"{POOL}.podLabels",
+            "'app.kubernetes.io/component' is reserved for the operator",
+        ),
         ({"podLabels": {"bad key": "x"}}, f"{POOL}.podLabels", "label keys"),
         ({"priorityClassName": "High"}, f"{POOL}.priorityClassName", "pattern"),
         (

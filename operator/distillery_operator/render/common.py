@@ -12,6 +12,7 @@ import orjson
 
 from distillery import pvc
 from distillery.api import API_VERSION, KIND, DistillationJob, Placement, RayAuth
+from distillery.api.labels import without_reserved
 from distillery.api.spec import DistillationJobSpec, SecretKeyRef
 from distillery.plan.access.network import DEFAULT_NETWORK_POLICY, NetworkPolicySettings
 from distillery.plan.pods.model_cache import HF_HOME, CacheVolume
@@ -59,7 +60,13 @@ def queued_by_kueue(job: DistillationJob) -> bool:
 
 
 def user_labels(job: DistillationJob) -> dict[str, str]:
-    return {**job.metadata.labels, **job.spec.labels}
+    """The author's labels the children carry: metadata.labels, then spec.labels, less the reserved keys.
+
+    metadata.labels is no part of the spec the models judge, and refusing a job for them would refuse
+    every Helm release (Helm sets app.kubernetes.io/managed-by on what it installs): dropped instead, so a
+    job labelled `distillery.io/uses-teacher-<victim>` gets no pod of it into that teacher's policy. spec.labels
+    is refused by the model (the CRD's rule, and the operator's parse of the job, which marks it Invalid)."""
+    return without_reserved({**job.metadata.labels, **job.spec.labels})
 
 
 def owner_reference(job: DistillationJob, uid: str) -> dict[str, Any]:

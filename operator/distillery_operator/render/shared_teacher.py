@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from distillery.api import TEACHER_API_VERSION, TEACHER_KIND, DistillationTeacher
+from distillery.api.labels import without_reserved
 from distillery.plan.access.auth import CLIENTS_KEY, clients_document, clients_secret_name
 from distillery.plan.shared_teacher import shared_teacher_server
 from distillery.runtime_config import shared_teacher_service_name
@@ -38,8 +39,9 @@ def shared_teacher_selector(name: str) -> dict[str, str]:
 
 
 def shared_teacher_labels(teacher: DistillationTeacher) -> dict[str, str]:
-    """The user's labels first (the teacher's metadata, then its spec's), ours last."""
-    labels = {**teacher.metadata.labels, **teacher.spec.labels}
+    """The user's labels first (the teacher's metadata, then its spec's, less the reserved keys:
+    `distillery_operator.render.common.user_labels` says why), ours last."""
+    labels = without_reserved({**teacher.metadata.labels, **teacher.spec.labels})
     labels = {k: v for k, v in labels.items() if not k.startswith(naming.KUEUE_PREFIX)}
     labels.update(
         {
