@@ -10,6 +10,7 @@ the in-process engine is needed anyway to test the colocated backend.)
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,9 +24,11 @@ from distillery_runtime.teachers import (
     UnknownRouteError,
     check_tokenizer_compat,
 )
+from distillery_runtime.teachers.checks.consistency import TeacherInconsistentError
 from transformers import AutoTokenizer
 
 from distillery.plan.env.vllm import vllm_env
+from distillery.plan.rollout.sleep import SleepLevel
 from distillery.plan.teachers.engines import EngineSettings
 from distillery.plan.teachers.routes import RouteTable
 
@@ -45,6 +48,9 @@ async def colocated(second_model_dir):
 
     for name, value in vllm_env(os.environ).items():
         os.environ.setdefault(name, value)
+    # The post-wake test hands the engine's worker a function of its own (collective_rpc), which vLLM's
+    # serializer refuses unless told; set before the engine's process starts, as it reads it too.
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     engine = EngineSettings(
         "colocated", 16, 512, memory_fraction=0.9, tensor_parallel=1, dtype="bfloat16", enforce_eager=True
     )
@@ -77,6 +83,55 @@ async def test_sleep_wake_is_a_checked_no_op_on_cpu(colocated, samples) -> None:
     await colocated.wake_up()
     after = await colocated.score(samples[:3], 4)
     assert np.array_equal(before.topk_logprobs, after.topk_logprobs)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_post_wake_probe_passes_a_healthy_wake_and_stops_one_that_lost_the_weights(
+    colocated, samples
+) -> None:
+    """The probe a colocated teacher re-scores after every wake, run for real: vLLM's CPU worker keeps its
+    memory through sleep (its sleep and wake_up are no-ops), so the teacher is told it sleeps (`sleeps`, as
+    `start()` sets it where vLLM has a sleep mode) at level 1 and goes through the engine's own sleep and
+    wake-up. A wake whose weights came back passes; one whose weights were zeroed while asleep raises before
+    it scores anything."""
+
+    # Run in the engine's worker process (collective_rpc): local functions, so cloudpickle sends them by
+    # value (the worker cannot import this test module).
+    def keep_weights(worker: Any) -> None:
+        worker.distillery_saved = {
+            n: p.detach().clone() for n, p in worker.model_runner.model.named_parameters()
+        }
+
+    def lose_weights(worker: Any) -> None:
+        # every weight zeroed, as a wake-up that did not restore them leaves the model: its logits all equal,
+        # -ln V at every token (the failure the probe is there to catch)
+        for parameter in worker.model_runner.model.parameters():
+            parameter.data.zero_()
+
+    def restore_weights(worker: Any) -> None:
+        for name, parameter in worker.model_runner.model.named_parameters():
+            parameter.data.copy_(worker.distillery_saved[name])
+
+    before = await colocated.score(samples[:3], 4)
+    sleeps, level = colocated.sleeps, colocated.sleep_level
+    colocated.sleeps, colocated.sleep_level = True, SleepLevel.OFFLOAD_WEIGHTS
+    await colocated.engine.collective_rpc(keep_weights)
+    try:
+        await colocated.sleep()
+        assert colocated.asleep and await colocated.engine.is_sleeping()
+        await colocated.wake_up()  # the weights are intact: the probe agrees with the one taken at start
+        assert not colocated.asleep
+        await colocated.sleep()
+        await colocated.engine.collective_rpc(lose_weights)
+        with pytest.raises(TeacherInconsistentError, match="after wake-up its probe log-probs moved"):
+            await colocated.wake_up()
+    finally:
+        await colocated.engine.collective_rpc(restore_weights)
+        if colocated.asleep or await colocated.engine.is_sleeping():
+            await colocated.engine.wake_up()
+        colocated.sleeps, colocated.sleep_level, colocated.asleep = sleeps, level, False
+    after = await colocated.score(samples[:3], 4)
+    assert np.array_equal(before.topk_logprobs, after.topk_logprobs)  # the teacher the other tests use
 
 
 @pytest.mark.asyncio(loop_scope="module")
