@@ -43,7 +43,7 @@ def reserved_labels_rule(
     """No key of the label map `field` (`attr`) is reserved (by `prefixes` or `RESERVED_LABEL_KEYS`).
 
     The Python message names the first reserved key found; the CEL message (static) lists the set."""
-    keys = RESERVED_LABEL_KEYS
+    keys = tuple(k for k in RESERVED_LABEL_KEYS if not k.startswith(prefixes))  # not twice in the CEL
     cel_terms = [f"!k.startsWith('{p}')" for p in prefixes] + [f"k != '{k}'" for k in keys]
     listed = ", ".join([p + "*" for p in prefixes] + list(keys))
 
