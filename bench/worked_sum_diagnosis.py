@@ -28,6 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from _common import json_main  # bench/, the script's own folder
 from distillery_runtime.tasks.problems.worked_sum import CARRY, GUESS_END
 
 DIGITS = 5
@@ -80,7 +81,7 @@ def diagnose(run_dir: Path) -> dict[int, dict[str, Any]]:
     return {step: step_diagnosis(rows) for step, rows in sorted(by_step.items())}
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args()
@@ -92,7 +93,8 @@ def main() -> None:
         print(f"{step:>4} {r['accuracy']:>6.3f} {r['guess']:>6.3f} {r['copies_guess']:>12.3f} "
               f"{r['sum_from_own_digits']:>19.3f}  {r['y_copied']}")  # fmt: skip
     print(json.dumps({"bench": "worked_sum_diagnosis", "run": str(args.run_dir), "steps": rows}))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(json_main("worked_sum_diagnosis", main))
