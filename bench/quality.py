@@ -373,6 +373,7 @@ def run_continue(args: argparse.Namespace, output: Path) -> int:
     # Side by side, the paths share the cores rather than each oversubscribing them.
     threads = max(1, (os.cpu_count() or 1) // len(args.kernels)) if args.parallel else None
     started: dict[str, subprocess.Popen[str]] = {}
+    outputs: dict[str, str] = {}
     for kernels in args.kernels:
         command = [sys.executable, str(Path(__file__).resolve()), "--protocol", "continue", "--task", args.task,
                    "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--seeds", *map(str, args.seeds),
@@ -381,11 +382,11 @@ def run_continue(args: argparse.Namespace, output: Path) -> int:
         started[kernels] = subprocess.Popen(
             command, env=kernel_env(kernels, root, threads), cwd=ROOT, stdout=subprocess.PIPE, text=True
         )
-        if not args.parallel:
-            started[kernels].wait()
+        if not args.parallel:  # read as it runs: a JSON line with every curve outgrows a pipe's buffer
+            outputs[kernels] = started[kernels].communicate()[0]
     children: dict[str, dict] = {}
     for kernels, child in started.items():
-        out, _ = child.communicate()
+        out = outputs[kernels] if kernels in outputs else child.communicate()[0]
         last = (out.strip().splitlines() or ["{}"])[-1]
         summary = json.loads(last) if last.startswith("{") else {}
         if child.returncode != 0 or "methods" not in summary:
