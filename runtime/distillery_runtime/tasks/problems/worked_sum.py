@@ -13,9 +13,9 @@ last digit, its final carry. With W=5, a=12345, b=67890 (sum 80235):
 Which property it tests: errors that later tokens can repair, where only the student's own mistakes show
 the repair. The teacher (hidden 128, two heads) is trained with half of its rows carrying a random wrong
 guess in the prompt, so it works the sum out from the operands whatever was guessed; its own guesses are
-mostly right (90% held out, its working 100%), so about one trace in ten shows a repair. The student
-(hidden 64, one head) is trained by SFT on the reference traces (`Problem.response`: a right guess, the
-working repeating it) to the end of a 1,000-step schedule. It has not learned the one-go guess of a
+mostly right (86-100% on its dev split, by kernel path; its working 100%), so few of its traces show a
+repair. The student (hidden 64, one head) is trained by SFT on the reference traces (`Problem.response`: a
+right guess, the working repeating it) to the end of a 1,000-step schedule. It has not learned the one-go guess of a
 5-digit sum by then and its working copies its wrong guess (0% held out). On its own samples the guess is
 wrong and the teacher's next tokens are the working done from the operands: on-policy data shows the
 repair that the SFT data does not.
