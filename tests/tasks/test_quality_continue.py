@@ -4,25 +4,16 @@ spread and per-step mean curve. The runs themselves are the benchmark's (minutes
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import yaml
+from support.bench_modules import bench_module
 
 from distillery.api.spec import DistillationJobSpec
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def quality():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import quality
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return quality
+    return bench_module("quality")
 
 
 def test_every_method_runs_the_example_with_its_loss_budget_and_seed(quality):

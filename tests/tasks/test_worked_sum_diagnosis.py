@@ -3,23 +3,14 @@ a wrong guess, and one that does the column arithmetic right on a miscopied oper
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from distillery_runtime.tasks.problems.worked_sum import Problem, working
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.bench_modules import bench_module
 
 
 @pytest.fixture(scope="module")
 def diagnosis():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import worked_sum_diagnosis
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return worked_sum_diagnosis
+    return bench_module("worked_sum_diagnosis")
 
 
 def sample(problem: Problem, response: str) -> dict:
